@@ -1,0 +1,43 @@
+"""commkit: MPI-style message passing in pure Python, with collectives written once as schedules.
+
+Quick tour::
+
+    import commkit as ck
+    comm = ck.init()                       # under mpiexec: wraps MPI.COMM_WORLD
+    y = comm.allreduce(x, op="sum")        # algorithm chosen by size and process count
+    ck.run_local(lambda c: c.allreduce(c.rank), size=4)   # 4 ranks on threads
+"""
+
+from __future__ import annotations
+
+from ._world import init, local_world, run_local
+from .communicator import Communicator, Request, wait_all
+from .errors import (
+    AlgorithmNotApplicable,
+    CollectiveMismatch,
+    CommClosed,
+    CommError,
+    CommTimeout,
+    ConcurrentCall,
+    InvalidArgument,
+    InvalidBuffer,
+    PeerFailed,
+    RankError,
+    TransportUnavailable,
+    UnsupportedOp,
+)
+from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, Op
+from .schedule import ScheduleRequest
+from .trace import trace
+from .transports.base import ANY_SOURCE, ANY_TAG, Status
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "init", "run_local", "local_world", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace",
+    "Op", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
+    "ANY_SOURCE", "ANY_TAG", "Status",
+    "CommError", "InvalidArgument", "InvalidBuffer", "UnsupportedOp", "AlgorithmNotApplicable", "CommClosed",
+    "CommTimeout", "CollectiveMismatch", "PeerFailed", "ConcurrentCall", "TransportUnavailable", "RankError",
+    "__version__",
+]

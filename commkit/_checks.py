@@ -1,0 +1,123 @@
+"""Validation at the public boundary: one helper per kind of check.
+
+Each helper raises an error that names the parameter, says what was expected
+and what came. They run before any message is sent.
+
+Layout policy (documented in the API docs): a non-contiguous *input* is copied
+to a contiguous array (inputs are never written, so a copy is always safe); a
+non-contiguous or read-only *output* buffer (``out=``, a receive buffer) is an
+error, because commkit must write into that very memory.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from .errors import InvalidArgument, InvalidBuffer
+
+_KINDS = "biufc"
+
+
+def array_module(x):
+    """NumPy for host arrays, CuPy for device arrays (without importing CuPy here)."""
+    if hasattr(x, "__cuda_array_interface__"):
+        cupy = sys.modules.get("cupy")
+        if cupy is not None:
+            return cupy
+    return np
+
+
+def _is_array(x) -> bool:
+    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__")
+
+
+def check_dtype(dtype, name: str) -> None:
+    if dtype.kind not in _KINDS or dtype.hasobject:
+        raise InvalidBuffer(
+            f"{name} has dtype {dtype}; commkit moves numeric and bool arrays only "
+            "(bool, int, uint, float, complex). Use send_object for Python objects."
+        )
+
+
+def as_input(x, name: str):
+    """Return ``x`` as a C-contiguous array (a copy only if it was not contiguous)."""
+    if not _is_array(x):
+        if x is None:
+            raise InvalidBuffer(f"{name} must be an array, got None.")
+        try:
+            x = np.asarray(x)
+        except Exception:
+            raise InvalidBuffer(f"{name} must be a NumPy or CuPy array, got {type(x).__name__}.") from None
+    check_dtype(x.dtype, name)
+    if not x.flags.c_contiguous:
+        x = array_module(x).ascontiguousarray(x)
+    return x
+
+
+def check_out(out, shape: tuple, dtype, name: str = "out", like=None):
+    """Check a buffer commkit will write: right type, dtype, shape; contiguous and writeable."""
+    if not _is_array(out):
+        raise InvalidBuffer(f"{name} must be a NumPy or CuPy array, got {type(out).__name__}.")
+    if like is not None and array_module(out) is not array_module(like):
+        raise InvalidBuffer(
+            f"{name} is a {type(out).__module__}.{type(out).__name__} but the input is a "
+            f"{type(like).__module__}.{type(like).__name__}; both must live on the same device."
+        )
+    if dtype is not None and out.dtype != dtype:
+        raise InvalidBuffer(f"{name} must have dtype {np.dtype(dtype)}, got {out.dtype}.")
+    if shape is not None and tuple(out.shape) != tuple(shape):
+        raise InvalidBuffer(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}.")
+    check_dtype(out.dtype, name)
+    if not out.flags.c_contiguous:
+        raise InvalidBuffer(
+            f"{name} must be C-contiguous because commkit writes into it; got strides {out.strides}. "
+            "Pass a contiguous array and copy the result where you need it."
+        )
+    if not out.flags.writeable:
+        raise InvalidBuffer(f"{name} is read-only; commkit needs to write the result into it.")
+    return out
+
+
+def check_rank(value, size: int, name: str, allow_any: bool = False) -> int:
+    """A rank in ``range(size)`` (or ANY_SOURCE = -1 when ``allow_any``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"{name} must be an int rank, got {type(value).__name__}.")
+    value = int(value)
+    if allow_any and value == -1:
+        return value
+    if not 0 <= value < size:
+        extra = " or commkit.ANY_SOURCE" if allow_any else ""
+        raise InvalidArgument(f"{name} must be in range(0, {size}){extra}, got {value}.")
+    return value
+
+
+def check_tag(tag, tag_ub: int, name: str = "tag", allow_any: bool = False) -> int:
+    """A tag in ``[0, tag_ub]`` (or ANY_TAG = -1 when ``allow_any``)."""
+    if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
+        raise InvalidArgument(f"{name} must be an int, got {type(tag).__name__}.")
+    tag = int(tag)
+    if allow_any and tag == -1:
+        return tag
+    if not 0 <= tag <= tag_ub:
+        extra = " or commkit.ANY_TAG" if allow_any else ""
+        raise InvalidArgument(f"{name} must be between 0 and {tag_ub}{extra}, got {tag}.")
+    return tag
+
+
+def check_timeout(timeout, name: str = "timeout"):
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgument(f"{name} must be a positive number of seconds or None, got {timeout!r}.")
+    return float(timeout)
+
+
+def same_memory(a, b) -> bool:
+    """Whether two arrays overlap in memory (used to detect in-place calls)."""
+    if a is b:
+        return True
+    if array_module(a) is np and array_module(b) is np:
+        return np.may_share_memory(a, b)
+    return a.data.ptr == b.data.ptr

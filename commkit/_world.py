@@ -1,0 +1,119 @@
+"""Building communicators: ``init`` from the environment, and ``run_local`` on threads."""
+
+from __future__ import annotations
+
+import os
+
+import threading
+import traceback
+
+from ._checks import check_timeout
+from .communicator import Communicator
+from .errors import InvalidArgument, RankError
+
+__all__ = ["init", "run_local", "local_world"]
+
+
+def _under_mpiexec() -> bool:
+    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "HYDRA_CONTROL_FD"))
+
+
+def init(transport: str | None = None, *, timeout: float | None = None, check: bool | None = None, **options) -> Communicator:
+    """Create the world communicator.
+
+    Args:
+        transport: ``"mpi"`` (wraps ``MPI.COMM_WORLD``; also when mpi4py is
+            importable and no transport is named), ``"local"`` (a one-rank threads
+            world; use :func:`run_local` for more ranks), or ``"nccl"`` (CuPy +
+            NCCL, one GPU per rank). ``COMMKIT_TRANSPORT`` sets the default.
+        timeout: default seconds without progress before a blocking call raises
+            CommTimeout (default: ``COMMKIT_TIMEOUT``, else wait forever).
+        check: verify every collective across ranks (default: ``COMMKIT_DEBUG=check``).
+        options: transport-specific settings (nccl: ``device``, ``store_host``, ``store_port``).
+
+    Raises:
+        TransportUnavailable: the transport's package is missing, with the install command.
+    """
+    timeout = check_timeout(timeout)
+    transport = transport or os.environ.get("COMMKIT_TRANSPORT") or None
+    if transport is None:
+        transport = "mpi" if _under_mpiexec() or _mpi_importable() else "local"
+    if transport == "local":
+        from .transports.local import LocalTransport, LocalWorld
+
+        return Communicator(LocalTransport(LocalWorld(1), 0), timeout=timeout, check=check)
+    if transport == "mpi":
+        from .transports.mpi import MPI, MPITransport
+
+        return Communicator(MPITransport(MPI.COMM_WORLD), timeout=timeout, check=check)
+    if transport == "nccl":
+        from .transports.nccl import NcclTransport
+
+        return Communicator(NcclTransport.create(**options), timeout=timeout, check=check, owns_transport=True)
+    raise InvalidArgument(f"unknown transport {transport!r}; expected 'mpi', 'local' or 'nccl'.")
+
+
+def _mpi_importable() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("mpi4py") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def local_world(size: int, *, timeout: float | None = None, check: bool | None = None) -> list[Communicator]:
+    """``size`` communicators of one threads world, one per rank (drive them from your own threads)."""
+    from .transports.local import LocalTransport, LocalWorld
+
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise InvalidArgument(f"size must be a positive int, got {size!r}.")
+    world = LocalWorld(size)
+    return [Communicator(LocalTransport(world, r), timeout=timeout, check=check) for r in range(size)]
+
+
+def run_local(fn, size: int = 4, *args, timeout: float | None = None, check: bool | None = None, **kwargs) -> list:
+    """Run ``fn(comm, *args, **kwargs)`` on ``size`` threads, one rank each; return the results in rank order.
+
+    If a rank raises, the other ranks are woken (their pending operations raise
+    PeerFailed) and the first failure is re-raised here as :class:`RankError`
+    naming the rank, with the original exception as its cause.
+    """
+    if not callable(fn):
+        raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}.")
+    comms = local_world(size, timeout=timeout, check=check)
+    world = comms[0]._base.world
+    results: list = [None] * size
+    errors: list = [None] * size
+    order: list[int] = []
+
+    def body(rank):
+        try:
+            results[rank] = fn(comms[rank], *args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors[rank] = exc
+            order.append(rank)
+            world.fail(rank, exc)
+
+    threads = [threading.Thread(target=body, args=(r,), name=f"commkit-rank-{r}", daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        world.fail(-1, KeyboardInterrupt("interrupted"))
+        for t in threads:
+            t.join(5)
+        raise
+    if order:
+        from .errors import PeerFailed
+
+        # Report the rank that failed first with its own error, not a peer's PeerFailed.
+        first = next((r for r in order if not isinstance(errors[r], PeerFailed)), order[0])
+        exc = errors[first]
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        raise RankError(first, f"{type(exc).__name__}: {exc}", tb) from exc
+    return results
+
+

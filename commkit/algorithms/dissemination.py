@@ -1,0 +1,25 @@
+"""The dissemination barrier (Hensgen, Finkel and Manber, 1988).
+
+In round k each rank signals ``rank + 2**k`` and waits for ``rank - 2**k``;
+after ⌈log2 p⌉ rounds every rank has heard, directly or not, from every other,
+so none can leave before all have arrived. Works for any p.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Exchange
+from . import algorithm, log2ceil
+
+EMPTY = ("tmp", 0, 0)
+
+
+@algorithm("barrier", "dissemination", cost=lambda p, n, a, b, g: log2ceil(p) * a, formula="⌈log p⌉α")
+def barrier_dissemination(rank, size):
+    """Dissemination barrier: round k signals rank + 2**k and waits for rank - 2**k.
+
+    Restrictions: none. Cost: ⌈log p⌉α.
+    """
+    dist = 1
+    while dist < size:
+        yield Exchange((rank + dist) % size, EMPTY, (rank - dist) % size, EMPTY)
+        dist <<= 1

@@ -1,0 +1,210 @@
+"""Naive (linear) algorithms: one rank talks to every other rank in turn.
+
+The teaching baseline for every collective. Linear algorithms send p-1
+messages through one root, so their latency term grows as (p-1) alpha, but
+they are the easiest to read and they reduce in exact rank order, so every op
+(commutative or not) is allowed.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Copy, Recv, Reduce, Send, Transfer
+from . import algorithm
+
+EMPTY = ("tmp", 0, 0)
+
+
+def _linear_reduce(rank, size, count, op, root):
+    """Root receives each rank's vector in rank order and folds it into ``out``."""
+    if rank != root:
+        yield Send(root, ("in", 0, count))
+        return
+    for source in range(size):
+        operand = ("in", 0, count)
+        if source != root:
+            # Wait for rank `source`'s vector; ranks are folded in rank order.
+            yield Recv(source, ("tmp", 0, count))
+            operand = ("tmp", 0, count)
+        if source == 0:
+            yield Copy(("out", 0, count), operand)
+        else:
+            yield Reduce(("out", 0, count), operand, op)
+
+
+def _linear_bcast(rank, size, count, root):
+    """Root (whose data is already in ``out``) sends it to every other rank at once."""
+    if rank == root:
+        yield Transfer(sends=[(peer, ("out", 0, count)) for peer in range(size) if peer != root])
+    else:
+        yield Recv(root, ("out", 0, count))
+
+
+@algorithm("barrier", "naive", cost=lambda p, n, a, b, g: 2 * (p - 1) * a, formula="2(p-1)α")
+def barrier_naive(rank, size):
+    """Naive barrier: everyone checks in with rank 0, which then releases everyone.
+
+    Restrictions: none. Cost: 2(p-1)α.
+    """
+    if size == 1:
+        return
+    if rank == 0:
+        yield Transfer(recvs=[(peer, EMPTY) for peer in range(1, size)])
+        yield Transfer(sends=[(peer, EMPTY) for peer in range(1, size)])
+    else:
+        yield Send(0, EMPTY)
+        yield Recv(0, EMPTY)
+
+
+@algorithm("broadcast", "naive", cost=lambda p, n, a, b, g: (p - 1) * (a + n * b), formula="(p-1)(α+nβ)")
+def broadcast_naive(rank, size, count, root):
+    """Naive broadcast: the root sends the whole vector to each other rank.
+
+    Restrictions: none. Cost: (p-1)(α + nβ).
+    """
+    if rank == root:
+        yield Copy(("out", 0, count), ("in", 0, count))
+    yield from _linear_bcast(rank, size, count, root)
+
+
+@algorithm("reduce", "naive", scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g), formula="(p-1)(α+nβ+nγ)")
+def reduce_naive(rank, size, count, op, root):
+    """Naive reduce: the root receives every vector in rank order and reduces it.
+
+    Restrictions: none (rank order is kept, so non-commutative ops work).
+    Cost: (p-1)(α + nβ + nγ).
+    """
+    yield from _linear_reduce(rank, size, count, op, root)
+
+
+@algorithm("allreduce", "naive", scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: 2 * (p - 1) * (a + n * b) + (p - 1) * n * g,
+           formula="2(p-1)(α+nβ) + (p-1)nγ")
+def allreduce_naive(rank, size, count, op):
+    """Naive allreduce: linear reduce to rank 0, then linear broadcast from rank 0.
+
+    Restrictions: none. Cost: 2(p-1)(α + nβ) + (p-1)nγ.
+    """
+    yield from _linear_reduce(rank, size, count, op, 0)
+    yield from _linear_bcast(rank, size, count, 0)
+
+
+@algorithm("gather", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)α + ((p-1)/p)nβ")
+def gather_naive(rank, size, count, root):
+    """Naive gather: every rank sends its block straight to the root.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered.
+    """
+    if rank != root:
+        yield Send(root, ("in", 0, count))
+        return
+    yield Copy(("out", root * count, (root + 1) * count), ("in", 0, count))
+    yield Transfer(recvs=[(peer, ("out", peer * count, (peer + 1) * count)) for peer in range(size) if peer != root])
+
+
+@algorithm("scatter", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)α + ((p-1)/p)nβ")
+def scatter_naive(rank, size, count, root):
+    """Naive scatter: the root sends each rank its block directly.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes scattered.
+    """
+    if rank != root:
+        yield Recv(root, ("out", 0, count))
+        return
+    yield Transfer(sends=[(peer, ("in", peer * count, (peer + 1) * count)) for peer in range(size) if peer != root])
+    yield Copy(("out", 0, count), ("in", root * count, (root + 1) * count))
+
+
+@algorithm("allgather", "naive",
+           cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b + (p - 1) * (a + n * b),
+           formula="(p-1)α + ((p-1)/p)nβ + (p-1)(α+nβ)")
+def allgather_naive(rank, size, count):
+    """Naive allgather: gather every block at rank 0, then broadcast the whole vector.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ + (p-1)(α + nβ), n = bytes gathered.
+    """
+    yield from gather_naive(rank, size, count, 0)
+    yield from _linear_bcast(rank, size, size * count, 0)
+
+
+def _offsets(counts):
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    return offsets
+
+
+@algorithm("reduce_scatter", "naive", scratch=lambda r, p, counts: 2 * sum(counts) if r == 0 else 0,
+           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g) + (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)(α+nβ+nγ) + (p-1)α + ((p-1)/p)nβ")
+def reduce_scatter_naive(rank, size, counts, op):
+    """Naive reduce-scatter: linear reduce of the whole vector to rank 0, then rank 0 sends each block.
+
+    Restrictions: none (rank order kept). Cost: (p-1)(α + nβ + nγ) + (p-1)α + ((p-1)/p)nβ,
+    n = bytes of the whole vector.
+    """
+    offsets = _offsets(counts)
+    total = offsets[-1]
+    if rank != 0:
+        yield Send(0, ("in", 0, total))
+        yield Recv(0, ("out", 0, counts[rank]))
+        return
+    # `out` holds only rank 0's block, so rank 0 accumulates the whole vector in the
+    # first half of tmp and receives each rank's vector into the second half.
+    acc = ("tmp", 0, total)
+    yield Copy(acc, ("in", 0, total))
+    for source in range(1, size):
+        yield Recv(source, ("tmp", total, 2 * total))
+        yield Reduce(acc, ("tmp", total, 2 * total), op)
+    yield Transfer(sends=[(peer, ("tmp", offsets[peer], offsets[peer + 1])) for peer in range(1, size)])
+    yield Copy(("out", 0, counts[0]), ("tmp", 0, counts[0]))
+
+
+@algorithm("alltoall", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)α + ((p-1)/p)nβ")
+def alltoall_naive(rank, size, count):
+    """Naive all-to-all: post every send and every receive at once, then wait for all.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes each rank sends in all.
+    """
+    yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
+    peers = [peer for peer in range(size) if peer != rank]
+    yield Transfer(
+        sends=[(peer, ("in", peer * count, (peer + 1) * count)) for peer in peers],
+        recvs=[(peer, ("out", peer * count, (peer + 1) * count)) for peer in peers],
+    )
+
+
+@algorithm("scan", "naive", scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g), formula="(p-1)(α+nβ+nγ)")
+def scan_naive(rank, size, count, op):
+    """Naive (chain) inclusive scan: rank r waits for the prefix of ranks < r, adds its own, passes it on.
+
+    Restrictions: none. Cost: (p-1)(α + nβ + nγ) on the critical path.
+    """
+    yield Copy(("out", 0, count), ("in", 0, count))
+    if rank > 0:
+        yield Recv(rank - 1, ("tmp", 0, count))
+        yield Reduce(("out", 0, count), ("tmp", 0, count), op, operand_first=True)
+    if rank < size - 1:
+        yield Send(rank + 1, ("out", 0, count))
+
+
+@algorithm("exscan", "naive", scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g), formula="(p-1)(α+nβ+nγ)")
+def exscan_naive(rank, size, count, op):
+    """Naive (chain) exclusive scan: rank r receives the prefix of ranks < r and forwards prefix (op) own.
+
+    Restrictions: none. Rank 0's result is the op's identity. Cost: (p-1)(α + nβ + nγ).
+    """
+    if rank == 0:
+        if size > 1:
+            yield Send(1, ("in", 0, count))
+        return
+    yield Recv(rank - 1, ("out", 0, count))
+    if rank < size - 1:
+        yield Copy(("tmp", 0, count), ("out", 0, count))
+        yield Reduce(("tmp", 0, count), ("in", 0, count), op)
+        yield Send(rank + 1, ("tmp", 0, count))

@@ -1,0 +1,25 @@
+"""Pairwise exchange: p-1 rounds, each rank swapping one block with one partner.
+
+Each round every rank sends exactly one block and receives exactly one, so no
+link carries more than one message at a time: the choice for large all-to-all
+messages.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Copy, Exchange
+from . import algorithm
+
+
+@algorithm("alltoall", "pairwise", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)α + ((p-1)/p)nβ")
+def alltoall_pairwise(rank, size, count):
+    """Pairwise all-to-all: in round i, send to rank + i and receive from rank - i.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes each rank sends in all.
+    """
+    yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
+    for i in range(1, size):
+        dest, source = (rank + i) % size, (rank - i) % size
+        yield Exchange(dest, ("in", dest * count, (dest + 1) * count),
+                       source, ("out", source * count, (source + 1) * count))

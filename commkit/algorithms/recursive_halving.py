@@ -1,0 +1,265 @@
+"""Recursive halving and doubling: log2(p) rounds of pairwise exchanges with rank XOR mask.
+
+Recursive doubling doubles what each rank knows every round (small-message
+allreduce, allgather, scan); recursive halving halves what each rank is
+responsible for (reduce-scatter). Rabenseifner's allreduce is the two
+composed: a halving reduce-scatter, then a doubling allgather.
+
+Non-powers of two are folded in and out as MPICH does: with pof2 the largest
+power of two <= p and rem = p - pof2, each even rank below 2*rem first hands
+its data to the odd rank above it and sits out; the remaining pof2 ranks run
+the power-of-two algorithm under new ranks (odd rank i < 2*rem becomes i//2,
+rank i >= 2*rem becomes i - rem); finally each odd rank gives its even
+partner the result. New ranks keep the order of the ranks they stand for, so
+non-commutative ops stay in rank order where the algorithm allows them.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
+from . import algorithm, log2ceil
+
+
+def _fold(size):
+    pof2 = 1 << (size.bit_length() - 1)
+    return pof2, size - pof2
+
+
+def _new_rank(rank, rem):
+    if rank < 2 * rem:
+        return rank // 2 if rank % 2 else -1
+    return rank - rem
+
+
+def _old_rank(new, rem):
+    return 2 * new + 1 if new < rem else new + rem
+
+
+def _lg(p):
+    return p.bit_length() - 1
+
+
+@algorithm("allreduce", "recursive_doubling", scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: _lg(p) * (a + n * b + n * g)
+           + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
+           formula="⌊log p⌋(α+nβ+nγ) (+ 2(α+nβ)+nγ when p is not a power of two)")
+def allreduce_recursive_doubling(rank, size, count, op):
+    """Recursive-doubling allreduce: each round, swap whole vectors with rank XOR mask and reduce.
+
+    Restrictions: none (any op; rank order is kept). Non-powers of two are folded.
+    Cost: ⌊log p⌋(α + nβ + nγ), plus 2(α + nβ) + nγ for the fold. Best for small messages.
+    """
+    whole, incoming = ("out", 0, count), ("tmp", 0, count)
+    yield Copy(whole, ("in", 0, count))
+    pof2, rem = _fold(size)
+    new = _new_rank(rank, rem)
+    if rank < 2 * rem:
+        if new < 0:
+            # Even rank of a folded pair: hand my vector up, wait for the result.
+            yield Send(rank + 1, whole)
+            yield Recv(rank + 1, whole)
+            return
+        yield Recv(rank - 1, incoming)
+        yield Reduce(whole, incoming, op, operand_first=True)
+    mask = 1
+    while mask < pof2:
+        partner = _old_rank(new ^ mask, rem)
+        # Swap partial results with my partner; the lower one goes on the left.
+        yield Exchange(partner, whole, partner, incoming)
+        yield Reduce(whole, incoming, op, operand_first=partner < rank)
+        mask <<= 1
+    if rank < 2 * rem:
+        yield Send(rank - 1, whole)
+
+
+def _span(ranges, first, last):
+    """Elements covered by consecutive ranges[first:last] (which are contiguous)."""
+    if first >= last:
+        return 0, 0
+    return ranges[first][0], ranges[last - 1][1]
+
+
+def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op):
+    """Recursive halving among new ranks; afterwards new rank i holds ranges[i] of ``buf`` reduced."""
+    lo, hi = 0, pof2
+    mask = pof2 >> 1
+    while mask > 0:
+        partner = _old_rank(new ^ mask, rem)
+        mid = (lo + hi) // 2
+        if new & mask:
+            keep, give = (mid, hi), (lo, mid)
+        else:
+            keep, give = (lo, mid), (mid, hi)
+        klo, khi = _span(ranges, *keep)
+        glo, ghi = _span(ranges, *give)
+        # Send the half my partner keeps; receive its share of the half I keep.
+        yield Exchange(partner, (buf, glo, ghi), partner, ("tmp", 0, khi - klo))
+        yield Reduce((buf, klo, khi), ("tmp", 0, khi - klo), op)
+        lo, hi = keep
+        mask >>= 1
+
+
+def _doubling_allgather(new, pof2, rem, ranges, buf):
+    """Recursive doubling among new ranks; new rank i starts with ranges[i] of ``buf``, ends with all."""
+    lo, hi = new, new + 1
+    mask = 1
+    while mask < pof2:
+        partner = _old_rank(new ^ mask, rem)
+        if new & mask:
+            theirs = (lo - mask, lo)
+        else:
+            theirs = (hi, hi + mask)
+        # Swap everything gathered so far with the partner's adjacent, equal-sized range.
+        yield Exchange(partner, (buf, *_span(ranges, lo, hi)), partner, (buf, *_span(ranges, *theirs)))
+        lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
+        mask <<= 1
+
+
+@algorithm("allreduce", "rabenseifner", commutative=True, scratch=lambda r, p, n: n,
+           cost=lambda p, n, a, b, g: 2 * _lg(p) * a + 2 * ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * b
+           + ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * g
+           + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
+           formula="2⌊log p⌋α + 2((p-1)/p)nβ + ((p-1)/p)nγ (+ 2(α+nβ)+nγ when p is not a power of two)")
+def allreduce_rabenseifner(rank, size, count, op):
+    """Rabenseifner's allreduce: recursive-halving reduce-scatter, then recursive-doubling allgather.
+
+    Restrictions: commutative op. Non-powers of two are folded.
+    Cost: 2⌊log p⌋α + 2((p-1)/p)nβ + ((p-1)/p)nγ (p a power of two). Best for large messages
+    at larger p: the ring's bandwidth with a logarithmic latency term.
+    """
+    whole, incoming = ("out", 0, count), ("tmp", 0, count)
+    yield Copy(whole, ("in", 0, count))
+    pof2, rem = _fold(size)
+    new = _new_rank(rank, rem)
+    if rank < 2 * rem:
+        if new < 0:
+            yield Send(rank + 1, whole)
+            yield Recv(rank + 1, whole)
+            return
+        yield Recv(rank - 1, incoming)
+        yield Reduce(whole, incoming, op, operand_first=True)
+    ranges = partition(count, pof2)
+    # Phase 1: reduce-scatter by recursive halving; new rank i then owns ranges[i].
+    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "out", op)
+    # Phase 2: allgather the reduced ranges by recursive doubling.
+    yield from _doubling_allgather(new, pof2, rem, ranges, "out")
+    if rank < 2 * rem:
+        yield Send(rank - 1, whole)
+
+
+def _new_rank_ranges(size, rem, offsets):
+    """Element range each new rank stands for: two blocks for folded pairs, else one."""
+    ranges = []
+    for new in range(size - rem):
+        first = 2 * new if new < rem else new + rem
+        last = first + (2 if new < rem else 1)
+        ranges.append((offsets[first], offsets[last]))
+    return ranges
+
+
+@algorithm("reduce_scatter", "recursive_halving", commutative=True,
+           scratch=lambda r, p, counts: 2 * sum(counts),
+           cost=lambda p, n, a, b, g: _lg(p) * a + ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * (b + g)
+           + (0 if p & (p - 1) == 0 else 2 * a + n * (b + g)),
+           formula="⌊log p⌋α + ((p-1)/p)n(β+γ) (+ fold when p is not a power of two)")
+def reduce_scatter_recursive_halving(rank, size, counts, op):
+    """Recursive-halving reduce-scatter: halve the vector each round, keeping the half my side owns.
+
+    Restrictions: commutative op. Per-rank counts may differ. Non-powers of two are folded.
+    Cost: ⌊log p⌋α + ((p-1)/p)n(β + γ) (p a power of two), n = bytes of the whole vector.
+    Scratch: a working copy of the vector, plus room for the halves received.
+    """
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    total = offsets[-1]
+    mine = (offsets[rank], offsets[rank + 1])
+    pof2, rem = _fold(size)
+    new = _new_rank(rank, rem)
+    if rank < 2 * rem and new < 0:
+        # Even rank of a folded pair: hand over the whole vector, then receive my block.
+        yield Send(rank + 1, ("in", 0, total))
+        yield Recv(rank + 1, ("out", 0, counts[rank]))
+        return
+    # Work on a copy (tmp[total:2*total]) so the caller's input is never written;
+    # tmp[0:...] receives the incoming halves.
+    yield Copy(("tmp", total, 2 * total), ("in", 0, total))
+    if rank < 2 * rem:
+        yield Recv(rank - 1, ("tmp", 0, total))
+        yield Reduce(("tmp", total, 2 * total), ("tmp", 0, total), op, operand_first=True)
+    ranges = [(lo + total, hi + total) for lo, hi in _new_rank_ranges(size, rem, offsets)]
+    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "tmp", op)
+    if rank < 2 * rem:
+        # I stand for ranks rank-1 and rank: give my even partner its block.
+        yield Send(rank - 1, ("tmp", total + offsets[rank - 1], total + offsets[rank]))
+    yield Copy(("out", 0, counts[rank]), ("tmp", total + mine[0], total + mine[1]))
+
+
+@algorithm("allgather", "recursive_doubling",
+           cost=lambda p, n, a, b, g: _lg(p) * a + (p - 1) / p * n * b
+           + (0 if p & (p - 1) == 0 else 2 * a + n * b),
+           formula="⌊log p⌋α + ((p-1)/p)nβ (+ fold when p is not a power of two)")
+def allgather_recursive_doubling(rank, size, count):
+    """Recursive-doubling allgather: each round, swap everything gathered so far with rank XOR mask.
+
+    Restrictions: none; non-powers of two are folded. Cost: ⌊log p⌋α + ((p-1)/p)nβ
+    (p a power of two), n = bytes gathered.
+    """
+    mine = ("out", rank * count, (rank + 1) * count)
+    yield Copy(mine, ("in", 0, count))
+    pof2, rem = _fold(size)
+    new = _new_rank(rank, rem)
+    if rank < 2 * rem:
+        if new < 0:
+            yield Send(rank + 1, mine)
+            yield Recv(rank + 1, ("out", 0, size * count))
+            return
+        yield Recv(rank - 1, ("out", (rank - 1) * count, rank * count))
+    offsets = [r * count for r in range(size + 1)]
+    yield from _doubling_allgather(new, pof2, rem, _new_rank_ranges(size, rem, offsets), "out")
+    if rank < 2 * rem:
+        yield Send(rank - 1, ("out", 0, size * count))
+
+
+@algorithm("scan", "recursive_doubling", scratch=lambda r, p, n: 2 * n,
+           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b + 2 * n * g), formula="⌈log p⌉(α+nβ+2nγ)")
+def scan_recursive_doubling(rank, size, count, op):
+    """Recursive-doubling inclusive scan: swap partial sums with rank XOR mask; keep those from below.
+
+    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ).
+    """
+    yield from _scan(rank, size, count, op, inclusive=True)
+
+
+@algorithm("exscan", "recursive_doubling", scratch=lambda r, p, n: 2 * n,
+           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b + 2 * n * g), formula="⌈log p⌉(α+nβ+2nγ)")
+def exscan_recursive_doubling(rank, size, count, op):
+    """Recursive-doubling exclusive scan; rank 0's result is the op's identity.
+
+    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ).
+    """
+    yield from _scan(rank, size, count, op, inclusive=False)
+
+
+def _scan(rank, size, count, op, inclusive):
+    partial, incoming, out = ("tmp", 0, count), ("tmp", count, 2 * count), ("out", 0, count)
+    yield Copy(partial, ("in", 0, count))
+    have_out = inclusive
+    if inclusive:
+        yield Copy(out, ("in", 0, count))
+    mask = 1
+    while mask < size:
+        partner = rank ^ mask
+        if partner < size:
+            # Swap partial sums; `partial` covers a contiguous range of ranks ending at mine.
+            yield Exchange(partner, partial, partner, incoming)
+            if partner < rank:
+                yield Reduce(partial, incoming, op, operand_first=True)
+                if have_out:
+                    yield Reduce(out, incoming, op, operand_first=True)
+                else:
+                    yield Copy(out, incoming)
+                    have_out = True
+            else:
+                yield Reduce(partial, incoming, op)
+        mask <<= 1

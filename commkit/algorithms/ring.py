@@ -1,0 +1,154 @@
+"""Ring algorithms: every rank talks only to its two neighbours, p-1 steps per phase.
+
+Bandwidth-optimal for large messages: each rank sends and receives
+((p-1)/p)n bytes per phase however many ranks there are, at the price of a
+latency term linear in p. Ranks form the ring 0 -> 1 -> ... -> p-1 -> 0;
+every step sends to the right neighbour and receives from the left one.
+Blocks come from :func:`~commkit.schedule.partition`, so counts need not
+divide by p (blocks may even be empty).
+"""
+
+from __future__ import annotations
+
+from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
+from . import algorithm, log2ceil
+
+
+def _ring_allgather(rank, size, blocks, buf, to_actual=lambda r: r):
+    """p-1 ring steps over relative ranks; relative rank j starts owning ``blocks[j]`` of ``buf``."""
+    me = next(j for j in range(size) if to_actual(j) == rank)
+    right, left = to_actual((me + 1) % size), to_actual((me - 1) % size)
+    for step in range(size - 1):
+        send, recv = blocks[(me - step) % size], blocks[(me - step - 1) % size]
+        # Pass on the block received last step; take the next one from the left.
+        yield Exchange(right, (buf, *send), left, (buf, *recv))
+
+
+def _max_block(count, size):
+    return -(-count // size)
+
+
+@algorithm("allreduce", "ring", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
+           cost=lambda p, n, a, b, g: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g,
+           formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ")
+def allreduce_ring(rank, size, count, op):
+    """Ring allreduce: a ring reduce-scatter, then a ring allgather of the reduced blocks.
+
+    Restrictions: commutative op (each block is reduced starting at a different rank).
+    Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ. Sends 2(p-1) messages per rank, only
+    to its right neighbour.
+    """
+    yield Copy(("out", 0, count), ("in", 0, count))
+    if size == 1:
+        return
+    blocks = partition(count, size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    # Phase 1: reduce-scatter. After p-1 steps this rank owns block (rank + 1) % p.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step) % size], blocks[(rank - step - 1) % size]
+        length = recv[1] - recv[0]
+        yield Exchange(right, ("out", *send), left, ("tmp", 0, length))
+        yield Reduce(("out", *recv), ("tmp", 0, length), op)
+    # Phase 2: allgather the reduced blocks around the same ring.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step + 1) % size], blocks[(rank - step) % size]
+        yield Exchange(right, ("out", *send), left, ("out", *recv))
+
+
+@algorithm("reduce_scatter", "ring", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
+           cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * (b + g),
+           formula="(p-1)α + ((p-1)/p)n(β+γ)")
+def reduce_scatter_ring(rank, size, counts, op):
+    """Ring reduce-scatter: partial sums of block b travel the ring and end, complete, at rank b.
+
+    Restrictions: commutative op. Per-rank counts may differ (and be zero).
+    Cost: (p-1)α + ((p-1)/p)n(β + γ), n = bytes of the whole vector.
+    Scratch: two blocks, used alternately as the receive buffer and the next send.
+    """
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+
+    def block(b):
+        return offsets[b], offsets[b + 1]
+
+    if size == 1:
+        yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
+        return
+    right, left = (rank + 1) % size, (rank - 1) % size
+    width = max(counts)
+    areas = [("tmp", 0), ("tmp", width)]
+    lo, hi = block((rank - 1) % size)
+    sending = ("in", lo, hi)  # step 0 passes on this rank's own contribution to block rank-1
+    for step in range(size - 1):
+        b = (rank - step - 2) % size
+        lo, hi = block(b)
+        name, base = areas[step % 2]
+        recv = (name, base, base + hi - lo)
+        # Receive the partial sum of block b from the left, add this rank's share of it.
+        yield Exchange(right, sending, left, recv)
+        yield Reduce(recv, ("in", lo, hi), op)
+        sending = recv
+    yield Copy(("out", 0, counts[rank]), sending)
+
+
+@algorithm("allgather", "ring", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
+           formula="(p-1)α + ((p-1)/p)nβ")
+def allgather_ring(rank, size, count):
+    """Ring allgather: each step passes the block received last step to the right.
+
+    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered.
+    """
+    blocks = [(r * count, (r + 1) * count) for r in range(size)]
+    yield Copy(("out", *blocks[rank]), ("in", 0, count))
+    yield from _ring_allgather(rank, size, blocks, "out")
+
+
+def binomial_scatter_blocks(rank, size, blocks, buf, root):
+    """Binomial scatter inside one buffer: relative rank j ends up holding ``blocks[j]``.
+
+    The root starts with every block; each subtree's blocks are contiguous, so one
+    message per tree edge carries a whole subtree's share.
+    """
+    rel = (rank - root) % size
+
+    def actual(j):
+        return (j + root) % size
+
+    def span(first, last):  # elements covering relative blocks [first, last)
+        return blocks[first][0], blocks[last - 1][1]
+
+    mask = 1
+    while mask < size:
+        if rel & mask:
+            # Receive my subtree's blocks from my parent.
+            yield Recv(actual(rel - mask), (buf, *span(rel, min(rel + mask, size))))
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:
+        if rel + mask < size:
+            # Hand the upper half of my subtree to the child at distance `mask`.
+            yield Send(actual(rel + mask), (buf, *span(rel + mask, min(rel + 2 * mask, size))))
+        mask >>= 1
+
+
+@algorithm("broadcast", "ring",
+           cost=lambda p, n, a, b, g: (log2ceil(p) + p - 1) * a + 2 * (p - 1) / p * n * b,
+           formula="(⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ")
+def broadcast_ring(rank, size, count, root):
+    """Broadcast by binomial scatter then ring allgather (van de Geijn).
+
+    Restrictions: none (count < p leaves some blocks empty).
+    Cost: (⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ: about twice the bandwidth term's minimum,
+    independent of p, which beats the binomial tree's ⌈log p⌉nβ for large n.
+    """
+    if rank == root:
+        yield Copy(("out", 0, count), ("in", 0, count))
+    if size == 1:
+        return
+    blocks = partition(count, size)  # block j goes to relative rank j
+    # Phase 1: scatter block j to relative rank j down a binomial tree.
+    yield from binomial_scatter_blocks(rank, size, blocks, "out", root)
+    # Phase 2: ring allgather over relative ranks.
+    yield from _ring_allgather(rank, size, blocks, "out", lambda j: (j + root) % size)

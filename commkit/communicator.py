@@ -1,0 +1,818 @@
+"""The Communicator: validate once at the boundary, choose an algorithm, run its schedule.
+
+A communicator owns three contexts on its transport, so traffic of one kind
+can never match a receive of another: ``p2p`` for the user's point-to-point
+messages, ``coll`` for collective schedules (each call tagged with its
+sequence number, so several nonblocking collectives may be in flight), and
+``ctl`` for commkit's own small messages (split, debug checks, metadata).
+
+Every public method checks its arguments in a fixed order (communicator open,
+buffers, ranks and tags, op against dtype) and raises before anything is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import algorithms, selection
+from . import trace as _trace
+from ._checks import array_module, as_input, check_out, check_rank, check_tag, check_timeout, same_memory
+from .errors import CollectiveMismatch, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument, InvalidBuffer
+from .ops import get_op
+from .schedule import CallInfo, ScheduleRequest, run_schedule
+from .transports.base import ANY_SOURCE, ANY_TAG, Status
+
+__all__ = ["Communicator", "Request", "wait_all"]
+
+log = logging.getLogger("commkit")
+
+_COLL_TAG_MASK = 0x7FFF  # MPI guarantees tags up to 32767
+_CHECK_TAG, _META_TAG, _OBJ_TAG = 1, 2, 3
+
+# Algorithms that read "in" only before they first write "out", so in-place calls
+# (out aliases the input) need no defensive copy of the input.
+_INPLACE_SAFE = frozenset({
+    ("allreduce", "ring"), ("allreduce", "recursive_doubling"), ("allreduce", "rabenseifner"),
+    ("allreduce", "naive"), ("scan", "recursive_doubling"), ("scan", "naive"),
+    ("exscan", "recursive_doubling"),
+})
+
+
+def _env_timeout():
+    value = os.environ.get("COMMKIT_TIMEOUT")
+    if not value:
+        return None
+    try:
+        return check_timeout(float(value), "COMMKIT_TIMEOUT")
+    except ValueError:
+        raise InvalidArgument(f"COMMKIT_TIMEOUT must be a number of seconds, got {value!r}.") from None
+
+
+def _env_check() -> bool:
+    return os.environ.get("COMMKIT_DEBUG", "").lower() in ("check", "1", "true")
+
+
+class Request:
+    """A nonblocking point-to-point operation (``isend``/``irecv``).
+
+    ``wait()`` returns the received array for ``irecv`` (None for ``isend``);
+    ``test()`` returns whether it has completed, without blocking.
+    """
+
+    def __init__(self, pending, result=None, timeout=None, what: str = "", keep=None):
+        self._pending = pending
+        self._result = result
+        self._timeout = timeout
+        self._what = what
+        self._keep = keep  # keeps a send buffer alive until completion
+        self._done = False
+
+    def test(self) -> bool:
+        """Whether the operation has completed (makes progress, never blocks)."""
+        if not self._done:
+            self._done = self._pending.test()
+        return self._done
+
+    def wait(self, timeout: float | None = None):
+        """Block until complete; return the received array (irecv) or None (isend)."""
+        if not self._done:
+            timeout = check_timeout(timeout) if timeout is not None else self._timeout
+            pending = self._pending.wait(timeout)
+            if pending:
+                raise CommTimeout(f"{self._what} timed out after {timeout:g} s waiting for rank(s) {pending}.")
+            self._done = True
+            self._keep = None
+        return self._result
+
+    @property
+    def status(self) -> Status | None:
+        """Source, tag and byte count of a completed receive."""
+        return getattr(self._pending, "status", None) if self._done else None
+
+
+def wait_all(requests, timeout: float | None = None) -> list:
+    """Wait for every request (point-to-point or collective); return their results in order."""
+    return [r.wait(timeout) for r in requests]
+
+
+class _Call:
+    """One prepared collective call: flat buffers, sizes, and how to shape the result."""
+
+    __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",
+                 "shape", "has_result", "signature_count")
+
+    def __init__(self, collective, arg, src, dst, op=None, root=0, nbytes=0, dtype=None, xp=np,
+                 aliased=False, shape=None, has_result=True, signature_count=None):
+        self.collective = collective
+        self.arg = arg
+        self.src = src
+        self.dst = dst
+        self.op = op
+        self.root = root
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.xp = xp
+        self.aliased = aliased
+        self.shape = shape
+        self.has_result = has_result
+        self.signature_count = arg if signature_count is None else signature_count
+
+
+class Communicator:
+    """A group of ranks that exchange messages and run collectives.
+
+    Build one with :func:`commkit.init` (or :func:`commkit.run_local`); derive
+    others with :meth:`split` and :meth:`dup`.
+
+    Attributes:
+        rank: this process's (or thread's) rank, ``0 <= rank < size``.
+        size: the number of ranks.
+        timeout: default timeout in seconds for blocking calls (None waits forever).
+        check: whether collective calls are cross-checked across ranks (debug mode).
+        last_algorithm: the algorithm the last collective on this rank ran.
+    """
+
+    def __init__(self, transport, *, timeout: float | None = None, check: bool | None = None,
+                 owns_transport: bool = False):
+        self._base = transport
+        self._owns_base = owns_transport
+        self._p2p = transport.dup()
+        self._coll = transport.dup()
+        self._ctl = transport.dup()
+        self.rank = transport.rank
+        self.size = transport.size
+        self.timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
+        self.check = _env_check() if check is None else bool(check)
+        self.last_algorithm: str | None = None
+        self.last_choice = None
+        self._seq = 0
+        self._closed = False
+        self._entry = threading.Lock()
+        self._scratch: dict = {}
+        self._tag_ub = self._p2p.tag_ub
+
+    # -- basics -----------------------------------------------------------------
+
+    @property
+    def transport_name(self) -> str:
+        """``"local"``, ``"mpi"`` or ``"nccl"``."""
+        return self._base.name
+
+    def __repr__(self) -> str:
+        state = "freed" if self._closed else f"rank {self.rank} of {self.size}"
+        return f"<commkit.Communicator {self.transport_name}: {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CommClosed("this communicator was freed; create a new one with dup() or split() before freeing.")
+
+    def free(self) -> None:
+        """Release the communicator's contexts. Using it afterwards raises CommClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        for chan in (self._p2p, self._coll, self._ctl):
+            chan.free()
+        if self._owns_base:
+            self._base.free()
+        self._scratch.clear()
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def dup(self) -> "Communicator":
+        """A new communicator over the same ranks (collective: every rank must call it)."""
+        self._check_open()
+        return Communicator(self._base.dup(), timeout=self.timeout, check=self.check, owns_transport=True)
+
+    def split(self, color: int | None, key: int = 0) -> "Communicator | None":
+        """Partition the ranks by ``color``; order each part by ``(key, rank)``.
+
+        Collective. Ranks passing ``color=None`` get None back (MPI_UNDEFINED).
+        """
+        self._check_open()
+        if color is not None and (isinstance(color, bool) or not isinstance(color, (int, np.integer)) or color < 0):
+            raise InvalidArgument(f"color must be a non-negative int or None, got {color!r}.")
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
+            raise InvalidArgument(f"key must be an int, got {type(key).__name__}.")
+        sub = self._base.split(None if color is None else int(color), int(key), self.timeout)
+        if sub is None:
+            return None
+        return Communicator(sub, timeout=self.timeout, check=self.check, owns_transport=True)
+
+    def abort(self, exc: BaseException | None = None) -> None:
+        """Tell every rank this job cannot continue (MPI: MPI_Abort; threads: wake and fail peers)."""
+        self._base.abort(exc or RuntimeError("abort() called"))
+
+    # -- point to point ------------------------------------------------------------
+
+    def _recv_buffer(self, out, shape, dtype, name="out"):
+        if out is not None:
+            return check_out(out, None, None, name)
+        if shape is None or dtype is None:
+            raise InvalidArgument(
+                f"recv needs a buffer: pass {name}=array, or shape= and dtype= to allocate one."
+            )
+        dtype = np.dtype(dtype)
+        from ._checks import check_dtype
+
+        check_dtype(dtype, "dtype")
+        return np.empty(shape, dtype=dtype)
+
+    def send(self, x, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
+        """Send array ``x`` to rank ``dest`` (blocks until ``x`` may be reused)."""
+        self.isend(x, dest, tag).wait(timeout)
+
+    def isend(self, x, dest: int, tag: int = 0) -> Request:
+        """Start sending ``x`` to ``dest``; do not modify ``x`` until the request completes."""
+        self._check_open()
+        x = as_input(x, "x")
+        dest = check_rank(dest, self.size, "dest")
+        tag = check_tag(tag, self._tag_ub)
+        flat = x.reshape(-1)
+        return Request(self._p2p.isend(flat, dest, tag), None, self.timeout, f"rank {self.rank}: send to rank {dest}", keep=flat)
+
+    def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, out=None, shape=None, dtype=None,
+             timeout: float | None = None, return_status: bool = False):
+        """Receive an array from ``source`` (or any rank) into ``out`` or a new array.
+
+        Returns the array, or ``(array, Status)`` with ``return_status=True``.
+        A message larger than the buffer raises InvalidBuffer.
+        """
+        request = self.irecv(source, tag, out=out, shape=shape, dtype=dtype)
+        result = request.wait(timeout)
+        return (result, request.status) if return_status else result
+
+    def irecv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, out=None, shape=None, dtype=None) -> Request:
+        """Start receiving into ``out`` (or a new array of ``shape``/``dtype``); ``wait()`` returns it."""
+        self._check_open()
+        buf = self._recv_buffer(out, shape, dtype)
+        source = check_rank(source, self.size, "source", allow_any=True)
+        tag = check_tag(tag, self._tag_ub, allow_any=True)
+        pending = self._p2p.irecv(buf.reshape(-1), source, tag)
+        who = "any rank" if source == ANY_SOURCE else f"rank {source}"
+        return Request(pending, buf, self.timeout, f"rank {self.rank}: recv from {who}")
+
+    def sendrecv(self, x, dest: int, source: int = ANY_SOURCE, *, sendtag: int = 0, recvtag: int = ANY_TAG,
+                 out=None, shape=None, dtype=None, timeout: float | None = None):
+        """Send ``x`` to ``dest`` and receive from ``source`` at the same time (never deadlocks in a ring).
+
+        The receive buffer defaults to a new array shaped like ``x``.
+        """
+        self._check_open()
+        x = as_input(x, "x")
+        if out is None and shape is None:
+            shape, dtype = x.shape, x.dtype
+        receive = self.irecv(source, recvtag, out=out, shape=shape, dtype=dtype)
+        self.isend(x, dest, sendtag).wait(timeout)
+        return receive.wait(timeout)
+
+    def send_object(self, obj, dest: int, tag: int = 0) -> None:
+        """Send a small picklable Python object to ``dest``."""
+        self._check_open()
+        dest = check_rank(dest, self.size, "dest")
+        tag = check_tag(tag, self._tag_ub)
+        self._p2p.send_object(obj, dest, tag)
+
+    def recv_object(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, timeout: float | None = None,
+                    return_status: bool = False):
+        """Receive a Python object sent with :meth:`send_object`."""
+        self._check_open()
+        source = check_rank(source, self.size, "source", allow_any=True)
+        tag = check_tag(tag, self._tag_ub, allow_any=True)
+        timeout = check_timeout(timeout) if timeout is not None else self.timeout
+        got = self._p2p.recv_object(source, tag, timeout)
+        if got is None:
+            raise CommTimeout(f"rank {self.rank}: recv_object from {source} timed out after {timeout:g} s.")
+        return got if return_status else got[0]
+
+    # -- object collectives (small metadata, on the ctl context) -------------------
+
+    def _ctl_allgather(self, obj, tag, timeout):
+        for peer in range(self.size):
+            if peer != self.rank:
+                self._ctl.send_object(obj, peer, tag)
+        out = []
+        for peer in range(self.size):
+            if peer == self.rank:
+                out.append(obj)
+                continue
+            got = self._ctl.recv_object(peer, tag, timeout)
+            if got is None:
+                raise CommTimeout(
+                    f"rank {self.rank} timed out after {timeout:g} s exchanging call metadata with rank {peer}; "
+                    "that rank may not have reached the same call."
+                )
+            out.append(got[0])
+        return out
+
+    def allgather_object(self, obj, *, timeout: float | None = None) -> list:
+        """Every rank's ``obj``, in rank order, on every rank (small picklable objects)."""
+        self._check_open()
+        with self._serial("allgather_object"):
+            seq = self._next_seq()
+            return self._ctl_allgather(obj, (seq & _COLL_TAG_MASK) * 4 + _OBJ_TAG, timeout or self.timeout)
+
+    def gather_object(self, obj, root: int = 0, *, timeout: float | None = None):
+        """Every rank's ``obj`` in rank order at ``root`` (None elsewhere)."""
+        self._check_open()
+        root = check_rank(root, self.size, "root")
+        with self._serial("gather_object"):
+            seq = self._next_seq()
+            tag = (seq & _COLL_TAG_MASK) * 4 + _OBJ_TAG
+            timeout = timeout or self.timeout
+            if self.rank != root:
+                self._ctl.send_object(obj, root, tag)
+                return None
+            out = []
+            for peer in range(self.size):
+                if peer == root:
+                    out.append(obj)
+                    continue
+                got = self._ctl.recv_object(peer, tag, timeout)
+                if got is None:
+                    raise CommTimeout(f"rank {root} timed out in gather_object waiting for rank {peer}.")
+                out.append(got[0])
+            return out
+
+    def broadcast_object(self, obj, root: int = 0, *, timeout: float | None = None):
+        """``root``'s ``obj`` on every rank (small picklable objects)."""
+        self._check_open()
+        root = check_rank(root, self.size, "root")
+        with self._serial("broadcast_object"):
+            seq = self._next_seq()
+            return self._bcast_meta(obj, root, seq, timeout or self.timeout)
+
+    def _bcast_meta(self, obj, root, seq, timeout):
+        tag = (seq & _COLL_TAG_MASK) * 4 + _META_TAG
+        if self.rank == root:
+            for peer in range(self.size):
+                if peer != root:
+                    self._ctl.send_object(obj, peer, tag)
+            return obj
+        got = self._ctl.recv_object(root, tag, timeout)
+        if got is None:
+            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s waiting for metadata from root {root}.")
+        return got[0]
+
+    # -- collective machinery ---------------------------------------------------------
+
+    @contextmanager
+    def _serial(self, what):
+        if not self._entry.acquire(blocking=False):
+            raise ConcurrentCall(
+                f"{what} was called on rank {self.rank} while another thread was inside a collective call on "
+                "the same communicator; give each thread its own communicator (comm.dup())."
+            )
+        try:
+            yield
+        finally:
+            self._entry.release()
+
+    def _next_seq(self) -> int:
+        seq = self._seq
+        self._seq = seq + 1
+        return seq
+
+    def _scratch_buffer(self, xp, dtype, n, nonblocking, role="tmp"):
+        """Scratch of ``n`` elements, reused across blocking calls (one buffer per role and dtype)."""
+        if nonblocking:
+            return xp.empty(n, dtype=dtype)
+        key = (role, xp.__name__, dtype.str)
+        buf = self._scratch.get(key)
+        if buf is None or buf.size < n:
+            buf = xp.empty(max(n, 1), dtype=dtype)
+            self._scratch[key] = buf
+        return buf[:n]
+
+    def _verify_call(self, call: _Call, seq: int, algorithm: str, timeout) -> None:
+        """Debug mode: all ranks compare what they are about to run; mismatch raises everywhere."""
+        mine = {
+            "collective": call.collective,
+            "seq": seq,
+            "op": call.op.name if call.op is not None else None,
+            "root": call.root if call.collective in ("broadcast", "reduce", "gather", "scatter") else None,
+            "dtype": str(call.dtype) if call.dtype is not None else None,
+            "count": call.signature_count,
+            "algorithm": algorithm,
+        }
+        tag = (seq & _COLL_TAG_MASK) * 4 + _CHECK_TAG
+        everyone = self._ctl_allgather(mine, tag, timeout)
+        differing = [field for field in mine if len({repr(sig[field]) for sig in everyone}) > 1]
+        if differing:
+            lines = []
+            for field in differing:
+                values = {}
+                for rank, sig in enumerate(everyone):
+                    values.setdefault(repr(sig[field]), []).append(rank)
+                lines.append(f"{field}: " + "; ".join(f"{v} on ranks {r}" for v, r in values.items()))
+            raise CollectiveMismatch(
+                f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
+            )
+
+    def _run(self, call: _Call, algorithm, timeout, nonblocking):
+        timeout = check_timeout(timeout) if timeout is not None else self.timeout
+        transport = self._coll
+        native_ok = hasattr(transport, "native") and call.collective != "barrier" and (
+            call.dtype is None or transport.native_supports(call.collective, call.dtype, call.op)
+        ) if hasattr(transport, "native_supports") else False
+        if call.collective == "barrier":
+            native_ok = hasattr(transport, "native")
+        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok)
+        alg = choice.algorithm
+        self.last_algorithm = alg.name
+        self.last_choice = choice
+        seq = self._next_seq()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
+                      call.nbytes, self.size, alg.name, choice.reason)
+        if self.check:
+            self._verify_call(call, seq, alg.name, timeout)
+        tracer = _trace.current()
+        info = CallInfo(call.collective, alg.name, seq, self.rank, tracer)
+        if alg.name == "native":
+            return self._run_native(call, nonblocking, timeout, info)
+        src = call.src
+        if call.aliased and (call.collective, alg.name) not in _INPLACE_SAFE:
+            src = src.copy()
+        scratch_n = alg.scratch(self.rank, self.size, call.arg)
+        xp, dtype = call.xp, call.dtype if call.dtype is not None else np.dtype(np.uint8)
+        bufs = {"in": src, "out": call.dst, "tmp": self._scratch_buffer(xp, dtype, scratch_n, nonblocking)}
+        steps = self._steps(alg, call)
+        tag = seq & _COLL_TAG_MASK
+        if nonblocking:
+            return ScheduleRequest(steps, bufs, transport, tag, timeout, info, finish=lambda: self._finish(call))
+        run_schedule(steps, bufs, transport, tag, timeout, info)
+        return self._finish(call)
+
+    def _steps(self, alg, call: _Call):
+        rank, size, c = self.rank, self.size, call.collective
+        if c == "barrier":
+            return alg.schedule(rank, size)
+        if c in ("broadcast", "gather", "scatter"):
+            return alg.schedule(rank, size, call.arg, call.root)
+        if c == "reduce":
+            return alg.schedule(rank, size, call.arg, call.op, call.root)
+        if c in ("allgather", "alltoall"):
+            return alg.schedule(rank, size, call.arg)
+        return alg.schedule(rank, size, call.arg, call.op)  # allreduce, reduce_scatter, scan, exscan
+
+    def _run_native(self, call: _Call, nonblocking, timeout, info):
+        c = call.collective
+        send, recv = call.src, call.dst
+        inplace = call.aliased and c in ("allreduce", "scan", "exscan", "reduce")
+        if c == "broadcast":
+            if self.rank == call.root and not same_memory(call.src, call.dst):
+                call.dst[...] = call.src
+            send = None
+        if c in ("reduce", "gather") and self.rank != call.root:
+            recv = None
+        if c == "scatter" and self.rank != call.root:
+            send = None
+        counts = call.arg if c == "reduce_scatter" else None
+        pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts,
+                                    inplace=inplace, nonblocking=nonblocking)
+        if nonblocking:
+            return _NativeRequest(pending, lambda: self._finish(call), timeout, info)
+        return self._finish(call)
+
+    def _finish(self, call: _Call):
+        if not call.has_result:
+            return None
+        if call.collective == "exscan" and self.rank == 0:
+            identity = call.op.identity_array(call.dst.shape, call.dtype)
+            if identity is None:
+                return None
+            call.dst[...] = call.xp.asarray(identity)
+        return call.dst.reshape(call.shape)
+
+    # -- preparing calls --------------------------------------------------------------
+
+    def _output(self, out, shape, like, name="out"):
+        xp = array_module(like)
+        if out is None:
+            return xp.empty(shape, dtype=like.dtype)
+        return check_out(out, shape, like.dtype, name, like=like)
+
+    def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False):
+        self._check_open()
+        x = as_input(x, "x")
+        if rooted:
+            root = check_rank(root, self.size, "root")
+        op = get_op(op)
+        op.check_dtype(x.dtype)
+        has_result = not rooted or self.rank == root
+        if has_result:
+            out = self._output(out, x.shape, x)
+        else:
+            if out is not None:
+                check_out(out, x.shape, x.dtype, "out", like=x)
+            out = self._scratch_buffer(array_module(x), x.dtype, x.size, nonblocking, role="reduce-out")
+        aliased = has_result and same_memory(x, out)
+        call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
+                     array_module(x), aliased, x.shape, has_result)
+        with self._serial(collective):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
+        """Reduce ``x`` across all ranks with ``op``; every rank gets the result.
+
+        Args:
+            x: array of any shape and numeric dtype (same on every rank).
+            op: "sum", "prod", "max", "min", "land", "lor", "lxor", "band", "bor",
+                "bxor", or a :class:`commkit.Op`.
+            out: optional result buffer (``out=x`` reduces in place).
+            algorithm: force an algorithm ("ring", "recursive_doubling", ...); default: selected.
+            timeout: seconds without progress before CommTimeout (default: the communicator's).
+
+        Returns:
+            The reduced array (``out`` if given).
+
+        Raises:
+            InvalidBuffer, UnsupportedOp, AlgorithmNotApplicable: before anything is sent.
+        """
+        return self._reduction("allreduce", x, op, out, algorithm, timeout, False)
+
+    def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`allreduce`; ``wait()`` returns the result."""
+        return self._reduction("allreduce", x, op, out, algorithm, timeout, True)
+
+    def reduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None):
+        """Reduce ``x`` across ranks onto ``root``; returns the result there, None elsewhere."""
+        return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True)
+
+    def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`reduce`."""
+        return self._reduction("reduce", x, op, out, algorithm, timeout, True, root, rooted=True)
+
+    def scan(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
+        """Inclusive prefix reduction: rank r gets x_0 (op) ... (op) x_r."""
+        return self._reduction("scan", x, op, out, algorithm, timeout, False)
+
+    def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`scan`."""
+        return self._reduction("scan", x, op, out, algorithm, timeout, True)
+
+    def exscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
+        """Exclusive prefix reduction: rank r gets x_0 (op) ... (op) x_{r-1}.
+
+        Rank 0 gets the op's identity (zeros for sum); for a user op without an
+        identity, rank 0 gets None.
+        """
+        return self._reduction("exscan", x, op, out, algorithm, timeout, False)
+
+    def iexscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`exscan`."""
+        return self._reduction("exscan", x, op, out, algorithm, timeout, True)
+
+    def broadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
+        """Every rank gets ``root``'s ``x``.
+
+        Non-root ranks pass an array of the root's shape and dtype (its values are
+        ignored) or ``x=None`` with ``out=`` the buffer to fill. ``out=x``
+        broadcasts in place.
+        """
+        return self._broadcast(x, root, out, algorithm, timeout, False)
+
+    def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`broadcast`."""
+        return self._broadcast(x, root, out, algorithm, timeout, True)
+
+    def _broadcast(self, x, root, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        root = check_rank(root, self.size, "root")
+        if x is None and self.rank != root:
+            if out is None:
+                raise InvalidBuffer(
+                    f"broadcast on non-root rank {self.rank} needs to know the shape and dtype: pass an array "
+                    "like the root's, or x=None with out= the buffer to fill."
+                )
+            x = check_out(out, None, None, "out")
+        x = as_input(x, "x")
+        out = self._output(out, x.shape, x)
+        call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
+                     array_module(x), same_memory(x, out), x.shape)
+        with self._serial("broadcast"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
+        """``root`` gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``; None elsewhere."""
+        return self._gather(x, root, out, algorithm, timeout, False)
+
+    def igather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`gather`."""
+        return self._gather(x, root, out, algorithm, timeout, True)
+
+    def _gather(self, x, root, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        x = as_input(x, "x")
+        root = check_rank(root, self.size, "root")
+        shape = (self.size,) + x.shape
+        xp = array_module(x)
+        if self.rank == root:
+            out = self._output(out, shape, x)
+        else:
+            out = xp.empty(0, dtype=x.dtype)
+        call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
+                     xp, False, shape, self.rank == root)
+        with self._serial("gather"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def scatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
+        """Rank r gets ``x[r]`` of the root's ``x`` (shape ``(size, ...)``).
+
+        Non-root ranks pass ``x=None`` (it is ignored there) and ``out=`` a buffer
+        of the block's shape and dtype.
+        """
+        return self._scatter(x, root, out, algorithm, timeout, False)
+
+    def iscatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`scatter`."""
+        return self._scatter(x, root, out, algorithm, timeout, True)
+
+    def _scatter(self, x, root, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        root = check_rank(root, self.size, "root")
+        if self.rank == root:
+            x = as_input(x, "x")
+            if x.ndim == 0 or x.shape[0] != self.size:
+                raise InvalidBuffer(
+                    f"scatter's x on the root must have shape ({self.size}, ...): one block per rank; "
+                    f"got shape {tuple(x.shape)}."
+                )
+            block_shape, like = tuple(x.shape[1:]), x
+        else:
+            if out is None:
+                raise InvalidBuffer(
+                    f"scatter on non-root rank {self.rank} needs out= (a buffer of the block's shape and dtype); "
+                    "only the root's x is read."
+                )
+            block_shape, like = tuple(out.shape), out
+        out = self._output(out, block_shape, like)
+        count = int(np.prod(block_shape, dtype=np.int64))
+        xp = array_module(like)
+        src = x.reshape(-1) if self.rank == root else xp.empty(0, dtype=like.dtype)
+        call = _Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
+                     like.dtype, xp, False, block_shape)
+        with self._serial("scatter"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def allgather(self, x, *, out=None, algorithm=None, timeout=None):
+        """Every rank gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``."""
+        return self._allgather(x, out, algorithm, timeout, False)
+
+    def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`allgather`."""
+        return self._allgather(x, out, algorithm, timeout, True)
+
+    def _allgather(self, x, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        x = as_input(x, "x")
+        shape = (self.size,) + x.shape
+        out = self._output(out, shape, x)
+        call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
+                     array_module(x), False, shape)
+        with self._serial("allgather"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
+        """Rank r sends ``x[j]`` to rank j and receives rank j's ``x[r]`` into ``result[j]``.
+
+        ``x`` must have shape ``(size, ...)``; the result has the same shape.
+        """
+        return self._alltoall(x, out, algorithm, timeout, False)
+
+    def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`alltoall`."""
+        return self._alltoall(x, out, algorithm, timeout, True)
+
+    def _alltoall(self, x, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        x = as_input(x, "x")
+        if x.ndim == 0 or x.shape[0] != self.size:
+            raise InvalidBuffer(
+                f"alltoall's x must have shape ({self.size}, ...): one block per destination rank; "
+                f"got shape {tuple(x.shape)}."
+            )
+        out = self._output(out, x.shape, x)
+        if same_memory(x, out):
+            raise InvalidBuffer("alltoall cannot run in place: pass an out buffer that does not overlap x.")
+        count = x.size // self.size
+        call = _Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
+                     array_module(x), False, x.shape)
+        with self._serial("alltoall"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):
+        """Reduce ``x`` across ranks, then give rank r its block of the result.
+
+        With ``counts=None``, ``x.shape[0]`` must divide by ``size`` and rank r gets
+        rows ``[r*m, (r+1)*m)``, ``m = x.shape[0] // size``. With ``counts`` (one row
+        count per rank, summing to ``x.shape[0]``) rank r gets ``counts[r]`` rows.
+        """
+        return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False)
+
+    def ireduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`reduce_scatter`."""
+        return self._reduce_scatter(x, op, counts, out, algorithm, timeout, True)
+
+    def _reduce_scatter(self, x, op, counts, out, algorithm, timeout, nonblocking):
+        self._check_open()
+        x = as_input(x, "x")
+        if x.ndim == 0:
+            raise InvalidBuffer("reduce_scatter's x must have at least one dimension (rows are split among ranks).")
+        rows = x.shape[0]
+        if counts is None:
+            if rows % self.size:
+                raise InvalidBuffer(
+                    f"reduce_scatter without counts needs x.shape[0] divisible by size {self.size}; got "
+                    f"{rows}. Pass counts=[rows for each rank] for uneven blocks."
+                )
+            counts = [rows // self.size] * self.size
+        else:
+            counts = list(counts)
+            if len(counts) != self.size or any(
+                isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0 for c in counts
+            ):
+                raise InvalidArgument(f"counts must be {self.size} non-negative ints (one per rank), got {counts!r}.")
+            if sum(counts) != rows:
+                raise InvalidArgument(f"counts must sum to x.shape[0] = {rows}, got sum {sum(counts)}.")
+        op = get_op(op)
+        op.check_dtype(x.dtype)
+        row = x.size // rows if rows else int(np.prod(x.shape[1:], dtype=np.int64))
+        shape = (counts[self.rank],) + x.shape[1:]
+        out = self._output(out, shape, x)
+        if same_memory(x, out):
+            raise InvalidBuffer("reduce_scatter cannot run in place: pass an out buffer that does not overlap x.")
+        elems = tuple(int(c) * row for c in counts)
+        call = _Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
+                     array_module(x), False, shape)
+        with self._serial("reduce_scatter"):
+            return self._run(call, algorithm, timeout, nonblocking)
+
+    def barrier(self, *, algorithm=None, timeout=None) -> None:
+        """Block until every rank has called barrier."""
+        self._check_open()
+        call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
+        with self._serial("barrier"):
+            self._run(call, algorithm, timeout, False)
+
+    def ibarrier(self, *, algorithm=None, timeout=None) -> ScheduleRequest:
+        """Nonblocking :meth:`barrier`."""
+        self._check_open()
+        call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
+        with self._serial("barrier"):
+            return self._run(call, algorithm, timeout, True)
+
+    # -- other conveniences --------------------------------------------------------------
+
+    def mesh(self, *args, **kwargs):
+        """Data/model/pipeline sub-communicators; see :func:`commkit.mesh.make_mesh`."""
+        from .mesh import make_mesh
+
+        return make_mesh(self, *args, **kwargs)
+
+
+class _NativeRequest:
+    """A nonblocking native collective: one library request, then the result."""
+
+    def __init__(self, pending, finish, timeout, info):
+        self._pending = pending
+        self._finish = finish
+        self._timeout = timeout
+        self._info = info
+        self._done = False
+        self._result = None
+
+    def test(self) -> bool:
+        if not self._done and self._pending.test():
+            self._done = True
+            self._result = self._finish()
+        return self._done
+
+    def wait(self, timeout: float | None = None):
+        if not self._done:
+            timeout = self._timeout if timeout is None else timeout
+            if self._pending.wait(timeout):
+                raise CommTimeout(
+                    f"rank {self._info.rank} timed out after {timeout:g} s in {self._info.collective} "
+                    f"#{self._info.seq} (algorithm 'native')."
+                )
+            self._done = True
+            self._result = self._finish()
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+
+_ = algorithms  # the registry is loaded lazily by selection

@@ -1,0 +1,183 @@
+"""Choosing an algorithm: thresholds as data, overrides most specific first.
+
+Order of precedence, most specific first:
+
+1. ``algorithm=`` on the call;
+2. the environment variable ``COMMKIT_<COLLECTIVE>_ALGORITHM`` (for example
+   ``COMMKIT_ALLREDUCE_ALGORITHM=ring``); ``auto`` means no override;
+3. the tuning file named by ``COMMKIT_TUNING`` (written by ``commkit tune``);
+4. the table shipped in ``commkit/tuning/default.json``.
+
+A table maps each collective to an ordered list of rules. A rule may bound the
+process count (``min_procs``/``max_procs``), the message size in bytes
+(``min_bytes``/``max_bytes``, inclusive) and require the op to be commutative
+(``commutative: true``); the first rule whose bounds hold *and* whose algorithm
+applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
+Every rule carries a ``reason``. If no rule matches, the first applicable
+algorithm of :data:`FALLBACK` is used.
+
+Message size (bytes), by collective: the per-rank vector for allreduce, reduce,
+broadcast, scan and exscan; the whole gathered/scattered vector for gather,
+scatter and allgather; the whole input vector for reduce_scatter; the block sent to each peer for
+alltoall (as MPICH's thresholds are stated).
+
+A forced algorithm (argument or environment) that cannot run the call raises
+:class:`~commkit.errors.AlgorithmNotApplicable`, unless
+``COMMKIT_FALLBACK=warn``, which warns and selects automatically instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from functools import lru_cache
+from importlib import resources
+
+from . import algorithms
+from .errors import AlgorithmNotApplicable, InvalidArgument
+
+__all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice"]
+
+log = logging.getLogger("commkit")
+
+FALLBACK = {
+    "barrier": ("dissemination", "naive"),
+    "broadcast": ("binomial", "naive"),
+    "reduce": ("binomial", "naive"),
+    "allreduce": ("recursive_doubling", "naive"),
+    "gather": ("binomial", "naive"),
+    "scatter": ("binomial", "naive"),
+    "allgather": ("recursive_doubling", "naive"),
+    "reduce_scatter": ("ring", "naive"),
+    "alltoall": ("pairwise", "naive"),
+    "scan": ("recursive_doubling", "naive"),
+    "exscan": ("recursive_doubling", "naive"),
+}
+
+_RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative"}
+
+
+class Choice:
+    """The selected algorithm and why it was selected."""
+
+    __slots__ = ("algorithm", "reason")
+
+    def __init__(self, algorithm, reason: str):
+        self.algorithm = algorithm
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Choice({self.algorithm.qualname}: {self.reason})"
+
+
+def validate_table(table, source: str) -> dict:
+    """Check a tuning table's structure; raise :class:`InvalidArgument` naming ``source`` and the problem."""
+    if not isinstance(table, dict):
+        raise InvalidArgument(f"tuning file {source}: expected a JSON object at the top level, got {type(table).__name__}.")
+    for collective, rules in table.items():
+        if collective.startswith("_") or collective in ("version", "machine", "measured", "model"):
+            continue
+        if collective not in algorithms.COLLECTIVES:
+            raise InvalidArgument(
+                f"tuning file {source}: unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}."
+            )
+        if not isinstance(rules, list):
+            raise InvalidArgument(f"tuning file {source}: {collective!r} must map to a list of rules, got {type(rules).__name__}.")
+        for i, rule in enumerate(rules):
+            where = f"tuning file {source}: {collective}[{i}]"
+            if not isinstance(rule, dict) or "algorithm" not in rule:
+                raise InvalidArgument(f"{where}: each rule must be an object with an 'algorithm' key, got {rule!r}.")
+            unknown = set(rule) - _RULE_KEYS
+            if unknown:
+                raise InvalidArgument(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_RULE_KEYS)}.")
+            if algorithms.get(collective, rule["algorithm"]) is None:
+                raise InvalidArgument(
+                    f"{where}: unknown algorithm {rule['algorithm']!r}; {collective} has "
+                    f"{sorted(algorithms.for_collective(collective))}."
+                )
+            for key in ("min_procs", "max_procs", "min_bytes", "max_bytes"):
+                if key in rule and (not isinstance(rule[key], int) or isinstance(rule[key], bool) or rule[key] < 0):
+                    raise InvalidArgument(f"{where}: {key} must be a non-negative integer, got {rule[key]!r}.")
+    return table
+
+
+@lru_cache(maxsize=8)
+def load_table(path: str | None = None) -> dict:
+    """Read and validate a tuning table (the shipped default when ``path`` is None)."""
+    if path is None:
+        text = resources.files("commkit.tuning").joinpath("default.json").read_text()
+        source = "commkit/tuning/default.json"
+    else:
+        source = path
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as exc:
+            raise InvalidArgument(f"tuning file {path}: cannot be read ({exc.strerror}).") from None
+    try:
+        table = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"tuning file {source}: not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    return validate_table(table, source)
+
+
+def default_table() -> dict:
+    return load_table(None)
+
+
+def _matches(rule, size, nbytes, op) -> bool:
+    if size < rule.get("min_procs", 0) or size > rule.get("max_procs", size):
+        return False
+    if nbytes < rule.get("min_bytes", 0) or nbytes > rule.get("max_bytes", nbytes):
+        return False
+    if rule.get("commutative") and op is not None and not op.commutative:
+        return False
+    return True
+
+
+def _why_not(alg, size, op, native_ok) -> str | None:
+    if alg.name == "native":
+        return None if native_ok else f"{alg.collective}_native is not available on this transport for this dtype and op"
+    return alg.why_not(size, op)
+
+
+def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
+           native_ok: bool = False) -> Choice:
+    """Choose the algorithm for one call; see the module docstring for the precedence."""
+    forced, source = requested, "algorithm= argument"
+    if forced is None or forced == "auto":
+        forced = os.environ.get(f"COMMKIT_{collective.upper()}_ALGORITHM") or None
+        source = f"COMMKIT_{collective.upper()}_ALGORITHM"
+        if forced == "auto":
+            forced = None
+    if forced is not None:
+        alg = algorithms.get(collective, forced)
+        if alg is None:
+            raise AlgorithmNotApplicable(
+                f"unknown {collective} algorithm {forced!r} (from {source}); expected one of "
+                f"{sorted(algorithms.for_collective(collective))} or 'auto'."
+            )
+        why = _why_not(alg, size, op, native_ok)
+        if why is None:
+            return Choice(alg, f"forced by {source}")
+        if os.environ.get("COMMKIT_FALLBACK", "").lower() != "warn":
+            raise AlgorithmNotApplicable(f"{why} (forced by {source}); set COMMKIT_FALLBACK=warn to fall back instead.")
+        warnings.warn(f"{why}; falling back to automatic selection.", RuntimeWarning, stacklevel=3)
+    tables = []
+    tuning = os.environ.get("COMMKIT_TUNING")
+    if tuning:
+        tables.append((load_table(tuning), tuning))
+    tables.append((default_table(), "default.json"))
+    for table, name in tables:
+        for rule in table.get(collective, ()):
+            if _matches(rule, size, nbytes, op):
+                alg = algorithms.get(collective, rule["algorithm"])
+                if _why_not(alg, size, op, native_ok) is None:
+                    return Choice(alg, f"{name}: {rule.get('reason', 'rule matched')}")
+    for name in FALLBACK[collective]:
+        alg = algorithms.get(collective, name)
+        if alg.why_not(size, op) is None:
+            return Choice(alg, "fallback: no rule matched")
+    raise AssertionError(f"no {collective} algorithm applies")  # naive always applies

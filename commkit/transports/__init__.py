@@ -1,0 +1,10 @@
+"""Transports: the only modules that import mpi4py or cupy.
+
+``local`` (threads, always available), ``mpi`` (mpi4py) and ``nccl``
+(CuPy's NCCL bindings) are imported lazily, so ``import commkit`` works with
+neither mpi4py nor cupy installed.
+"""
+
+from .base import ANY_SOURCE, ANY_TAG, Status
+
+__all__ = ["ANY_SOURCE", "ANY_TAG", "Status"]

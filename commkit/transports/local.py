@@ -1,0 +1,318 @@
+"""The threads world: N ranks as N threads of one process, for notebooks, tests and teaching.
+
+Matching follows MPI's rules so that programs behave the same here as under
+``mpiexec``: a receive names a context, a source (or ANY_SOURCE) and a tag (or
+ANY_TAG); messages from one sender in one context are matched in the order
+they were sent; posted receives are matched in the order they were posted.
+Each destination rank keeps two queues, as MPI implementations do: messages
+that arrived before a matching receive (unexpected) and receives posted before
+a matching message (posted). Sends are eager: the payload is copied at send
+time, so ``isend`` completes at once and the sender may reuse its buffer.
+
+One lock guards the whole world; each rank waits on its own condition. When a
+rank fails, :meth:`LocalWorld.fail` wakes every waiter, which then raises
+:class:`~commkit.errors.PeerFailed` instead of hanging.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import threading
+import time
+
+from ..errors import InvalidBuffer, PeerFailed
+from .base import ANY_SOURCE, ANY_TAG, Status
+
+__all__ = ["LocalWorld", "LocalTransport"]
+
+
+class _Message:
+    __slots__ = ("ctx", "src", "tag", "payload", "is_object")
+
+    def __init__(self, ctx, src, tag, payload, is_object):
+        self.ctx = ctx
+        self.src = src
+        self.tag = tag
+        self.payload = payload
+        self.is_object = is_object
+
+
+class _Receive:
+    """A posted receive: where it matches and where the data goes."""
+
+    __slots__ = ("ctx", "src", "tag", "buf", "is_object", "done", "status", "obj", "error", "world", "dst", "peer")
+
+    def __init__(self, world, dst, ctx, src, tag, buf, is_object, peer):
+        self.world = world
+        self.dst = dst
+        self.ctx = ctx
+        self.src = src
+        self.tag = tag
+        self.buf = buf
+        self.is_object = is_object
+        self.done = False
+        self.status = None
+        self.obj = None
+        self.error = None
+        self.peer = peer
+
+    def matches(self, msg: _Message) -> bool:
+        return (
+            msg.ctx == self.ctx
+            and (self.src == ANY_SOURCE or msg.src == self.src)
+            and (self.tag == ANY_TAG or msg.tag == self.tag)
+        )
+
+    def fill(self, msg: _Message, local_source: int) -> None:
+        """Deliver ``msg`` into this receive (called with the world lock held)."""
+        if msg.is_object != self.is_object:
+            want = "a Python object (recv_object)" if self.is_object else "an array (recv)"
+            came = "a Python object" if msg.is_object else "an array"
+            self.error = InvalidBuffer(f"rank {local_source} sent {came} but this rank posted {want} with a matching tag.")
+        elif self.is_object:
+            self.obj = pickle.loads(msg.payload)
+            self.status = Status(local_source, msg.tag, len(msg.payload))
+        else:
+            nbytes = msg.payload.nbytes
+            if nbytes > self.buf.nbytes:
+                self.error = InvalidBuffer(
+                    f"message of {nbytes} bytes from rank {local_source} (tag {msg.tag}) does not fit "
+                    f"the receive buffer of {self.buf.nbytes} bytes."
+                )
+            elif nbytes:
+                self.buf.view("u1")[:nbytes] = msg.payload.view("u1")
+            self.status = Status(local_source, msg.tag, nbytes)
+        self.done = True
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until filled; False on timeout. Raises PeerFailed or a delivery error."""
+        world = self.world
+        cond = world.conds[self.dst]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with world.lock:
+            while not self.done:
+                world.check_failed()
+                if deadline is None:
+                    cond.wait(1.0)
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    cond.wait(min(remaining, 1.0))
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def test(self) -> bool:
+        if not self.done:
+            self.world.check_failed()
+            return False
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class _Pending:
+    """The receives of one posted Transfer (its sends completed eagerly)."""
+
+    __slots__ = ("receives",)
+
+    def __init__(self, receives):
+        self.receives = receives
+
+    def test(self) -> bool:
+        return all(r.test() for r in self.receives)
+
+    def wait(self, timeout: float | None) -> list:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for r in self.receives:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not r.wait(remaining):
+                return [x.peer for x in self.receives if not x.done]
+        return []
+
+
+class LocalWorld:
+    """The shared state of one threads world of ``size`` ranks."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.lock = threading.Lock()
+        self.conds = [threading.Condition(self.lock) for _ in range(size)]
+        self.unexpected = [collections.deque() for _ in range(size)]
+        self.posted = [[] for _ in range(size)]
+        self.failed = None
+
+    def fail(self, rank: int, exc: BaseException) -> None:
+        """Record that ``rank`` failed and wake every waiting rank."""
+        with self.lock:
+            if self.failed is None:
+                self.failed = (rank, exc)
+            for cond in self.conds:
+                cond.notify_all()
+
+    def check_failed(self) -> None:
+        if self.failed is not None:
+            rank, exc = self.failed
+            raise PeerFailed(
+                f"rank {rank} failed with {type(exc).__name__}: {exc}; "
+                "this rank's operation can never complete."
+            )
+
+    def deliver(self, dst: int, msg: _Message, local_source: int) -> None:
+        with self.lock:
+            posted = self.posted[dst]
+            for i, receive in enumerate(posted):
+                if receive.matches(msg):
+                    del posted[i]
+                    receive.fill(msg, local_source)
+                    self.conds[dst].notify_all()
+                    return
+            self.unexpected[dst].append((msg, local_source))
+            self.conds[dst].notify_all()
+
+    def post_receive(self, receive: _Receive) -> None:
+        with self.lock:
+            queue = self.unexpected[receive.dst]
+            for i, (msg, local_source) in enumerate(queue):
+                if receive.matches(msg):
+                    del queue[i]
+                    receive.fill(msg, local_source)
+                    return
+            self.posted[receive.dst].append(receive)
+
+    def probe(self, dst: int, ctx, src: int, tag: int):
+        with self.lock:
+            for msg, local_source in self.unexpected[dst]:
+                if msg.ctx == ctx and (src == ANY_SOURCE or msg.src == src) and (tag == ANY_TAG or msg.tag == tag):
+                    return Status(local_source, msg.tag, msg.payload.nbytes if not msg.is_object else len(msg.payload))
+        return None
+
+
+class LocalTransport:
+    """One rank's view of a communication context in a :class:`LocalWorld`."""
+
+    name = "local"
+    supports_any_source = True
+    tag_ub = 2**31 - 1
+
+    def __init__(self, world: LocalWorld, rank: int, ranks: tuple | None = None, ctx=("world",)):
+        self.world = world
+        self.ranks = tuple(range(world.size)) if ranks is None else tuple(ranks)
+        self.rank = rank
+        self.size = len(self.ranks)
+        self.ctx = ctx
+        self._world_rank = self.ranks[rank]
+        self._local_of = {w: i for i, w in enumerate(self.ranks)}
+        self._children = 0
+
+    # -- point to point ------------------------------------------------------
+
+    def _send(self, payload, dest: int, tag: int, is_object: bool) -> None:
+        self.world.check_failed()
+        msg = _Message(self.ctx, self._world_rank, tag, payload, is_object)
+        self.world.deliver(self.ranks[dest], msg, self.rank)
+
+    def _receive(self, buf, source: int, tag: int, is_object: bool) -> _Receive:
+        src = source if source == ANY_SOURCE else self.ranks[source]
+        receive = _Receive(self.world, self._world_rank, self.ctx, src, tag, buf, is_object, source)
+        self.world.post_receive(receive)
+        return receive
+
+    def isend(self, buf, dest: int, tag: int):
+        """Post a send; the payload is copied now, so the returned handle is already complete."""
+        self._send(buf.copy(), dest, tag, False)
+        return _Pending(())
+
+    def irecv(self, buf, source: int, tag: int):
+        """Post a receive into ``buf``; the handle's ``status`` is set once it completes."""
+        return _RecvHandle(self._receive(buf, source, tag, False))
+
+    def send_object(self, obj, dest: int, tag: int) -> None:
+        self._send(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dest, tag, True)
+
+    def recv_object(self, source: int, tag: int, timeout: float | None):
+        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout."""
+        receive = self._receive(None, source, tag, True)
+        if not receive.wait(timeout):
+            self._cancel(receive)
+            return None
+        return receive.obj, receive.status
+
+    def probe(self, source: int, tag: int):
+        src = source if source == ANY_SOURCE else self.ranks[source]
+        return self.world.probe(self._world_rank, self.ctx, src, tag)
+
+    def _cancel(self, receive: _Receive) -> None:
+        with self.world.lock:
+            posted = self.world.posted[self._world_rank]
+            if receive in posted:
+                posted.remove(receive)
+
+    # -- schedule steps --------------------------------------------------------
+
+    def post(self, sends, recvs, tag: int) -> _Pending:
+        receives = [self._receive(buf, peer, tag, False) for peer, buf in recvs]
+        for peer, buf in sends:
+            self._send(buf.copy(), peer, tag, False)
+        return _Pending(receives)
+
+    def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
+        return self.post(sends, recvs, tag).wait(timeout)
+
+    # -- communicators ---------------------------------------------------------
+
+    def dup(self) -> "LocalTransport":
+        """A new context over the same ranks (collective: every rank calls it in the same order)."""
+        self._children += 1
+        return LocalTransport(self.world, self.rank, self.ranks, self.ctx + (("dup", self._children),))
+
+    def split(self, color, key: int, timeout: float | None = None):
+        """Split by ``color`` (None for no new group), ordering ranks by ``(key, rank)``."""
+        self._children += 1
+        label = ("split", self._children)
+        ctl = LocalTransport(self.world, self.rank, self.ranks, self.ctx + (label, "ctl"))
+        entries = _allgather_objects(ctl, (color, key), timeout)
+        if color is None:
+            return None
+        members = sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)
+        group = tuple(self.ranks[r] for _, r in members)
+        new_rank = [r for _, r in members].index(self.rank)
+        return LocalTransport(self.world, new_rank, group, self.ctx + (label, color))
+
+    def free(self) -> None:
+        """Nothing to release: contexts are plain tuples."""
+
+    def abort(self, exc: BaseException) -> None:
+        self.world.fail(self._world_rank, exc)
+
+
+class _RecvHandle(_Pending):
+    __slots__ = ()
+
+    def __init__(self, receive: _Receive):
+        super().__init__((receive,))
+
+    @property
+    def status(self):
+        return self.receives[0].status
+
+
+def _allgather_objects(chan: LocalTransport, obj, timeout):
+    """Every rank sends ``obj`` to every other rank (used only for split's metadata)."""
+    for peer in range(chan.size):
+        if peer != chan.rank:
+            chan.send_object(obj, peer, 0)
+    out = []
+    for peer in range(chan.size):
+        if peer == chan.rank:
+            out.append(obj)
+            continue
+        got = chan.recv_object(peer, 0, timeout)
+        if got is None:
+            from ..errors import CommTimeout
+
+            raise CommTimeout(f"rank {chan.rank} timed out in split waiting for rank {peer}.")
+        out.append(got[0])
+    return out

@@ -1,0 +1,297 @@
+"""The MPI transport: mpi4py buffer methods on a communicator of their own.
+
+Arrays travel as raw bytes (``[array, MPI.BYTE]``): no pickling, no copies,
+any dtype (float16 and bool included), and messages over 2**31 bytes use the
+MPI-4 large-count routines that mpi4py 4 calls when the library has them
+(MPICH from the ``mpich`` wheels does). Reductions are commkit's, so MPI only
+needs to know types for the ``native`` algorithm, which calls the library's
+own collectives with the proper datatype and op.
+
+Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
+``Waitall`` directly. With a timeout the executor must be able to give up, so
+requests are polled with ``Testall`` (spinning briefly, then backing off to
+short sleeps so oversubscribed ranks leave the core to the peer they wait on).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..errors import TransportUnavailable
+from .base import ANY_SOURCE, ANY_TAG, Status
+
+try:  # pragma: no cover - exercised only where mpi4py is missing
+    from mpi4py import MPI
+except ImportError as exc:  # pragma: no cover
+    raise TransportUnavailable(
+        "the MPI transport needs mpi4py and an MPI library; install them with "
+        "`pip install 'commkit[mpi]'` (mpi4py plus the mpich wheels)."
+    ) from exc
+
+__all__ = ["MPITransport", "MPI", "world_size_from_env"]
+
+BYTE = MPI.BYTE
+
+_SPIN_SECONDS = 2e-4
+_MAX_SLEEP = 1e-3
+
+
+def _src(source: int) -> int:
+    return MPI.ANY_SOURCE if source == ANY_SOURCE else source
+
+
+def _tag(tag: int) -> int:
+    return MPI.ANY_TAG if tag == ANY_TAG else tag
+
+
+def _poll(requests, timeout: float) -> bool:
+    """Test ``requests`` until all complete (True) or ``timeout`` passes (False)."""
+    testall = MPI.Request.Testall
+    if testall(requests):
+        return True
+    start = time.monotonic()
+    deadline = start + timeout
+    sleep = 1e-5
+    while True:
+        if testall(requests):
+            return True
+        now = time.monotonic()
+        if now >= deadline:
+            return False
+        if now - start > _SPIN_SECONDS:
+            time.sleep(min(sleep, deadline - now))
+            sleep = min(sleep * 2, _MAX_SLEEP)
+
+
+class _Pending:
+    """Requests of one posted transfer, with the peer each one talks to."""
+
+    __slots__ = ("requests", "peers")
+
+    def __init__(self, requests, peers):
+        self.requests = requests
+        self.peers = peers
+
+    def test(self) -> bool:
+        return MPI.Request.Testall(self.requests)
+
+    def wait(self, timeout: float | None) -> list:
+        if timeout is None:
+            MPI.Request.Waitall(self.requests)
+            return []
+        if _poll(self.requests, timeout):
+            return []
+        return [peer for req, peer in zip(self.requests, self.peers) if not req.Test()]
+
+
+class _RecvHandle(_Pending):
+    __slots__ = ("_status", "_mpi_status")
+
+    def __init__(self, request, peer):
+        super().__init__([request], [peer])
+        self._mpi_status = MPI.Status()
+        self._status = None
+
+    def test(self) -> bool:
+        return self.requests[0].Test(self._mpi_status)
+
+    def wait(self, timeout: float | None) -> list:
+        if timeout is None:
+            self.requests[0].Wait(self._mpi_status)
+            return []
+        if _poll(self.requests, timeout):
+            self.requests[0].Wait(self._mpi_status)  # completed: fills the status
+            return []
+        return self.peers
+
+    @property
+    def status(self):
+        s = self._mpi_status
+        return Status(s.Get_source(), s.Get_tag(), s.Get_count(BYTE))
+
+
+_OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "land": MPI.LAND,
+        "lor": MPI.LOR, "lxor": MPI.LXOR, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
+# Which dtype kinds MPI defines each op for (MPI-4.1 section 6.9.2): arithmetic on
+# integer, floating and complex types; max/min not on complex; logical ops on
+# integers and C_BOOL; bitwise ops on integers.
+_OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": "iub", "lor": "iub",
+             "lxor": "iub", "band": "iu", "bor": "iu", "bxor": "iu"}
+
+
+def _mpi_type(dtype: np.dtype):
+    from mpi4py.util import dtlib
+
+    try:
+        return dtlib.from_numpy_dtype(dtype)
+    except (ValueError, KeyError):
+        return None
+
+
+class MPITransport:
+    """One MPI communicator, seen as a commkit transport."""
+
+    name = "mpi"
+    supports_any_source = True
+
+    def __init__(self, comm, owned: bool = False):
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.owned = owned
+        tag_ub = comm.Get_attr(MPI.TAG_UB)
+        self.tag_ub = int(tag_ub) if tag_ub else 32767
+
+    # -- schedule steps --------------------------------------------------------
+
+    def post(self, sends, recvs, tag: int) -> _Pending:
+        comm = self.comm
+        requests = [comm.Irecv([buf, BYTE], peer, tag) for peer, buf in recvs]
+        requests += [comm.Isend([buf, BYTE], peer, tag) for peer, buf in sends]
+        peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
+        return _Pending(requests, peers)
+
+    def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
+        if timeout is None:
+            comm = self.comm
+            if len(sends) == 1 and len(recvs) == 1:
+                (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
+                comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+                return []
+            if not recvs and len(sends) == 1:
+                comm.Send([sends[0][1], BYTE], sends[0][0], tag)
+                return []
+            if not sends and len(recvs) == 1:
+                comm.Recv([recvs[0][1], BYTE], recvs[0][0], tag)
+                return []
+        return self.post(sends, recvs, tag).wait(timeout)
+
+    # -- user point to point -----------------------------------------------------
+
+    def isend(self, buf, dest: int, tag: int) -> _Pending:
+        return _Pending([self.comm.Isend([buf, BYTE], dest, tag)], [dest])
+
+    def irecv(self, buf, source: int, tag: int) -> _RecvHandle:
+        return _RecvHandle(self.comm.Irecv([buf, BYTE], _src(source), _tag(tag)), source)
+
+    def send_object(self, obj, dest: int, tag: int) -> None:
+        self.comm.send(obj, dest, tag)
+
+    def recv_object(self, source: int, tag: int, timeout: float | None):
+        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout."""
+        status = MPI.Status()
+        if timeout is None:
+            obj = self.comm.recv(None, _src(source), _tag(tag), status)
+        else:
+            deadline = time.monotonic() + timeout
+            sleep = 1e-5
+            while True:
+                message = self.comm.improbe(_src(source), _tag(tag), status)
+                if message is not None:
+                    obj = message.recv()
+                    break
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(sleep)
+                sleep = min(sleep * 2, _MAX_SLEEP)
+        return obj, Status(status.Get_source(), status.Get_tag(), status.Get_count(BYTE))
+
+    def probe(self, source: int, tag: int):
+        status = MPI.Status()
+        if self.comm.Iprobe(_src(source), _tag(tag), status):
+            return Status(status.Get_source(), status.Get_tag(), status.Get_count(BYTE))
+        return None
+
+    # -- communicators -------------------------------------------------------------
+
+    def dup(self) -> "MPITransport":
+        return MPITransport(self.comm.Dup(), owned=True)
+
+    def split(self, color, key: int, timeout: float | None = None):
+        comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
+        if comm == MPI.COMM_NULL:
+            return None
+        return MPITransport(comm, owned=True)
+
+    def free(self) -> None:
+        if self.owned and self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()
+
+    def abort(self, exc: BaseException) -> None:  # pragma: no cover - ends the process
+        MPI.COMM_WORLD.Abort(1)
+
+    # -- native collectives ----------------------------------------------------------
+
+    def native_supports(self, collective: str, dtype: np.dtype, op) -> bool:
+        """Whether MPI's own ``collective`` can run on ``dtype`` with ``op``."""
+        if op is None:
+            return True
+        kinds = _OP_KINDS.get(op.name)
+        if kinds is None or op.fn is not _builtin_fn(op.name) or dtype.kind not in kinds:
+            return False
+        if dtype.itemsize == 2 and dtype.kind == "f":
+            return False  # float16: MPICH has no reduction ops for MPIX_C_FLOAT16
+        return _mpi_type(dtype) is not None
+
+    def native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
+               inplace: bool = False, nonblocking: bool = False):
+        """Run MPI's own collective on flat arrays; returns a pending handle if ``nonblocking``.
+
+        ``sendbuf``/``recvbuf`` may be None where MPI ignores them (non-roots);
+        ``inplace`` passes ``MPI.IN_PLACE`` as the send buffer.
+        """
+        comm = self.comm
+        if op is not None:
+            datatype = _mpi_type(recvbuf.dtype if recvbuf is not None else sendbuf.dtype)
+            mpi_op = _OPS[op.name]
+
+            def typed(buf):
+                return [buf, datatype]
+        else:
+            def typed(buf):
+                return [buf, BYTE]
+        send = MPI.IN_PLACE if inplace else (None if sendbuf is None else typed(sendbuf))
+        recv = None if recvbuf is None else typed(recvbuf)
+        i = "I" if nonblocking else ""
+        if collective == "barrier":
+            req = comm.Ibarrier() if nonblocking else comm.Barrier()
+        elif collective == "broadcast":
+            req = getattr(comm, i + "Bcast")(typed(recvbuf), root)
+        elif collective == "allreduce":
+            req = getattr(comm, i + "Allreduce")(send, typed(recvbuf), mpi_op)
+        elif collective == "reduce":
+            req = getattr(comm, i + "Reduce")(send, recv, mpi_op, root)
+        elif collective in ("gather", "scatter", "allgather", "alltoall"):
+            name = {"gather": "Gather", "scatter": "Scatter", "allgather": "Allgather", "alltoall": "Alltoall"}[collective]
+            args = (send, recv) + ((root,) if collective in ("gather", "scatter") else ())
+            req = getattr(comm, i + name)(*args)
+        elif collective == "reduce_scatter":
+            req = getattr(comm, i + "Reduce_scatter")(send, typed(recvbuf), list(counts), mpi_op)
+        elif collective in ("scan", "exscan"):
+            req = getattr(comm, i + collective.capitalize())(send, typed(recvbuf), mpi_op)
+        else:
+            raise ValueError(f"no native {collective}")
+        if nonblocking:
+            return _Pending([req], [-1])
+        return None
+
+
+def _builtin_fn(name: str):
+    from ..ops import OPS
+
+    return OPS[name].fn
+
+
+def world_size_from_env() -> int | None:
+    """The world size a process manager announced, or None when not under one."""
+    import os
+
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE", "SLURM_NTASKS"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                return None
+    return None
