@@ -122,12 +122,10 @@ _OP_KINDS = {"sum": "iufc", "prod": "iufc", "max": "iuf", "min": "iuf", "land": 
 
 
 def _mpi_type(dtype: np.dtype):
-    from mpi4py.util import dtlib
-
-    try:
-        return dtlib.from_numpy_dtype(dtype)
-    except (ValueError, KeyError):
+    """The predefined MPI datatype for a NumPy dtype (predefined ones are what MPI ops accept)."""
+    if dtype.byteorder not in "=|":
         return None
+    return MPI._typedict.get(dtype.char)
 
 
 class MPITransport:

@@ -1,0 +1,82 @@
+"""Finding and running the ``mpiexec`` that came with the installed MPI.
+
+Used by the launcher, ``commkit bench -n N`` and the test-suite. Prefers the
+``mpiexec`` next to the running Python (a virtual environment with the
+``mpich`` wheels), then the one on PATH. Jobs start in their own process
+group so that a timeout or Ctrl-C can end every process of the job and no
+other (never by name).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from .errors import TransportUnavailable
+
+__all__ = ["find_mpiexec", "mpiexec_command", "run_job", "terminate_group"]
+
+
+def find_mpiexec() -> str:
+    """Path of ``mpiexec``; raises TransportUnavailable with the install command if there is none."""
+    env = os.environ.get("COMMKIT_MPIEXEC")
+    if env:
+        return env
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.path.exists(here):
+        return here
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    raise TransportUnavailable(
+        "no mpiexec found next to this Python or on PATH; install MPI with `pip install 'commkit[mpi]'` "
+        "(mpi4py plus the mpich wheels, which provide mpiexec) or set COMMKIT_MPIEXEC."
+    )
+
+
+def mpiexec_command(nprocs: int, argv: list[str], *, label_output: bool = False) -> list[str]:
+    """The command line running ``argv`` on ``nprocs`` ranks (oversubscription allowed)."""
+    cmd = [find_mpiexec(), "-n", str(int(nprocs))]
+    if label_output:
+        cmd.append("-l")
+    return cmd + list(argv)
+
+
+def terminate_group(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """End ``proc`` and every process in its process group: SIGTERM, then SIGKILL after ``grace`` s."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def run_job(nprocs: int, argv: list[str], *, timeout: float | None = None, env: dict | None = None,
+            cwd: str | None = None, label_output: bool = False) -> subprocess.CompletedProcess:
+    """Run ``argv`` under mpiexec and capture its output; the whole job is ended on timeout.
+
+    Raises:
+        subprocess.TimeoutExpired: after ending every process of the job.
+    """
+    cmd = mpiexec_command(nprocs, argv, label_output=label_output)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        terminate_group(proc)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

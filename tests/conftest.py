@@ -1,0 +1,70 @@
+"""Shared test fixtures: hypothesis profiles and the MPI job runner.
+
+Hypothesis profiles: ``ci`` (bounded, the default under CI=true) and ``thorough``
+(local runs: ``HYPOTHESIS_PROFILE=thorough``); ``dev`` is the default otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("dev", max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("thorough", max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def have_mpi() -> bool:
+    try:
+        import mpi4py  # noqa: F401
+
+        from commkit._mpiexec import find_mpiexec
+
+        find_mpiexec()
+        return True
+    except Exception:
+        return False
+
+
+requires_mpi = pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (pip install 'commkit[mpi]')")
+
+
+def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = None, args=(), check=True):
+    """Run Python ``code`` on ``nprocs`` MPI ranks (``python -m mpi4py``, so an uncaught
+    exception aborts the whole job). Returns the CompletedProcess; with ``check`` a
+    non-zero exit fails the test showing every rank's output.
+    """
+    from commkit._mpiexec import run_job
+
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False, dir=None) as f:
+        f.write(textwrap.dedent(code))
+        path = f.name
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE), HERE, full_env.get("PYTHONPATH", "")])
+    full_env.setdefault("COMMKIT_TIMEOUT", "60")
+    if env:
+        full_env.update(env)
+    try:
+        result = run_job(nprocs, [sys.executable, "-m", "mpi4py", path, *map(str, args)], timeout=timeout, env=full_env)
+    finally:
+        os.unlink(path)
+    if check and result.returncode != 0:
+        pytest.fail(f"mpiexec -n {nprocs} exited {result.returncode}\n--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr}")
+    return result
+
+
+@pytest.fixture
+def mpi():
+    """The :func:`run_mpi` helper, skipping the test where MPI is unavailable."""
+    if not have_mpi():
+        pytest.skip("needs mpi4py and mpiexec (pip install 'commkit[mpi]')")
+    return run_mpi
