@@ -104,7 +104,7 @@ class _Call:
     """One prepared collective call: flat buffers, sizes, and how to shape the result."""
 
     __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",
-                 "shape", "has_result", "signature_count")
+                 "shape", "has_result", "signature_count", "result")
 
     def __init__(self, collective, arg, src, dst, op=None, root=0, nbytes=0, dtype=None, xp=np,
                  aliased=False, shape=None, has_result=True, signature_count=None):
@@ -121,6 +121,7 @@ class _Call:
         self.shape = shape
         self.has_result = has_result
         self.signature_count = arg if signature_count is None else signature_count
+        self.result = None  # the array handed back to the caller (``out`` itself when given)
 
 
 class Communicator:
@@ -492,6 +493,8 @@ class Communicator:
             if identity is None:
                 return None
             call.dst[...] = call.xp.asarray(identity)
+        if call.result is not None:
+            return call.result
         return call.dst.reshape(call.shape)
 
     # -- preparing calls --------------------------------------------------------------
@@ -519,6 +522,7 @@ class Communicator:
         aliased = has_result and same_memory(x, out)
         call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
                      array_module(x), aliased, x.shape, has_result)
+        call.result = out
         with self._serial(collective):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -600,6 +604,7 @@ class Communicator:
         out = self._output(out, x.shape, x)
         call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
                      array_module(x), same_memory(x, out), x.shape)
+        call.result = out
         with self._serial("broadcast"):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -623,6 +628,7 @@ class Communicator:
             out = xp.empty(0, dtype=x.dtype)
         call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
                      xp, False, shape, self.rank == root)
+        call.result = out
         with self._serial("gather"):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -662,6 +668,7 @@ class Communicator:
         src = x.reshape(-1) if self.rank == root else xp.empty(0, dtype=like.dtype)
         call = _Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
                      like.dtype, xp, False, block_shape)
+        call.result = out
         with self._serial("scatter"):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -680,6 +687,7 @@ class Communicator:
         out = self._output(out, shape, x)
         call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
+        call.result = out
         with self._serial("allgather"):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -708,6 +716,7 @@ class Communicator:
         count = x.size // self.size
         call = _Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
                      array_module(x), False, x.shape)
+        call.result = out
         with self._serial("alltoall"):
             return self._run(call, algorithm, timeout, nonblocking)
 
@@ -755,6 +764,7 @@ class Communicator:
         elems = tuple(int(c) * row for c in counts)
         call = _Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
                      array_module(x), False, shape)
+        call.result = out
         with self._serial("reduce_scatter"):
             return self._run(call, algorithm, timeout, nonblocking)
 
