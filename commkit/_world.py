@@ -43,8 +43,9 @@ def init(transport: str | None = None, *, timeout: float | None = None, check: b
 
         return Communicator(LocalTransport(LocalWorld(1), 0), timeout=timeout, check=check)
     if transport == "mpi":
-        from .transports.mpi import MPI, MPITransport
+        from .transports.mpi import MPI, MPITransport, install_abort_on_exception
 
+        install_abort_on_exception()
         return Communicator(MPITransport(MPI.COMM_WORLD), timeout=timeout, check=check)
     if transport == "nccl":
         from .transports.nccl import NcclTransport

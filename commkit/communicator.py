@@ -479,11 +479,14 @@ class Communicator:
         if c == "scatter" and self.rank != call.root:
             send = None
         counts = call.arg if c == "reduce_scatter" else None
+        # With a timeout, even a blocking call goes through the library's nonblocking
+        # form so that waiting can give up (a blocking MPI call cannot be interrupted).
         pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts,
-                                    inplace=inplace, nonblocking=nonblocking)
+                                    inplace=inplace, nonblocking=nonblocking or timeout is not None)
+        request = _NativeRequest(pending, lambda: self._finish(call), timeout, info) if pending is not None else None
         if nonblocking:
-            return _NativeRequest(pending, lambda: self._finish(call), timeout, info)
-        return self._finish(call)
+            return request
+        return request.wait() if request is not None else self._finish(call)
 
     def _finish(self, call: _Call):
         if not call.has_result:

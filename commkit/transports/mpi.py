@@ -287,6 +287,33 @@ def _builtin_fn(name: str):
     return OPS[name].fn
 
 
+def install_abort_on_exception() -> None:
+    """Make an uncaught exception on any rank end the whole job, as ``python -m mpi4py`` does.
+
+    Without this, one rank dying of an exception leaves the others blocked in their
+    next collective forever. The hook prints the traceback once (this rank's), then
+    calls ``MPI_Abort`` so mpiexec stops every rank with a non-zero exit status.
+    Set ``COMMKIT_ABORT_ON_EXCEPTION=0`` to keep Python's default behaviour.
+    """
+    import os
+    import sys
+
+    if os.environ.get("COMMKIT_ABORT_ON_EXCEPTION", "1") == "0" or getattr(sys.excepthook, "_commkit", False):
+        return
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            sys.stderr.write(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} raised {exc_type.__name__}; "
+                             "aborting the MPI job so the other ranks do not hang.\n")
+            sys.stderr.flush()
+            MPI.COMM_WORLD.Abort(1)
+
+    hook._commkit = True
+    sys.excepthook = hook
+
+
 def world_size_from_env() -> int | None:
     """The world size a process manager announced, or None when not under one."""
     import os

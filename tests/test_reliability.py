@@ -1,0 +1,371 @@
+"""Failure modes: timeouts with a diagnosis, mismatched collectives, failing ranks, bad input, no data lost."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import commkit as ck
+
+from conftest import requires_mpi, run_mpi
+
+# -- timeouts -----------------------------------------------------------------------------
+
+
+def test_timeout_names_rank_collective_algorithm_step_and_peer():
+    def body(comm):
+        if comm.rank == 2:
+            return None  # never joins the allreduce
+        with pytest.raises(ck.CommTimeout) as info:
+            comm.allreduce(np.ones(8), algorithm="ring", timeout=0.3)
+        return str(info.value)
+
+    messages = ck.run_local(body, 3)
+    assert re.search(r"rank 0 timed out after 0.3 s in allreduce #0 \(algorithm 'ring'\) at step \d+", messages[0])
+    assert "waiting for rank(s) 2" in messages[0]  # rank 0's left neighbour in the ring
+    assert "rank 1" in messages[1]
+
+
+def test_communicator_default_timeout_and_env(monkeypatch):
+    monkeypatch.setenv("COMMKIT_TIMEOUT", "0.2")
+
+    def body(comm):
+        assert comm.timeout == 0.2
+        if comm.rank == 0:
+            with pytest.raises(ck.CommTimeout, match="recv from rank 1 timed out after 0.2 s"):
+                comm.recv(1, shape=1, dtype=int)
+            with pytest.raises(ck.CommTimeout, match="broadcast #0"):
+                comm.broadcast(np.ones(2), root=1)
+            with pytest.raises(ck.CommTimeout, match=r"wait\(\)|barrier"):
+                comm.ibarrier().wait(0.1)
+
+    ck.run_local(body, 2)
+    with pytest.raises(ck.InvalidArgument, match="timeout must be a positive number"):
+        ck.init("local", timeout=-1)
+
+
+def test_nonblocking_wait_timeout_reports_the_step():
+    def body(comm):
+        if comm.rank == 0:
+            req = comm.iallgather(np.ones(3), algorithm="ring")
+            with pytest.raises(ck.CommTimeout, match=r"allgather #0 \(algorithm 'ring'\) at step 1"):
+                req.wait(timeout=0.2)
+
+    ck.run_local(body, 2)
+
+
+# -- mismatched collectives ---------------------------------------------------------------------
+
+
+def test_debug_mode_catches_mismatched_collectives():
+    def body(comm):
+        x = np.ones(4 if comm.rank != 1 else 5)
+        with pytest.raises(ck.CollectiveMismatch) as info:
+            comm.allreduce(x)
+        text = str(info.value)
+        assert "count: 4 on ranks [0, 2]; 5 on ranks [1]" in text
+        with pytest.raises(ck.CollectiveMismatch, match=r"collective: 'allreduce' on ranks \[0\]; 'broadcast' on ranks \[1, 2\]"):
+            if comm.rank == 0:
+                comm.allreduce(np.ones(2))
+            else:
+                comm.broadcast(np.ones(2))
+        with pytest.raises(ck.CollectiveMismatch, match=r"op: 'max' on ranks \[0\]; 'sum' on ranks \[1, 2\]"):
+            comm.allreduce(np.ones(2), op="sum" if comm.rank else "max")
+        with pytest.raises(ck.CollectiveMismatch, match="dtype"):
+            comm.allreduce(np.ones(2, np.float32 if comm.rank else np.float64))
+        # Agreeing calls still work in check mode.
+        return comm.allreduce(np.full(3, comm.rank))
+
+    results = ck.run_local(body, 3, check=True)
+    np.testing.assert_array_equal(results[0], [3, 3, 3])
+
+
+def test_debug_mode_on_three_ranks_names_every_group():
+    def body(comm):
+        with pytest.raises(ck.CollectiveMismatch) as info:
+            comm.reduce(np.ones(2), root=comm.rank % 2)
+        return str(info.value)
+
+    text = ck.run_local(body, 3, check=True)[0]
+    assert "root: 0 on ranks [0, 2]; 1 on ranks [1]" in text
+
+
+def test_check_mode_from_environment(monkeypatch):
+    monkeypatch.setenv("COMMKIT_DEBUG", "check")
+    assert ck.run_local(lambda c: c.check, 2) == [True, True]
+
+
+# -- one rank fails -----------------------------------------------------------------------------
+
+
+def test_failing_thread_rank_unblocks_peers_and_is_reraised():
+    seen = {}
+
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.05)
+            raise ValueError("bad data on rank 1")
+        try:
+            comm.allreduce(np.ones(4))
+        except ck.PeerFailed as exc:
+            seen[comm.rank] = str(exc)
+            raise
+
+    start = time.monotonic()
+    with pytest.raises(ck.RankError, match="rank 1 failed: ValueError: bad data on rank 1") as info:
+        ck.run_local(body, 4)
+    assert time.monotonic() - start < 10
+    assert info.value.rank == 1
+    assert isinstance(info.value.__cause__, ValueError)
+    assert "bad data on rank 1" in info.value.remote_traceback
+    assert set(seen) == {0, 2, 3}
+    assert all("rank 1 failed with ValueError" in s for s in seen.values())
+
+
+RAISE_ON_ONE_RANK = """
+import numpy as np
+import commkit as ck
+comm = ck.init()
+comm.allreduce(np.ones(3))
+if comm.rank == 1:
+    raise RuntimeError("rank one gives up")
+comm.allreduce(np.ones(3))   # the other ranks would wait here forever
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_uncaught_exception_under_mpiexec_ends_the_job(tmp_path):
+    # Plain `python script.py` (not -m mpi4py): commkit.init installs the abort hook itself.
+    import sys
+
+    from commkit._mpiexec import run_job
+
+    script = tmp_path / "fail.py"
+    script.write_text(RAISE_ON_ONE_RANK)
+    start = time.monotonic()
+    result = run_job(3, [sys.executable, str(script)], timeout=60,
+                     env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    assert result.stderr.count("RuntimeError: rank one gives up") == 1
+    assert "rank 1 raised RuntimeError" in result.stderr
+
+
+SIGKILL_MID_COLLECTIVE = """
+import os, signal
+import numpy as np
+import commkit as ck
+comm = ck.init(timeout=5)
+x = np.ones(1 << 16)
+for i in range(1000):
+    if comm.rank == 1 and i == 20:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.allreduce(x, algorithm="ring")
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_rank_killed_mid_collective_survivors_exit_nonzero():
+    start = time.monotonic()
+    result = run_mpi(3, SIGKILL_MID_COLLECTIVE, timeout=90, check=False)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < 60, f"survivors took {elapsed:.0f} s to exit"
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+def test_bad_input_is_refused_before_any_message():
+    def body(comm):
+        x = np.arange(6.0)
+        with pytest.raises(ck.UnsupportedOp, match="op 'band' is not defined for dtype float64"):
+            comm.allreduce(x, "band")
+        with pytest.raises(ck.UnsupportedOp, match="unknown op 'avg'"):
+            comm.allreduce(x, "avg")
+        with pytest.raises(ck.InvalidBuffer, match="dtype object"):
+            comm.allreduce(np.array([1, "a"], dtype=object))
+        with pytest.raises(ck.InvalidBuffer, match="dtype <U1"):
+            comm.allgather(np.array(["a"]))
+        with pytest.raises(ck.InvalidBuffer, match="read-only"):
+            out = np.empty(6)
+            out.flags.writeable = False
+            comm.allreduce(x, out=out)
+        with pytest.raises(ck.InvalidBuffer, match="C-contiguous"):
+            comm.allreduce(x, out=np.empty(12)[::2])
+        with pytest.raises(ck.InvalidBuffer, match=r"alltoall's x must have shape \(2, \.\.\.\)"):
+            comm.alltoall(np.ones(3))
+        with pytest.raises(ck.InvalidBuffer, match="divisible by size 2"):
+            comm.reduce_scatter(np.ones(3))
+        with pytest.raises(ck.InvalidArgument, match="counts must sum to x.shape"):
+            comm.reduce_scatter(np.ones(3), counts=[1, 1])
+        with pytest.raises(ck.AlgorithmNotApplicable, match="unknown allreduce algorithm 'fastest'"):
+            comm.allreduce(x, algorithm="fastest")
+        with pytest.raises(ck.InvalidBuffer, match="needs out="):
+            comm.scatter(None, root=(comm.rank + 1) % 2)
+        # Non-contiguous *inputs* are copied, not refused.
+        np.testing.assert_array_equal(comm.allreduce(np.arange(12.0)[::2]), 2 * np.arange(12.0)[::2])
+        # Nothing was sent by the refused calls: both ranks' next collective lines up.
+        return comm.allreduce(np.array([comm.rank]))
+
+    assert [r.tolist() for r in ck.run_local(body, 2)] == [[1], [1]]
+
+
+def test_zero_size_and_scalar_arrays_work():
+    def body(comm):
+        empty = np.empty((0, 3), np.float32)
+        assert comm.allreduce(empty).shape == (0, 3)
+        assert comm.allgather(empty).shape == (comm.size, 0, 3)
+        assert comm.alltoall(np.empty((comm.size, 0))).shape == (comm.size, 0)
+        assert comm.broadcast(np.array(7.5) if comm.rank == 0 else np.array(0.0)).item() == 7.5
+        return comm.allreduce(np.array(comm.rank)).item()
+
+    assert ck.run_local(body, 3) == [3, 3, 3]
+
+
+def test_collective_from_two_threads_on_one_communicator_is_an_error():
+    entered = threading.Event()
+
+    def body(comm):
+        if comm.rank == 1:
+            entered.wait(5)
+            time.sleep(0.2)  # let rank 0's second thread try while the first is inside
+            return comm.allreduce(np.ones(2)).tolist()
+        errors = []
+
+        def second():
+            entered.wait(5)
+            try:
+                comm.allreduce(np.ones(2))
+            except ck.ConcurrentCall as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=second)
+        t.start()
+        entered.set()
+        result = comm.allreduce(np.ones(2)).tolist()  # blocks until rank 1 joins
+        t.join()
+        assert len(errors) == 1 and "another thread" in errors[0] and "comm.dup()" in errors[0]
+        return result
+
+    assert ck.run_local(body, 2) == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_use_after_free():
+    def body(comm):
+        c = comm.dup()
+        c.free()
+        c.free()  # idempotent
+        for call in (lambda: c.allreduce(np.ones(1)), lambda: c.send(np.ones(1), 0), lambda: c.barrier(),
+                     lambda: c.split(0), lambda: c.dup()):
+            with pytest.raises(ck.CommClosed, match="freed"):
+                call()
+
+    ck.run_local(body, 2)
+
+
+# -- nothing lost ----------------------------------------------------------------------------------
+
+
+@given(size=st.integers(2, 6), seed=st.integers(0, 2**31), n=st.integers(0, 33))
+def test_inputs_are_bit_identical_after_every_out_of_place_call(size, seed, n):
+    def body(comm):
+        rng = np.random.default_rng([seed, comm.rank])
+        x = rng.standard_normal(n).astype(np.float32)
+        x.flat[:1] = np.nan  # NaN payloads must survive untouched too
+        rows = rng.standard_normal((comm.size, 2))
+        snapshot = x.tobytes(), rows.tobytes()
+        comm.allreduce(x)
+        comm.allreduce(x, "max", algorithm="rabenseifner")
+        comm.scan(x)
+        comm.exscan(x, algorithm="naive")
+        comm.reduce(x, root=comm.size - 1)
+        comm.allgather(x, algorithm="bruck")
+        comm.alltoall(rows, algorithm="bruck")
+        comm.reduce_scatter(rows, algorithm="recursive_halving")
+        comm.gather(rows, root=1)
+        assert (x.tobytes(), rows.tobytes()) == snapshot
+
+    ck.run_local(body, size)
+
+
+LOAD = """
+import numpy as np
+import commkit as ck
+comm = ck.init(timeout=60)
+p, r = comm.size, comm.rank
+rng = np.random.default_rng(12345)        # the same schedule of calls on every rank
+calls = 0
+for i in range(int(__import__("sys").argv[1])):
+    kind = rng.integers(0, 6)
+    n = int(rng.choice([0, 1, 3, 17, 256, 4099, 65536]))
+    mine = np.random.default_rng([i, r]).integers(-1000, 1000, size=n)
+    every = [np.random.default_rng([i, q]).integers(-1000, 1000, size=n) for q in range(p)]
+    if kind == 0:
+        got, want = comm.allreduce(mine), np.sum(every, axis=0)
+    elif kind == 1:
+        root = int(rng.integers(0, p))
+        got, want = comm.broadcast(mine, root), every[root]
+    elif kind == 2:
+        got, want = comm.allgather(mine), np.stack(every)
+    elif kind == 3:
+        got, want = comm.scan(mine), np.sum(every[: r + 1], axis=0)
+    elif kind == 4:
+        shift = int(rng.integers(1, p))
+        got = comm.sendrecv(mine, (r + shift) % p, (r - shift) % p, sendtag=i % 1000, recvtag=i % 1000)
+        want = every[(r - shift) % p]
+    else:
+        blocks = np.tile(mine[: n // p * p].reshape(p, -1) if n >= p else np.zeros((p, 0), int), 1)
+        got = comm.reduce_scatter(blocks)
+        want = np.sum([e[: n // p * p].reshape(p, -1) if n >= p else np.zeros((p, 0), int) for e in every], axis=0)[r:r + 1]
+    assert np.array_equal(got, want), (i, kind, n)
+    calls += 1
+comm.barrier()
+import sys
+sys.stdout.write(f"rank {r} checked {calls}\\n")
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_load_ten_thousand_mixed_calls_on_four_ranks():
+    result = run_mpi(4, LOAD, args=[10000], timeout=900)
+    assert result.stdout.count("checked 10000") == 4
+
+
+LARGE = """
+import numpy as np
+import commkit as ck
+comm = ck.init(timeout=600)
+n = 2**31 + 11          # more elements (and bytes) than a 32-bit count can say
+peer = 1 - comm.rank
+x = np.empty(n, np.int8)
+x[:] = 1 + comm.rank
+x[-7:] = np.arange(7, dtype=np.int8)
+if comm.rank == 0:
+    comm.send(x, 1)
+else:
+    got = comm.recv(0, out=np.empty(n, np.int8))
+    assert got[0] == 1 and got[n // 2] == 1 and got[-7:].tolist() == list(range(7)), got[-8:]
+    del got
+y = comm.allreduce(x, algorithm="ring", out=x)
+assert y[0] == 3 and y[n - 8] == 3 and y[-7:].tolist() == [2 * k for k in range(7)], y[-8:]
+import sys
+sys.stdout.write(f"rank {comm.rank} large ok\\n")
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_messages_above_two_to_the_31_elements():
+    result = run_mpi(2, LARGE, timeout=600)
+    assert result.stdout.count("large ok") == 2
