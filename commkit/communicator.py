@@ -31,6 +31,7 @@ __all__ = ["Communicator", "Request", "wait_all"]
 
 log = logging.getLogger("commkit")
 
+_BYTE = np.dtype(np.uint8)
 _COLL_TAG_MASK = 0x7FFF  # MPI guarantees tags up to 32767
 _CHECK_TAG, _META_TAG, _OBJ_TAG = 1, 2, 3
 
@@ -155,6 +156,7 @@ class Communicator:
         self._closed = False
         self._entry = threading.Lock()
         self._scratch: dict = {}
+        self._plans: dict = {}
         self._tag_ub = self._p2p.tag_ub
 
     # -- basics -----------------------------------------------------------------
@@ -369,10 +371,7 @@ class Communicator:
     @contextmanager
     def _serial(self, what):
         if not self._entry.acquire(blocking=False):
-            raise ConcurrentCall(
-                f"{what} was called on rank {self.rank} while another thread was inside a collective call on "
-                "the same communicator; give each thread its own communicator (comm.dup())."
-            )
+            raise self._concurrent(what)
         try:
             yield
         finally:
@@ -419,39 +418,78 @@ class Communicator:
                 f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
             )
 
-    def _run(self, call: _Call, algorithm, timeout, nonblocking):
-        timeout = check_timeout(timeout) if timeout is not None else self.timeout
+    def _plan(self, call: _Call, algorithm):
+        """Select the algorithm for this call shape and materialise its schedule (cached).
+
+        Schedules are data-oblivious, so the steps for one (collective, size, count,
+        dtype, op, root, algorithm) never change: they are computed once per
+        communicator and replayed, which keeps selection and generator costs off the
+        per-call path. Environment overrides are therefore read at the first call of
+        each shape on a communicator.
+        """
+        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
         transport = self._coll
-        native_ok = hasattr(transport, "native") and call.collective != "barrier" and (
-            call.dtype is None or transport.native_supports(call.collective, call.dtype, call.op)
-        ) if hasattr(transport, "native_supports") else False
-        if call.collective == "barrier":
+        if call.collective == "barrier" or call.dtype is None:
             native_ok = hasattr(transport, "native")
+        else:
+            native_ok = hasattr(transport, "native_supports") and transport.native_supports(
+                call.collective, call.dtype, call.op)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok)
+        alg = choice.algorithm
+        if alg.name == "native":
+            plan = (choice, None, 0, False)
+        else:
+            steps = tuple(self._steps(alg, call))
+            plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
+                    (call.collective, alg.name) in _INPLACE_SAFE)
+        if len(self._plans) >= 512:
+            self._plans.clear()
+        self._plans[key] = plan
+        return plan
+
+    def _run(self, call: _Call, algorithm, timeout, nonblocking):
+        if not self._entry.acquire(False):
+            raise self._concurrent(call.collective)
+        try:
+            return self._run_locked(call, algorithm, timeout, nonblocking)
+        finally:
+            self._entry.release()
+
+    def _concurrent(self, what) -> ConcurrentCall:
+        return ConcurrentCall(
+            f"{what} was called on rank {self.rank} while another thread was inside a collective call on "
+            "the same communicator; give each thread its own communicator (comm.dup())."
+        )
+
+    def _run_locked(self, call: _Call, algorithm, timeout, nonblocking):
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        choice, steps, scratch_n, inplace_safe = self._plan(call, algorithm)
         alg = choice.algorithm
         self.last_algorithm = alg.name
         self.last_choice = choice
-        seq = self._next_seq()
+        seq = self._seq
+        self._seq = seq + 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
                       call.nbytes, self.size, alg.name, choice.reason)
         if self.check:
             self._verify_call(call, seq, alg.name, timeout)
-        tracer = _trace.current()
-        info = CallInfo(call.collective, alg.name, seq, self.rank, tracer)
-        if alg.name == "native":
+        info = CallInfo(call.collective, alg.name, seq, self.rank, _trace._active[-1] if _trace._active else None)
+        if steps is None:
             return self._run_native(call, nonblocking, timeout, info)
         src = call.src
-        if call.aliased and (call.collective, alg.name) not in _INPLACE_SAFE:
-            src = src.copy()
-        scratch_n = alg.scratch(self.rank, self.size, call.arg)
-        xp, dtype = call.xp, call.dtype if call.dtype is not None else np.dtype(np.uint8)
-        bufs = {"in": src, "out": call.dst, "tmp": self._scratch_buffer(xp, dtype, scratch_n, nonblocking)}
-        steps = self._steps(alg, call)
+        if call.aliased:
+            # The executor skips a Copy whose source and destination are the same object.
+            src = call.dst if inplace_safe else src.copy()
+        dtype = call.dtype if call.dtype is not None else _BYTE
+        bufs = {"in": src, "out": call.dst, "tmp": self._scratch_buffer(call.xp, dtype, scratch_n, nonblocking)}
         tag = seq & _COLL_TAG_MASK
         if nonblocking:
-            return ScheduleRequest(steps, bufs, transport, tag, timeout, info, finish=lambda: self._finish(call))
-        run_schedule(steps, bufs, transport, tag, timeout, info)
+            return ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info, finish=lambda: self._finish(call))
+        run_schedule(steps, bufs, self._coll, tag, timeout, info)
         return self._finish(call)
 
     def _steps(self, alg, call: _Call):
@@ -526,8 +564,7 @@ class Communicator:
         call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
                      array_module(x), aliased, x.shape, has_result)
         call.result = out
-        with self._serial(collective):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
         """Reduce ``x`` across all ranks with ``op``; every rank gets the result.
@@ -608,8 +645,7 @@ class Communicator:
         call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
                      array_module(x), same_memory(x, out), x.shape)
         call.result = out
-        with self._serial("broadcast"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
         """``root`` gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``; None elsewhere."""
@@ -632,8 +668,7 @@ class Communicator:
         call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
                      xp, False, shape, self.rank == root)
         call.result = out
-        with self._serial("gather"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def scatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
         """Rank r gets ``x[r]`` of the root's ``x`` (shape ``(size, ...)``).
@@ -672,8 +707,7 @@ class Communicator:
         call = _Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
                      like.dtype, xp, False, block_shape)
         call.result = out
-        with self._serial("scatter"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def allgather(self, x, *, out=None, algorithm=None, timeout=None):
         """Every rank gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``."""
@@ -691,8 +725,7 @@ class Communicator:
         call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
         call.result = out
-        with self._serial("allgather"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
         """Rank r sends ``x[j]`` to rank j and receives rank j's ``x[r]`` into ``result[j]``.
@@ -720,8 +753,7 @@ class Communicator:
         call = _Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
                      array_module(x), False, x.shape)
         call.result = out
-        with self._serial("alltoall"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):
         """Reduce ``x`` across ranks, then give rank r its block of the result.
@@ -768,22 +800,19 @@ class Communicator:
         call = _Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
                      array_module(x), False, shape)
         call.result = out
-        with self._serial("reduce_scatter"):
-            return self._run(call, algorithm, timeout, nonblocking)
+        return self._run(call, algorithm, timeout, nonblocking)
 
     def barrier(self, *, algorithm=None, timeout=None) -> None:
         """Block until every rank has called barrier."""
         self._check_open()
         call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
-        with self._serial("barrier"):
-            self._run(call, algorithm, timeout, False)
+        self._run(call, algorithm, timeout, False)
 
     def ibarrier(self, *, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`barrier`."""
         self._check_open()
         call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
-        with self._serial("barrier"):
-            return self._run(call, algorithm, timeout, True)
+        return self._run(call, algorithm, timeout, True)
 
     # -- other conveniences --------------------------------------------------------------
 

@@ -257,23 +257,26 @@ class MPITransport:
                 return [buf, BYTE]
         send = MPI.IN_PLACE if inplace else (None if sendbuf is None else typed(sendbuf))
         recv = None if recvbuf is None else typed(recvbuf)
-        i = "I" if nonblocking else ""
+
+        def call(name):  # MPI_Allreduce -> comm.Allreduce, MPI_Iallreduce -> comm.Iallreduce
+            return getattr(comm, "I" + name[0].lower() + name[1:] if nonblocking else name)
+
         if collective == "barrier":
             req = comm.Ibarrier() if nonblocking else comm.Barrier()
         elif collective == "broadcast":
-            req = getattr(comm, i + "Bcast")(typed(recvbuf), root)
+            req = call("Bcast")(typed(recvbuf), root)
         elif collective == "allreduce":
-            req = getattr(comm, i + "Allreduce")(send, typed(recvbuf), mpi_op)
+            req = call("Allreduce")(send, typed(recvbuf), mpi_op)
         elif collective == "reduce":
-            req = getattr(comm, i + "Reduce")(send, recv, mpi_op, root)
+            req = call("Reduce")(send, recv, mpi_op, root)
         elif collective in ("gather", "scatter", "allgather", "alltoall"):
             name = {"gather": "Gather", "scatter": "Scatter", "allgather": "Allgather", "alltoall": "Alltoall"}[collective]
             args = (send, recv) + ((root,) if collective in ("gather", "scatter") else ())
-            req = getattr(comm, i + name)(*args)
+            req = call(name)(*args)
         elif collective == "reduce_scatter":
-            req = getattr(comm, i + "Reduce_scatter")(send, typed(recvbuf), list(counts), mpi_op)
+            req = call("Reduce_scatter")(send, typed(recvbuf), list(counts), mpi_op)
         elif collective in ("scan", "exscan"):
-            req = getattr(comm, i + collective.capitalize())(send, typed(recvbuf), mpi_op)
+            req = call(collective.capitalize())(send, typed(recvbuf), mpi_op)
         else:
             raise ValueError(f"no native {collective}")
         if nonblocking:
