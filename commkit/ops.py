@@ -69,18 +69,21 @@ class Op:
                 f"{_describe_kinds(self.kinds)}."
             )
 
-    def combine(self, into, operand, operand_first: bool) -> None:
-        """Set ``into = operand (op) into`` if ``operand_first`` else ``into (op) operand``.
+    def combine(self, into, operand, operand_first: bool, src=None) -> None:
+        """Set ``into = operand (op) src`` if ``operand_first`` else ``src (op) operand``.
 
-        Both are same-length arrays; ``into`` is written in place.
+        ``src`` defaults to ``into``. All are same-length arrays; ``into`` is
+        written in place (elementwise, so ``src`` may be ``into`` itself).
         """
+        if src is None:
+            src = into
         if self.is_ufunc:
             if operand_first:
-                self.fn(operand, into, out=into)
+                self.fn(operand, src, out=into)
             else:
-                self.fn(into, operand, out=into)
+                self.fn(src, operand, out=into)
         else:
-            result = self.fn(operand, into) if operand_first else self.fn(into, operand)
+            result = self.fn(operand, src) if operand_first else self.fn(src, operand)
             into[...] = result
 
     def identity_array(self, shape, dtype, xp=np):

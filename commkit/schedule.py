@@ -99,19 +99,24 @@ class Reduce:
 
     Use ``operand_first=True`` when ``operand`` holds the contributions of
     lower ranks than ``into`` does, so non-commutative ops keep rank order.
+    With ``src``, the left-hand value is read from ``src`` instead of ``into``
+    (``into = src (op) operand``): a three-address reduce that lets an algorithm
+    combine its input with a received block straight into the output, without
+    first copying the whole input there.
     """
 
-    __slots__ = ("into", "operand", "op", "operand_first")
+    __slots__ = ("into", "operand", "op", "operand_first", "src")
     kind = REDUCE
 
-    def __init__(self, into: tuple, operand: tuple, op: Any, operand_first: bool = False):
+    def __init__(self, into: tuple, operand: tuple, op: Any, operand_first: bool = False, src: tuple | None = None):
         self.into = into
         self.operand = operand
         self.op = op
         self.operand_first = operand_first
+        self.src = into if src is None else src
 
     def __repr__(self) -> str:
-        order = f"{self.operand} (op) {self.into}" if self.operand_first else f"{self.into} (op) {self.operand}"
+        order = f"{self.operand} (op) {self.src}" if self.operand_first else f"{self.src} (op) {self.operand}"
         return f"Reduce({self.into} = {order})"
 
 
@@ -167,7 +172,8 @@ def _do_local(step, bufs) -> None:
         name, lo, hi = step.into
         oname, olo, ohi = step.operand
         if hi > lo:
-            step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first)
+            sname, slo, shi = step.src
+            step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first, bufs[sname][slo:shi])
     else:
         name, lo, hi = step.dst
         sname, slo, shi = step.src

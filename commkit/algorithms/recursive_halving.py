@@ -49,24 +49,29 @@ def allreduce_recursive_doubling(rank, size, count, op):
     Restrictions: none (any op; rank order is kept). Non-powers of two are folded.
     Cost: ⌊log p⌋(α + nβ + nγ), plus 2(α + nβ) + nγ for the fold. Best for small messages.
     """
-    whole, incoming = ("out", 0, count), ("tmp", 0, count)
-    yield Copy(whole, ("in", 0, count))
+    whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
+    if size == 1:
+        yield Copy(whole, mine)
+        return
     pof2, rem = _fold(size)
     new = _new_rank(rank, rem)
+    current = mine  # until the first reduction, my partial result is my input
     if rank < 2 * rem:
         if new < 0:
             # Even rank of a folded pair: hand my vector up, wait for the result.
-            yield Send(rank + 1, whole)
+            yield Send(rank + 1, mine)
             yield Recv(rank + 1, whole)
             return
         yield Recv(rank - 1, incoming)
-        yield Reduce(whole, incoming, op, operand_first=True)
+        yield Reduce(whole, incoming, op, operand_first=True, src=mine)
+        current = whole
     mask = 1
     while mask < pof2:
         partner = _old_rank(new ^ mask, rem)
         # Swap partial results with my partner; the lower one goes on the left.
-        yield Exchange(partner, whole, partner, incoming)
-        yield Reduce(whole, incoming, op, operand_first=partner < rank)
+        yield Exchange(partner, current, partner, incoming)
+        yield Reduce(whole, incoming, op, operand_first=partner < rank, src=current)
+        current = whole
         mask <<= 1
     if rank < 2 * rem:
         yield Send(rank - 1, whole)
@@ -79,10 +84,15 @@ def _span(ranges, first, last):
     return ranges[first][0], ranges[last - 1][1]
 
 
-def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op):
-    """Recursive halving among new ranks; afterwards new rank i holds ranges[i] of ``buf`` reduced."""
+def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
+    """Recursive halving among new ranks; afterwards new rank i holds ranges[i] of ``buf`` reduced.
+
+    ``first`` names the buffer holding this rank's data before the first round
+    (default ``buf``): the first round reads it and writes ``buf``.
+    """
     lo, hi = 0, pof2
     mask = pof2 >> 1
+    source = first or buf
     while mask > 0:
         partner = _old_rank(new ^ mask, rem)
         mid = (lo + hi) // 2
@@ -93,8 +103,9 @@ def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op):
         klo, khi = _span(ranges, *keep)
         glo, ghi = _span(ranges, *give)
         # Send the half my partner keeps; receive its share of the half I keep.
-        yield Exchange(partner, (buf, glo, ghi), partner, ("tmp", 0, khi - klo))
-        yield Reduce((buf, klo, khi), ("tmp", 0, khi - klo), op)
+        yield Exchange(partner, (source, glo, ghi), partner, ("tmp", 0, khi - klo))
+        yield Reduce((buf, klo, khi), ("tmp", 0, khi - klo), op, src=(source, klo, khi))
+        source = buf
         lo, hi = keep
         mask >>= 1
 
@@ -127,20 +138,24 @@ def allreduce_rabenseifner(rank, size, count, op):
     Cost: 2⌊log p⌋α + 2((p-1)/p)nβ + ((p-1)/p)nγ (p a power of two). Best for large messages
     at larger p: the ring's bandwidth with a logarithmic latency term.
     """
-    whole, incoming = ("out", 0, count), ("tmp", 0, count)
-    yield Copy(whole, ("in", 0, count))
+    whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
+    if size == 1:
+        yield Copy(whole, mine)
+        return
     pof2, rem = _fold(size)
     new = _new_rank(rank, rem)
+    first = "in"
     if rank < 2 * rem:
         if new < 0:
-            yield Send(rank + 1, whole)
+            yield Send(rank + 1, mine)
             yield Recv(rank + 1, whole)
             return
         yield Recv(rank - 1, incoming)
-        yield Reduce(whole, incoming, op, operand_first=True)
+        yield Reduce(whole, incoming, op, operand_first=True, src=mine)
+        first = "out"
     ranges = partition(count, pof2)
     # Phase 1: reduce-scatter by recursive halving; new rank i then owns ranges[i].
-    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "out", op)
+    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first)
     # Phase 2: allgather the reduced ranges by recursive doubling.
     yield from _doubling_allgather(new, pof2, rem, ranges, "out")
     if rank < 2 * rem:

@@ -38,17 +38,19 @@ def allreduce_ring(rank, size, count, op):
     Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ. Sends 2(p-1) messages per rank, only
     to its right neighbour.
     """
-    yield Copy(("out", 0, count), ("in", 0, count))
     if size == 1:
+        yield Copy(("out", 0, count), ("in", 0, count))
         return
     blocks = partition(count, size)
     right, left = (rank + 1) % size, (rank - 1) % size
     # Phase 1: reduce-scatter. After p-1 steps this rank owns block (rank + 1) % p.
+    # Each block is reduced here at most once, so every reduction reads this rank's
+    # input and writes the output directly: no up-front copy of the whole vector.
     for step in range(size - 1):
         send, recv = blocks[(rank - step) % size], blocks[(rank - step - 1) % size]
         length = recv[1] - recv[0]
-        yield Exchange(right, ("out", *send), left, ("tmp", 0, length))
-        yield Reduce(("out", *recv), ("tmp", 0, length), op)
+        yield Exchange(right, ("in" if step == 0 else "out", *send), left, ("tmp", 0, length))
+        yield Reduce(("out", *recv), ("tmp", 0, length), op, src=("in", *recv))
     # Phase 2: allgather the reduced blocks around the same ring.
     for step in range(size - 1):
         send, recv = blocks[(rank - step + 1) % size], blocks[(rank - step) % size]
