@@ -816,11 +816,15 @@ class Communicator:
 
     # -- other conveniences --------------------------------------------------------------
 
-    def mesh(self, *args, **kwargs):
-        """Data/model/pipeline sub-communicators; see :func:`commkit.mesh.make_mesh`."""
+    def mesh(self, axes=None, /, *, data=None, model=None, pipeline=None, ranks_per_node=None):
+        """Split this communicator into data/model/pipeline groups (collective).
+
+        ``comm.mesh(data=2, model=4)`` or ``comm.mesh({"pp": 2, "dp": -1, "tp": 2})``;
+        see :func:`commkit.mesh.make_mesh` for the layout and the returned :class:`~commkit.mesh.Mesh`.
+        """
         from .mesh import make_mesh
 
-        return make_mesh(self, *args, **kwargs)
+        return make_mesh(self, axes, data=data, model=model, pipeline=pipeline, ranks_per_node=ranks_per_node)
 
 
 class _NativeRequest:
