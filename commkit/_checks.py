@@ -43,6 +43,8 @@ def check_dtype(dtype, name: str) -> None:
 
 def as_input(x, name: str):
     """Return ``x`` as a C-contiguous array (a copy only if it was not contiguous)."""
+    if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.kind in _KINDS:
+        return x  # the common case, checked in one line
     if not _is_array(x):
         if x is None:
             raise InvalidBuffer(f"{name} must be an array, got None.")
@@ -58,6 +60,9 @@ def as_input(x, name: str):
 
 def check_out(out, shape: tuple, dtype, name: str = "out", like=None):
     """Check a buffer commkit will write: right type, dtype, shape; contiguous and writeable."""
+    if (type(out) is np.ndarray and (like is None or type(like) is np.ndarray) and out.dtype == dtype
+            and out.shape == shape and out.flags.c_contiguous and out.flags.writeable):
+        return out  # the common case: every check below would pass
     if not _is_array(out):
         raise InvalidBuffer(f"{name} must be a NumPy or CuPy array, got {type(out).__name__}.")
     if like is not None and array_module(out) is not array_module(like):
@@ -118,6 +123,6 @@ def same_memory(a, b) -> bool:
     """Whether two arrays overlap in memory (used to detect in-place calls)."""
     if a is b:
         return True
-    if array_module(a) is np and array_module(b) is np:
+    if type(a) is np.ndarray and type(b) is np.ndarray or array_module(a) is np and array_module(b) is np:
         return np.may_share_memory(a, b)
     return a.data.ptr == b.data.ptr

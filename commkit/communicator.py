@@ -31,7 +31,8 @@ __all__ = ["Communicator", "Request", "wait_all"]
 
 log = logging.getLogger("commkit")
 
-_BYTE = np.dtype(np.uint8)
+_EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (barrier's empty messages)
+_trace_active = _trace._active
 _COLL_TAG_MASK = 0x7FFF  # MPI guarantees tags up to 32767
 _CHECK_TAG, _META_TAG, _OBJ_TAG = 1, 2, 3
 
@@ -428,9 +429,6 @@ class Communicator:
         each shape on a communicator.
         """
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
         transport = self._coll
         if call.collective == "barrier" or call.dtype is None:
             native_ok = hasattr(transport, "native")
@@ -440,11 +438,11 @@ class Communicator:
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok)
         alg = choice.algorithm
         if alg.name == "native":
-            plan = (choice, None, 0, False)
+            plan = (choice, None, 0, False, alg.name)
         else:
             steps = tuple(self._steps(alg, call))
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
-                    (call.collective, alg.name) in _INPLACE_SAFE)
+                    (call.collective, alg.name) in _INPLACE_SAFE, alg.name)
         if len(self._plans) >= 512:
             self._plans.clear()
         self._plans[key] = plan
@@ -465,32 +463,42 @@ class Communicator:
         )
 
     def _run_locked(self, call: _Call, algorithm, timeout, nonblocking):
+        # The per-call path: every line here runs on every collective, so it avoids
+        # work that the cached plan already did (selection, schedule generation).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        choice, steps, scratch_n, inplace_safe = self._plan(call, algorithm)
-        alg = choice.algorithm
-        self.last_algorithm = alg.name
+        plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
+        if plan is None:
+            plan = self._plan(call, algorithm)
+        choice, steps, scratch_n, inplace_safe, name = plan
+        self.last_algorithm = name
         self.last_choice = choice
         seq = self._seq
         self._seq = seq + 1
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
-                      call.nbytes, self.size, alg.name, choice.reason)
+                      call.nbytes, self.size, name, choice.reason)
         if self.check:
-            self._verify_call(call, seq, alg.name, timeout)
-        info = CallInfo(call.collective, alg.name, seq, self.rank, _trace._active[-1] if _trace._active else None)
+            self._verify_call(call, seq, name, timeout)
+        tracer = _trace_active[-1] if _trace_active else None
+        info = (call.collective, name, seq, self.rank, tracer)
         if steps is None:
-            return self._run_native(call, nonblocking, timeout, info)
+            return self._run_native(call, nonblocking, timeout, CallInfo(*info))
         src = call.src
         if call.aliased:
             # The executor skips a Copy whose source and destination are the same object.
             src = call.dst if inplace_safe else src.copy()
-        dtype = call.dtype if call.dtype is not None else _BYTE
-        bufs = {"in": src, "out": call.dst, "tmp": self._scratch_buffer(call.xp, dtype, scratch_n, nonblocking)}
+        if scratch_n == 0:
+            tmp = _EMPTY
+        else:
+            tmp = self._scratch_buffer(call.xp, call.dtype, scratch_n, nonblocking)
+        bufs = {"in": src, "out": call.dst, "tmp": tmp}
         tag = seq & _COLL_TAG_MASK
+        if nonblocking or tracer is not None:
+            info = CallInfo(*info)
         if nonblocking:
             return ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info, finish=lambda: self._finish(call))
         run_schedule(steps, bufs, self._coll, tag, timeout, info)
-        return self._finish(call)
+        return self._finish(call) if call.has_result else None
 
     def _steps(self, alg, call: _Call):
         rank, size, c = self.rank, self.size, call.collective
@@ -541,9 +549,8 @@ class Communicator:
     # -- preparing calls --------------------------------------------------------------
 
     def _output(self, out, shape, like, name="out"):
-        xp = array_module(like)
         if out is None:
-            return xp.empty(shape, dtype=like.dtype)
+            return (np if type(like) is np.ndarray else array_module(like)).empty(shape, dtype=like.dtype)
         return check_out(out, shape, like.dtype, name, like=like)
 
     def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False):
@@ -562,7 +569,7 @@ class Communicator:
             out = self._scratch_buffer(array_module(x), x.dtype, x.size, nonblocking, role="reduce-out")
         aliased = has_result and same_memory(x, out)
         call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
-                     array_module(x), aliased, x.shape, has_result)
+                     np if type(x) is np.ndarray else array_module(x), aliased, x.shape, has_result)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
 

@@ -144,6 +144,9 @@ def get_op(op: "str | Op | np.ufunc") -> Op:
     """Resolve ``op`` (a name such as ``"sum"``, an :class:`Op`, or a ufunc) to an :class:`Op`."""
     if isinstance(op, Op):
         return op
+    found = OPS.get(op) if isinstance(op, str) else None
+    if found is not None:
+        return found
     if isinstance(op, str):
         key = op.lower()
         key = _ALIASES.get(key, key)

@@ -59,6 +59,14 @@ class Transfer:
         self.sends = tuple(sends)
         self.recvs = tuple(recvs)
 
+    @property
+    def pair(self):
+        """``(dest, name, lo, hi, source, name, lo, hi)`` for one send plus one receive, else None."""
+        if len(self.sends) == 1 and len(self.recvs) == 1:
+            (dest, sbuf), (source, rbuf) = self.sends[0], self.recvs[0]
+            return (dest, *sbuf, source, *rbuf)
+        return None
+
     def __repr__(self) -> str:
         parts = [f"send {b} to {p}" for p, b in self.sends] + [f"recv {b} from {p}" for p, b in self.recvs]
         return f"{type(self).__name__}({'; '.join(parts)})"
@@ -87,11 +95,13 @@ class Recv(Transfer):
 class Exchange(Transfer):
     """Send to ``send_to`` and receive from ``recv_from`` at the same time (MPI_Sendrecv)."""
 
-    __slots__ = ()
+    __slots__ = ("pair",)
 
     def __init__(self, send_to: int, send: tuple, recv_from: int, recv: tuple):
         self.sends = ((send_to, send),)
         self.recvs = ((recv_from, recv),)
+        # Flattened once here so the executor's hot loop does no unpacking of nested tuples.
+        self.pair = (send_to, *send, recv_from, *recv)
 
 
 class Reduce:
@@ -184,7 +194,9 @@ def _do_local(step, bufs) -> None:
             dst[lo:hi] = src[slo:shi]
 
 
-def _timeout_error(info: CallInfo, index: int, step, pending_peers, timeout) -> CommTimeout:
+def _timeout_error(info, index: int, step, pending_peers, timeout) -> CommTimeout:
+    if not isinstance(info, CallInfo):
+        info = CallInfo(*info)
     peers = ", ".join(str(p) for p in pending_peers) or "?"
     return CommTimeout(
         f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} "
@@ -198,18 +210,30 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
     """Run a schedule to completion on the transport channel ``chan`` (blocking).
 
     ``bufs`` maps buffer names to flat (1-D, contiguous) arrays; ``tag``
-    separates this call's messages from other calls in flight.
+    separates this call's messages from other calls in flight. ``info`` is a
+    :class:`CallInfo` or the tuple of its fields (cheaper to build per call).
     """
-    tracer = info.tracer
+    tracer = info.tracer if isinstance(info, CallInfo) else info[4]
     if tracer is not None:
         return _run_traced(steps, bufs, chan, tag, timeout, info, tracer)
     transfer = chan.transfer
     for index, step in enumerate(steps):
-        if step.kind == TRANSFER:
-            pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],
-                               [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag, timeout)
+        kind = step.kind
+        if kind == TRANSFER:
+            if type(step) is Exchange:
+                d, sn, slo, shi, s, rn, rlo, rhi = step.pair
+                pending = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
+            else:
+                pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],
+                                   [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag, timeout)
             if pending:
                 raise _timeout_error(info, index, step, pending, timeout)
+        elif kind == REDUCE:
+            name, lo, hi = step.into
+            if hi > lo:
+                oname, olo, ohi = step.operand
+                sname, slo, shi = step.src
+                step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first, bufs[sname][slo:shi])
         else:
             _do_local(step, bufs)
 
