@@ -10,6 +10,7 @@ Quick tour::
 
 from __future__ import annotations
 
+from . import cost
 from ._launch import launch, launcher
 from ._world import init, local_world, run_local
 from .communicator import Communicator, Request, wait_all
@@ -36,7 +37,7 @@ from .transports.base import ANY_SOURCE, ANY_TAG, Status
 __version__ = "0.1.0"
 
 __all__ = [
-    "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace",
+    "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace",
     "Op", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "ANY_SOURCE", "ANY_TAG", "Status",
     "CommError", "InvalidArgument", "InvalidBuffer", "UnsupportedOp", "AlgorithmNotApplicable", "CommClosed",

@@ -24,6 +24,7 @@ algorithm asked for in its ``scratch`` declaration).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Iterator
 
@@ -144,11 +145,14 @@ class Copy:
         return f"Copy({self.dst} <- {self.src})"
 
 
-def partition(count: int, parts: int) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=64)
+def partition(count: int, parts: int) -> tuple[tuple[int, int], ...]:
     """Split ``range(count)`` into ``parts`` contiguous ``(lo, hi)`` blocks.
 
     The first ``count % parts`` blocks get one extra element, so blocks differ
     in length by at most one and empty blocks are allowed (count < parts).
+    Cached: every rank of a simulated world asks for the same partition, which
+    would otherwise cost O(p^2) time and memory at p = 4096.
     """
     base, extra = divmod(count, parts)
     blocks = []
@@ -157,7 +161,7 @@ def partition(count: int, parts: int) -> list[tuple[int, int]]:
         hi = lo + base + (1 if i < extra else 0)
         blocks.append((lo, hi))
         lo = hi
-    return blocks
+    return tuple(blocks)
 
 
 class CallInfo:

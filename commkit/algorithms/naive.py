@@ -193,11 +193,12 @@ def scan_naive(rank, size, count, op):
 
 
 @algorithm("exscan", "naive", scratch=lambda r, p, n: n,
-           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g), formula="(p-1)(α+nβ+nγ)")
+           cost=lambda p, n, a, b, g: (p - 1) * (a + n * b) + max(p - 2, 0) * n * g,
+           formula="(p-1)(α+nβ) + (p-2)nγ")
 def exscan_naive(rank, size, count, op):
     """Naive (chain) exclusive scan: rank r receives the prefix of ranks < r and forwards prefix (op) own.
 
-    Restrictions: none. Rank 0's result is the op's identity. Cost: (p-1)(α + nβ + nγ).
+    Restrictions: none. Rank 0's result is the op's identity. Cost: (p-1)(α + nβ) + (p-2)nγ.
     """
     if rank == 0:
         if size > 1:

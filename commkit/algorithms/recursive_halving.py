@@ -247,11 +247,13 @@ def scan_recursive_doubling(rank, size, count, op):
 
 
 @algorithm("exscan", "recursive_doubling", scratch=lambda r, p, n: 2 * n,
-           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b + 2 * n * g), formula="⌈log p⌉(α+nβ+2nγ)")
+           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b) + max(2 * log2ceil(p) - 1, 0) * n * g,
+           formula="⌈log p⌉(α+nβ) + (2⌈log p⌉-1)nγ")
 def exscan_recursive_doubling(rank, size, count, op):
     """Recursive-doubling exclusive scan; rank 0's result is the op's identity.
 
-    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ).
+    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ) + (2⌈log p⌉ - 1)nγ
+    (exact for p a power of two; each rank's first contribution is a copy, not a reduction).
     """
     yield from _scan(rank, size, count, op, inclusive=False)
 

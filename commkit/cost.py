@@ -1,0 +1,288 @@
+"""The alpha-beta-gamma cost model, for teaching and for tuning.
+
+Every algorithm in :mod:`commkit.algorithms` declares its textbook cost
+(Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication
+Operations in MPICH", IJHPCA 2005; Chan et al., "Collective communication:
+theory, practice, and experience", 2007): a message costs ``alpha`` seconds
+plus ``beta`` seconds per byte, and reducing costs ``gamma`` seconds per byte.
+This module evaluates those formulas, ranks the algorithms and finds the sizes
+at which the winner changes::
+
+    >>> from commkit import cost
+    >>> [w.algorithm for w in cost.best("allreduce", 64, 1 << 20)][:2]   # who wins at p=64 for 1 MiB?
+    ['rabenseifner', 'ring']
+    >>> cost.crossovers("allreduce", 64)                       # where does the winner change?
+    [Regime('recursive_doubling', 0, 35100), Regime('rabenseifner', 35101, None)]
+    >>> print(cost.table("allreduce", 64, 1 << 20))            # doctest: +SKIP
+
+Message sizes are counted as :mod:`commkit.selection` counts them, so a
+crossover is a threshold a tuning file can use directly: the per-rank vector
+for allreduce, reduce, broadcast, scan and exscan; the whole gathered or
+scattered vector for gather, scatter and allgather; the whole input for
+reduce_scatter; the block sent to each peer for alltoall.
+
+:func:`commkit.sim.simulate` runs the schedules themselves under the same
+model; the test-suite checks the two agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import algorithms
+from .errors import InvalidArgument
+
+__all__ = ["ALPHA", "BETA", "GAMMA", "Prediction", "Regime", "predict", "formula", "model_bytes", "applicable",
+           "best", "crossovers", "table", "simulate", "constants"]
+
+# Defaults: commkit's own costs over MPICH shared memory, as `commkit tune -n 2` measured
+# them on a 2-core x86-64 VM (mpich 5.0.2 wheels, mpi4py 4.1.2, NumPy 2, float32 sum):
+# alpha 3.17 us, beta 0.064 ns/B, gamma 0.053 ns/B, rounded. alpha is one schedule step
+# through the executor, Python included, so it is a few times a C MPI's shared-memory
+# latency; between machines over a network alpha and beta are larger. Measure your own
+# with `commkit tune` and pass them in, or read them from its file with :func:`constants`.
+ALPHA = 3e-6
+"""Seconds per message: one commkit transfer step over MPICH shared memory (measured, see above)."""
+BETA = 6.5e-11
+"""Seconds per byte sent (about 15 GB/s, shared memory)."""
+GAMMA = 5e-11
+"""Seconds per byte reduced (float32 sum with NumPy, in place, arrays larger than the caches)."""
+
+_TIE = 1e-9  # relative: predictions this close are a tie, broken by the selector's preference order
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One algorithm's predicted time for one call."""
+
+    algorithm: str
+    seconds: float
+    formula: str
+
+    def __repr__(self) -> str:
+        return f"Prediction({self.algorithm!r}, {self.seconds:.4g} s)"
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A size range (bytes, inclusive; ``max_bytes`` None = unbounded) over which one algorithm wins."""
+
+    algorithm: str
+    min_bytes: int
+    max_bytes: int | None
+
+    def __repr__(self) -> str:
+        return f"Regime({self.algorithm!r}, {self.min_bytes}, {self.max_bytes})"
+
+
+def _constants(alpha, beta, gamma):
+    out = []
+    for name, value, default in (("alpha", alpha, ALPHA), ("beta", beta, BETA), ("gamma", gamma, GAMMA)):
+        if value is None:
+            value = default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+            raise InvalidArgument(f"{name} must be a non-negative number of seconds, got {value!r}.")
+        out.append(float(value))
+    return out
+
+
+def _algorithm(collective, algorithm):
+    if collective not in algorithms.COLLECTIVES:
+        raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
+    alg = algorithms.get(collective, algorithm)
+    if alg is None or alg.cost is None:
+        known = sorted(n for n, a in algorithms.for_collective(collective).items() if a.cost is not None)
+        what = "has no cost formula (it is the transport's own)" if alg is not None else "is unknown"
+        raise InvalidArgument(f"{collective} algorithm {algorithm!r} {what}; expected one of {known}.")
+    return alg
+
+
+def _check_size(p, nbytes):
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise InvalidArgument(f"p must be an int >= 1, got {p!r}.")
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not nbytes >= 0:
+        raise InvalidArgument(f"nbytes must be a non-negative number of bytes, got {nbytes!r}.")
+
+
+def model_bytes(collective: str, p: int, nbytes: float) -> float:
+    """The ``n`` of the textbook formula for a message of ``nbytes`` as the selector counts it.
+
+    The same number except for alltoall, whose formulas use the bytes each rank
+    sends in all (p blocks) while the selector counts one block.
+    """
+    return nbytes * p if collective == "alltoall" else nbytes
+
+
+def predict(collective: str, algorithm: str, p: int, nbytes: float, *, alpha: float | None = None,
+            beta: float | None = None, gamma: float | None = None) -> float:
+    """Predicted seconds for ``collective``'s ``algorithm`` on ``p`` ranks and ``nbytes`` bytes.
+
+    Cost: the algorithm's closed-form formula (see :func:`formula`), evaluated once.
+    """
+    alg = _algorithm(collective, algorithm)
+    _check_size(p, nbytes)
+    a, b, g = _constants(alpha, beta, gamma)
+    return float(alg.cost(p, model_bytes(collective, p, nbytes), a, b, g))
+
+
+def formula(collective: str, algorithm: str) -> str:
+    """The algorithm's cost formula as text, e.g. ``2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ``."""
+    return _algorithm(collective, algorithm).formula
+
+
+def _op(commutative: bool):
+    """"sum", or a stand-in non-commutative op (restrictions only look at the flag)."""
+    from .ops import SUM, Op
+
+    return SUM if commutative else Op(lambda a, b: a, commutative=False, name="non-commutative")
+
+
+def applicable(collective: str, p: int, commutative: bool = True) -> list[str]:
+    """Names of the algorithms (with a cost formula) that can run ``collective`` on ``p`` ranks."""
+    op = _op(commutative)
+    names = []
+    for name, alg in algorithms.for_collective(collective).items():
+        if alg.cost is None:
+            continue
+        if alg.why_not(p, op if collective in ("reduce", "allreduce", "reduce_scatter", "scan", "exscan") else None):
+            continue
+        names.append(name)
+    return names
+
+
+def _preference(collective):
+    """Tie-break order: the selector's fallback order first, then by name."""
+    from .selection import FALLBACK
+
+    order = FALLBACK.get(collective, ())
+    return lambda name: (order.index(name) if name in order else len(order), name)
+
+
+def best(collective: str, p: int, nbytes: float, *, alpha: float | None = None, beta: float | None = None,
+         gamma: float | None = None, commutative: bool = True) -> list[Prediction]:
+    """Every applicable algorithm's prediction, fastest first ("which wins at p=64 for 1 MiB?").
+
+    Ties (within a relative 1e-9) keep the selector's preference order.
+    """
+    if collective not in algorithms.COLLECTIVES:
+        raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
+    _check_size(p, nbytes)
+    a, b, g = _constants(alpha, beta, gamma)
+    n = model_bytes(collective, p, nbytes)
+    prefer = _preference(collective)
+    preds = []
+    for name in applicable(collective, p, commutative):
+        alg = algorithms.get(collective, name)
+        preds.append(Prediction(name, float(alg.cost(p, n, a, b, g)), alg.formula))
+    fastest = min((x.seconds for x in preds), default=0.0)
+    return sorted(preds, key=lambda x: (x.seconds > fastest * (1 + _TIE), x.seconds, prefer(x.algorithm)))
+
+
+def _winner(collective, p, nbytes, a, b, g, commutative):
+    return best(collective, p, nbytes, alpha=a, beta=b, gamma=g, commutative=commutative)[0].algorithm
+
+
+def crossovers(collective: str, p: int, *, alpha: float | None = None, beta: float | None = None,
+               gamma: float | None = None, commutative: bool = True, max_bytes: int = 1 << 34) -> list[Regime]:
+    """The size ranges over which each algorithm is predicted fastest, smallest sizes first.
+
+    Scans powers of two up to ``max_bytes`` and bisects each change of winner to
+    the exact byte, so ``Regime.min_bytes`` is the first size at which the
+    algorithm wins. The last regime is unbounded.
+
+    Cost: O(log2(max_bytes) * algorithms) formula evaluations, plus a bisection per crossover.
+    """
+    _check_size(p, 0)
+    a, b, g = _constants(alpha, beta, gamma)
+
+    def win(n):
+        return _winner(collective, p, n, a, b, g, commutative)
+
+    grid = [0] + [1 << k for k in range(max(1, int(max_bytes).bit_length()))]
+    regimes = []
+    current, start, prev = win(0), 0, 0
+    for point in grid[1:]:
+        while win(point) != current:
+            lo, hi = prev, point  # win(lo) == current != win(hi): find the first size that changes
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if win(mid) == current:
+                    lo = mid
+                else:
+                    hi = mid
+            regimes.append(Regime(current, start, hi - 1))
+            current, start, prev = win(hi), hi, hi
+        prev = point
+    regimes.append(Regime(current, start, None))
+    return regimes
+
+
+def table(collective: str, p: int, nbytes: int, *, alpha: float | None = None, beta: float | None = None,
+          gamma: float | None = None, commutative: bool = True, simulate: bool = False, itemsize: int = 4) -> str:
+    """A text table ranking the algorithms for one call, with their formulas.
+
+    With ``simulate=True`` each algorithm's schedules also run in the simulator,
+    which adds its predicted time, rounds and messages per rank (the formulas
+    assume the ideal case; the simulator runs the real schedule, uneven blocks
+    and non-power-of-two folds included).
+    """
+    a, b, g = _constants(alpha, beta, gamma)
+    ranking = best(collective, p, nbytes, alpha=a, beta=b, gamma=g, commutative=commutative)
+    header = f"{collective} on p={p}, {nbytes} B (alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B)"
+    rows = [("algorithm", "predicted", "simulated", "rounds", "msgs/rank", "formula") if simulate
+            else ("algorithm", "predicted", "formula")]
+    for pred in ranking:
+        if simulate:
+            from . import sim
+
+            res = sim.simulate(collective, pred.algorithm, p, int(nbytes), itemsize=itemsize,
+                               op=_op(commutative), alpha=a, beta=b, gamma=g)
+            rows.append((pred.algorithm, _fmt(pred.seconds), _fmt(res.time), str(res.rounds),
+                         str(max(res.messages)), pred.formula))
+        else:
+            rows.append((pred.algorithm, _fmt(pred.seconds), pred.formula))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [header]
+    for row in rows:
+        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    return "\n".join(lines)
+
+
+def _fmt(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.4g} us"
+    if s < 1:
+        return f"{s * 1e3:.4g} ms"
+    return f"{s:.4g} s"
+
+
+def constants(tuning=None) -> tuple[float, float, float]:
+    """``(alpha, beta, gamma)`` measured by ``commkit tune``: from a tuning file's path or table.
+
+    With no argument, from the file ``COMMKIT_TUNING`` names; the defaults
+    (:data:`ALPHA`, :data:`BETA`, :data:`GAMMA`) where none is set.
+
+    Raises:
+        InvalidArgument: the file cannot be read, is not a tuning table, or holds no measurements.
+    """
+    import os
+
+    from .selection import load_table
+
+    if tuning is None:
+        tuning = os.environ.get("COMMKIT_TUNING")
+        if not tuning:
+            return ALPHA, BETA, GAMMA
+    table = load_table(tuning) if isinstance(tuning, str) else tuning
+    measured = table.get("measured") if isinstance(table, dict) else None
+    if not isinstance(measured, dict) or not all(k in measured for k in ("alpha", "beta", "gamma")):
+        where = tuning if isinstance(tuning, str) else "the table"
+        raise InvalidArgument(f"{where} has no measured alpha, beta and gamma; write one with `commkit tune`.")
+    return tuple(_constants(measured["alpha"], measured["beta"], measured["gamma"]))
+
+
+def simulate(*args, **kwargs):
+    """:func:`commkit.sim.simulate` (imported on first use)."""
+    from . import sim
+
+    return sim.simulate(*args, **kwargs)

@@ -1,0 +1,378 @@
+"""``commkit tune``: measure alpha, beta and gamma here, derive the crossovers, confirm them, write a table.
+
+How, and why this way:
+
+* alpha and beta are measured through commkit's own executor, running a
+  schedule of ring exchanges (every rank sends right and receives left, all
+  at once, as in the collectives) on a private communicator. The model
+  charges a transfer step ``alpha + beta * bytes``, so this is the very cost
+  to fit; a C ping-pong would miss Python's per-step overhead, which is most
+  of alpha. beta is the least-squares slope over the large sizes (where
+  bandwidth dominates) and alpha the time of the smallest size less its beta
+  share, so neither is dragged by the other's noise.
+* gamma is the slope of the reduction ufunc applied in place over large
+  arrays (the Reduce step's work).
+* The fits use the best of several repetitions, not the median: on a machine
+  shared with other work (the 2-core development machine measured alpha
+  3.2 us when quiet and 19.6 us under load, with medians) other processes
+  only ever add time, so the minimum is the least disturbed sample.
+* The crossovers come from :func:`commkit.cost.crossovers` with those
+  constants. Each one inside the benchmarked range is then confirmed: both
+  algorithms run (interleaved, same buffers) at half and twice the crossover.
+  Where the measurement disagrees, more sizes are probed in the direction it
+  points and the threshold moves to where the measured winner changes; every
+  rule's ``reason`` states the prediction and the measurement.
+* Rules are bounded to the process counts they were derived for. Other
+  counts (``--procs``) use the same alpha, beta, gamma and say so: they are
+  model extrapolations, not measurements.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import algorithms, bench, cost
+from .errors import InvalidArgument
+from .ops import get_op
+from .schedule import CallInfo, Exchange, run_schedule
+
+__all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary"]
+
+_REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+
+
+def _fmt(seconds: float) -> str:
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    if seconds >= 1e-6:
+        return f"{seconds * 1e6:.3g} us"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _size(n) -> str:
+    if n is None:
+        return "no limit"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+# -- measuring ------------------------------------------------------------------------------------
+
+
+def _ring_exchanges(rank, size, nbytes, rounds):
+    right, left = (rank + 1) % size, (rank - 1) % size
+    for _ in range(rounds):
+        yield Exchange(right, ("in", 0, nbytes), left, ("out", 0, nbytes))
+
+
+def measure_alpha_beta(comm, sizes, reps: int = 5) -> list[tuple[int, float]]:
+    """Seconds per ring-exchange step at each size (slowest rank, best of ``reps``); collective.
+
+    Runs the schedule on a duplicate of ``comm``, so no message can meet the caller's.
+
+    Cost: about ``reps * rounds`` steps per size, rounds chosen to take ~10 ms.
+    """
+    dup = comm.dup()
+    try:
+        chan = dup._coll  # the channel collective schedules run on: the cost the model charges
+        points = []
+        for nbytes in sizes:
+            rounds = 200 if nbytes <= 4096 else 50 if nbytes <= 256 << 10 else 10
+            bufs = {"in": np.ones(max(nbytes, 1), np.uint8), "out": np.empty(max(nbytes, 1), np.uint8),
+                    "tmp": np.empty(0, np.uint8)}
+            info = CallInfo("tune", "ring_exchange", 0, comm.rank)
+            run_schedule(_ring_exchanges(comm.rank, comm.size, nbytes, 3), bufs, chan, 0, None, info)  # warm up
+            samples = np.zeros(reps)
+            for i in range(reps):
+                dup.barrier()
+                t0 = time.perf_counter()
+                run_schedule(_ring_exchanges(comm.rank, comm.size, nbytes, rounds), bufs, chan, 0, None, info)
+                samples[i] = (time.perf_counter() - t0) / rounds
+            samples = dup.allreduce(samples, op="max")
+            points.append((nbytes, float(np.min(samples))))
+        return points
+    finally:
+        dup.free()
+
+
+def fit_alpha_beta(points) -> tuple[float, float]:
+    """``(alpha, beta)`` from ``(bytes, seconds)`` points: beta the slope over the large half, alpha the rest.
+
+    Raises InvalidArgument with fewer than two distinct sizes.
+    """
+    points = sorted(points)
+    if len({n for n, _ in points}) < 2:
+        raise InvalidArgument("fitting alpha and beta needs measurements at two or more different sizes.")
+    large = points[len(points) // 2:] if len(points) >= 4 else points
+    xs = np.array([n for n, _ in large], dtype=float)
+    ys = np.array([t for _, t in large])
+    if np.ptp(xs) == 0:
+        xs = np.array([n for n, _ in points], dtype=float)
+        ys = np.array([t for _, t in points])
+    beta = float(np.polyfit(xs, ys, 1)[0])
+    if beta <= 0:  # noise on a tiny range: fall back to the two ends
+        (n0, t0), (n1, t1) = points[0], points[-1]
+        beta = max((t1 - t0) / (n1 - n0), 0.0)
+    n0, t0 = points[0]
+    alpha = max(t0 - beta * n0, 0.0)
+    return alpha, beta
+
+
+def measure_gamma(dtype, op, sizes, reps: int = 5) -> tuple[float, list[tuple[int, float]]]:
+    """Seconds per byte of ``op`` applied in place (``a = a op b``), the slope over ``sizes`` (bytes)."""
+    dtype = np.dtype(dtype)
+    op = get_op(op)
+    points = []
+    for nbytes in sizes:
+        n = max(nbytes // dtype.itemsize, 1)
+        a = np.ones(n, dtype)
+        b = np.ones(n, dtype)
+        op.combine(a, b, False)
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            op.combine(a, b, False)
+            samples.append(time.perf_counter() - t0)
+        points.append((n * dtype.itemsize, float(np.min(samples))))
+    xs = np.array([n for n, _ in points], dtype=float)
+    ys = np.array([t for _, t in points])
+    gamma = float(np.polyfit(xs, ys, 1)[0]) if len(points) > 1 else ys[0] / xs[0]
+    if gamma <= 0:
+        gamma = float(ys[-1] / xs[-1])
+    return gamma, points
+
+
+# -- confirming a crossover --------------------------------------------------------------------------
+
+
+def _probe(comm, collective, size, names, dtype, op, iters):
+    rows = bench.measure(comm, collective, size, names, dtype=dtype, op=op, iters=iters, warmup=1)
+    return {r.algorithm: r for r in rows}
+
+
+def _confirm(comm, collective, low, high, boundary, lower_bound, upper_bound, dtype, op, iters, max_bytes):
+    """Measure ``low`` (predicted to win below ``boundary``) against ``high`` around it.
+
+    Returns ``(boundary, text, probes)``: the boundary the measurement supports,
+    kept inside ``[lower_bound, upper_bound]`` so the neighbouring regimes stay
+    non-empty; a sentence for the rule's reason; the raw medians.
+    """
+    probes = []
+
+    def high_wins(size):
+        """True or False where the medians differ by more than the runs' spread, else None (noise)."""
+        got = _probe(comm, collective, size, [low, high], dtype, op, iters)
+        t_low, t_high = got[low].time_us, got[high].time_us
+        spread = max(got[low].spread, got[high].spread)
+        probes.append({"bytes": got[low].size, low: round(t_low, 2), high: round(t_high, 2),
+                       "spread": round(spread, 3)})
+        if abs(t_low - t_high) <= spread * min(t_low, t_high):
+            return None
+        return t_high < t_low
+
+    def said():
+        return ", ".join(f"{_size(x['bytes'])}: {low} {x[low]:.1f} us vs {high} {x[high]:.1f} us" for x in probes)
+
+    top = min(max_bytes, upper_bound) if upper_bound is not None else max_bytes
+    below, above = max(boundary // 2, 1), min(boundary * 2, top)
+    at_below, at_above = high_wins(below), high_wins(above)
+    # Only a difference larger than the spread of identical runs counts against the model.
+    up = at_above is False       # `low` clearly still faster above the predicted crossover
+    down = at_below is True      # `high` clearly already faster below it
+    if up == down:
+        verdict = "confirmed" if (at_below, at_above) == (False, True) else (
+            "inconclusive (differences within the spread of identical runs); kept the model's threshold")
+        return boundary, f"bench {said()}: {verdict}", probes
+    if up:
+        size = above
+        while size * 2 <= top and len(probes) < 6:
+            size *= 2
+            if high_wins(size) is not False:
+                return size, f"bench {said()}: threshold moved up to {_size(size)}", probes
+        new = min(size + 1, upper_bound) if upper_bound is not None else size + 1
+        return new, f"bench {said()}: {low} faster throughout; threshold moved up", probes
+    size = below
+    while size // 2 >= max(lower_bound, 1) and len(probes) < 6:
+        size //= 2
+        if high_wins(size) is not True:
+            return size * 2, f"bench {said()}: threshold moved down to {_size(size * 2)}", probes
+    return max(size, lower_bound), f"bench {said()}: {high} faster throughout; threshold moved down", probes
+
+
+# -- the table ---------------------------------------------------------------------------------------
+
+
+def _regimes(collective, p, alpha, beta, gamma, commutative):
+    return cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
+
+
+def _rule(p, reg, collective, reason, commutative_only):
+    rule = {"min_procs": p, "max_procs": p}
+    if reg.min_bytes > 0:
+        rule["min_bytes"] = int(reg.min_bytes)
+    if reg.max_bytes is not None:
+        rule["max_bytes"] = int(reg.max_bytes)
+    if commutative_only:
+        rule["commutative"] = True
+    rule["algorithm"] = reg.algorithm
+    rule["reason"] = reason
+    return rule
+
+
+def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutative):
+    lo, hi = reg.min_bytes, reg.max_bytes
+    probe = lo if hi is None else (lo + hi) // 2
+    ranking = cost.best(collective, p, probe, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
+    runner = next((x for x in ranking if x.algorithm != reg.algorithm), None)
+    span = f"{_size(lo)} to {_size(hi)}" if hi is not None else f"{_size(lo)} and up"
+    text = (f"p={p}: with alpha={_fmt(alpha)}, beta={beta * 1e9:.3g} ns/B, gamma={gamma * 1e9:.3g} ns/B "
+            f"(measured on {measured_p} ranks) the model predicts {reg.algorithm} fastest for {span}")
+    if runner is not None:
+        text += (f" ({_fmt(ranking[0].seconds)} vs {runner.algorithm} {_fmt(runner.seconds)} at {_size(probe)}; "
+                 f"{ranking[0].formula})")
+    if not commutative:
+        text += "; for non-commutative ops"
+    if p != measured_p:
+        text += f"; model extrapolation to p={p}, not benchmarked"
+    return text
+
+
+def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, measured_p: int,
+                confirm=None, machine: dict | None = None, measured: dict | None = None) -> dict:
+    """The tuning table for ``procs`` x ``collectives`` from the model (no MPI needed).
+
+    Args:
+        alpha, beta, gamma: the model's constants.
+        procs: process counts to write rules for.
+        collectives: collectives to write rules for.
+        measured_p: the process count alpha, beta, gamma were measured on.
+        confirm: optional ``confirm(collective, low, high, boundary, lower, upper) -> (boundary, text, probes)``
+            run for each crossover at ``p == measured_p`` (the short benchmark).
+        machine, measured: metadata stored under ``"machine"`` and ``"measured"``.
+
+    Returns:
+        a table that :func:`commkit.selection.validate_table` accepts.
+    """
+    table = {
+        "version": 1,
+        "_comment": "written by `commkit tune`: thresholds in bytes as commkit.selection counts a message; "
+                    "use with COMMKIT_TUNING=<this file>. Process counts without rules fall back to the "
+                    "shipped defaults.",
+        "machine": machine or {},
+        "measured": dict(measured or {}, alpha=alpha, beta=beta, gamma=gamma, nprocs=measured_p, confirmations=[]),
+        "model": "alpha-beta-gamma (commkit.cost): a message costs alpha + beta*bytes, a reduction gamma*bytes",
+    }
+    for collective in collectives:
+        if collective not in algorithms.COLLECTIVES:
+            raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
+        rules = []
+        reducing = collective in _REDUCING
+        for p in sorted(procs):
+            for commutative in ((True, False) if reducing else (True,)):
+                model = _regimes(collective, p, alpha, beta, gamma, commutative)
+                final, notes = model, [[] for _ in model]
+                if confirm is not None and p == measured_p and commutative:
+                    final, notes = _confirmed(collective, model, confirm, table["measured"]["confirmations"])
+                for predicted, reg, note in zip(model, final, notes):
+                    # The reason states the model's own range, then what the bench made of its ends.
+                    reason = _model_reason(collective, p, predicted, alpha, beta, gamma, measured_p, commutative)
+                    rules.append(_rule(p, reg, collective, "; ".join([reason, *note]), reducing and commutative))
+        table[collective] = rules
+    return table
+
+
+def _confirmed(collective, regimes, confirm, log):
+    """Run ``confirm`` at each crossover; return the regimes with measured boundaries, and notes for each."""
+    regimes = list(regimes)
+    notes = [[] for _ in regimes]
+    for i in range(len(regimes) - 1):
+        low, high = regimes[i], regimes[i + 1]
+        boundary = high.min_bytes
+        lower = low.min_bytes + 1
+        upper = high.max_bytes
+        result = confirm(collective, low.algorithm, high.algorithm, boundary, lower, upper)
+        if result is None:
+            notes[i + 1].append(f"crossover at {_size(boundary)} not benchmarked (beyond --max-bytes)")
+            continue
+        new, text, probes = result
+        log.append({"collective": collective, "low": low.algorithm, "high": high.algorithm,
+                    "predicted": boundary, "chosen": new, "probes": probes})
+        regimes[i] = cost.Regime(low.algorithm, low.min_bytes, new - 1)
+        regimes[i + 1] = cost.Regime(high.algorithm, new, high.max_bytes)
+        text = f"crossover {low.algorithm} -> {high.algorithm} predicted at {_size(boundary)}, {text}"
+        notes[i].append(text)
+        notes[i + 1].append(text)
+    return regimes, notes
+
+
+def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="float32", op="sum",
+        quick: bool = False, log=lambda text: None, machine: dict | None = None) -> dict:
+    """Measure, derive, confirm; return the tuning table on every rank (collective call).
+
+    Args:
+        comm: an MPI communicator of 2 or more ranks.
+        procs: process counts to write rules for (default: ``[comm.size]``).
+        collectives: default: all but barrier, scan and exscan.
+        max_bytes: the largest size the confirming benchmark runs.
+        dtype, op: what gamma and the benchmark measure.
+        quick: fewer sizes and repetitions.
+        log: called with progress lines (rank 0 passes ``print``).
+        machine: metadata for the table's ``"machine"`` key.
+    """
+    if comm.size < 2:
+        raise InvalidArgument("tune measures messages between ranks and needs at least 2 processes.")
+    collectives = list(collectives or [c for c in algorithms.COLLECTIVES if c not in ("barrier", "scan", "exscan")])
+    procs = sorted(set(procs or [comm.size]))
+    reps = 3 if quick else 11
+    sizes = [8, 4 << 10, 256 << 10, 2 << 20] if quick else [8, 512, 4 << 10, 32 << 10, 256 << 10, 1 << 20, 4 << 20]
+    log(f"measuring alpha and beta: ring exchanges on {comm.size} ranks at {len(sizes)} sizes ...")
+    points = measure_alpha_beta(comm, sizes, reps)
+    alpha, beta = fit_alpha_beta(points)
+    gsizes = [256 << 10, 1 << 20, 4 << 20] if quick else [256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    gamma, gpoints = measure_gamma(dtype, op, gsizes, reps)
+    # Every rank measured its own gamma; use their mean (they share the machine's cores).
+    gamma = float(comm.allreduce(np.array([gamma]), op="sum")[0]) / comm.size
+    log(f"alpha = {_fmt(alpha)}, beta = {beta * 1e9:.3g} ns/B ({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), "
+        f"gamma = {gamma * 1e9:.3g} ns/B ({dtype} {op})")
+    iters = 5 if quick else 20
+
+    def confirm(collective, low, high, boundary, lower, upper):
+        if boundary > max_bytes or boundary < 2:
+            return None
+        log(f"confirming {collective}: {low} -> {high} at {_size(boundary)} ...")
+        return _confirm(comm, collective, low, high, boundary, lower, upper, dtype, op, iters, max_bytes)
+
+    measured = {
+        "how": "alpha, beta: least-squares fit of commkit ring-exchange steps (slowest rank, best of "
+               f"{reps}); gamma: {op} on {dtype} in place (best of {reps}), mean of the ranks",
+        "dtype": dtype, "op": op,
+        "exchange_points": [[n, t] for n, t in points],
+        "reduce_points": [[n, t] for n, t in gpoints],
+    }
+    return build_table(alpha, beta, gamma, procs, collectives, measured_p=comm.size, confirm=confirm,
+                       machine=machine, measured=measured)
+
+
+def summary(table: dict) -> str:
+    """A few lines describing a tuning table: the constants and each collective's thresholds."""
+    m = table.get("measured", {})
+    lines = [f"alpha = {_fmt(m.get('alpha', 0))}, beta = {m.get('beta', 0) * 1e9:.3g} ns/B, "
+             f"gamma = {m.get('gamma', 0) * 1e9:.3g} ns/B (measured on {m.get('nprocs')} ranks)"]
+    for collective in algorithms.COLLECTIVES:
+        rules = table.get(collective)
+        if not rules:
+            continue
+        parts = []
+        for rule in rules:
+            if rule.get("commutative") is False:
+                continue
+            lo, hi = rule.get("min_bytes", 0), rule.get("max_bytes")
+            span = f"{_size(lo)}-{_size(hi)}" if hi is not None else f">= {_size(lo)}"
+            extra = "" if "commutative" in rule or collective not in _REDUCING else " (non-commutative)"
+            parts.append(f"p={rule.get('min_procs')} {span}: {rule['algorithm']}{extra}")
+        lines.append(f"  {collective:<15} " + "; ".join(parts))
+    return "\n".join(lines)

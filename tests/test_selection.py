@@ -1,0 +1,273 @@
+"""Choosing an algorithm: precedence of the overrides, restrictions, and tuning files.
+
+Precedence, most specific first: ``algorithm=``, ``COMMKIT_<COLLECTIVE>_ALGORITHM``,
+the ``COMMKIT_TUNING`` file, the shipped table. The selector never picks an
+algorithm whose restrictions fail; a forced one that cannot apply raises unless
+``COMMKIT_FALLBACK=warn``. A malformed tuning file fails with an error naming the
+file and the problem. Tables written by ``commkit tune`` (built here without MPI
+from given alpha, beta, gamma) pass validation and select the model's winner.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import commkit as ck
+from commkit import algorithms, cost, selection, tune
+from commkit.ops import SUM
+
+NONCOMM = ck.Op(lambda a, b: a - b, commutative=False, name="minus")
+REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in ("COMMKIT_TUNING", "COMMKIT_FALLBACK"):
+        monkeypatch.delenv(var, raising=False)
+    for collective in algorithms.COLLECTIVES:
+        monkeypatch.delenv(f"COMMKIT_{collective.upper()}_ALGORITHM", raising=False)
+
+
+def write_table(tmp_path, table, name="tuning.json"):
+    path = tmp_path / name
+    path.write_text(table if isinstance(table, str) else json.dumps(table))
+    return str(path)
+
+
+# -- precedence -----------------------------------------------------------------------------------
+
+
+def test_shipped_table_is_the_default():
+    choice = selection.select("allreduce", 8, 1 << 20, SUM)
+    assert choice.algorithm.name == "rabenseifner" and choice.reason.startswith("default.json")
+    assert selection.select("allreduce", 8, 64, SUM).algorithm.name == "recursive_doubling"
+
+
+def test_tuning_file_overrides_the_shipped_table(tmp_path, monkeypatch):
+    path = write_table(tmp_path, {"allreduce": [{"algorithm": "ring", "reason": "measured here"}]})
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+    choice = selection.select("allreduce", 8, 1 << 20, SUM)
+    assert choice.algorithm.name == "ring" and choice.reason == f"{path}: measured here"
+    # Collectives the file does not mention keep the shipped rules.
+    assert selection.select("broadcast", 8, 64).reason.startswith("default.json")
+
+
+def test_environment_overrides_the_tuning_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMKIT_TUNING", write_table(tmp_path, {"allreduce": [{"algorithm": "ring"}]}))
+    monkeypatch.setenv("COMMKIT_ALLREDUCE_ALGORITHM", "naive")
+    choice = selection.select("allreduce", 8, 1 << 20, SUM)
+    assert choice.algorithm.name == "naive" and "COMMKIT_ALLREDUCE_ALGORITHM" in choice.reason
+    monkeypatch.setenv("COMMKIT_ALLREDUCE_ALGORITHM", "auto")  # auto: no override
+    assert selection.select("allreduce", 8, 1 << 20, SUM).algorithm.name == "ring"
+
+
+def test_argument_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv("COMMKIT_ALLREDUCE_ALGORITHM", "naive")
+    choice = selection.select("allreduce", 8, 1 << 20, SUM, requested="recursive_doubling")
+    assert choice.algorithm.name == "recursive_doubling" and choice.reason == "forced by algorithm= argument"
+    # algorithm="auto" defers to the environment.
+    assert selection.select("allreduce", 8, 1 << 20, SUM, requested="auto").algorithm.name == "naive"
+
+
+def test_precedence_through_the_communicator(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("COMMKIT_TUNING", write_table(tmp_path, {"allreduce": [{"algorithm": "naive", "reason": "t"}]}))
+    x = np.arange(40, dtype=np.int64)
+
+    def body(comm):
+        out = [comm.allreduce(x).sum(), comm.last_algorithm]
+        out += [comm.allreduce(x, algorithm="ring").sum(), comm.last_algorithm]
+        return out
+
+    with caplog.at_level(logging.DEBUG, logger="commkit"):
+        results = ck.run_local(body, 3)
+    total = 3 * x.sum()
+    assert results == [[total, "naive", total, "ring"]] * 3
+    assert any("-> naive" in r.getMessage() for r in caplog.records)  # the choice is in the debug log
+
+    monkeypatch.setenv("COMMKIT_ALLREDUCE_ALGORITHM", "recursive_doubling")
+    assert ck.run_local(lambda c: (c.allreduce(x), c.last_algorithm)[1], 2) == ["recursive_doubling"] * 2
+
+
+# -- restrictions ---------------------------------------------------------------------------------
+
+
+def test_rules_whose_algorithm_cannot_run_are_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMKIT_TUNING", write_table(tmp_path, {"allreduce": [{"algorithm": "ring"}]}))
+    choice = selection.select("allreduce", 8, 1 << 20, NONCOMM)
+    assert choice.algorithm.name != "ring" and choice.algorithm.why_not(8, NONCOMM) is None
+
+
+def test_forced_algorithm_that_cannot_apply_raises(monkeypatch):
+    with pytest.raises(ck.AlgorithmNotApplicable, match="commutative.*COMMKIT_FALLBACK=warn"):
+        selection.select("allreduce", 4, 64, NONCOMM, requested="ring")
+    monkeypatch.setenv("COMMKIT_REDUCE_SCATTER_ALGORITHM", "ring")
+    with pytest.raises(ck.AlgorithmNotApplicable, match="forced by COMMKIT_REDUCE_SCATTER_ALGORITHM"):
+        selection.select("reduce_scatter", 4, 64, NONCOMM)
+    with pytest.raises(ck.AlgorithmNotApplicable, match="allreduce_native is not available"):
+        selection.select("allreduce", 4, 64, SUM, requested="native", native_ok=False)
+    with pytest.raises(ck.AlgorithmNotApplicable, match="unknown allreduce algorithm 'rign'"):
+        selection.select("allreduce", 4, 64, SUM, requested="rign")
+
+
+def test_fallback_warn_selects_automatically(monkeypatch):
+    monkeypatch.setenv("COMMKIT_FALLBACK", "warn")
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        choice = selection.select("allreduce", 4, 64, NONCOMM, requested="ring")
+    assert choice.algorithm.why_not(4, NONCOMM) is None
+
+
+def test_forced_inapplicable_algorithm_raises_before_sending():
+    def body(comm):
+        with pytest.raises(ck.AlgorithmNotApplicable):
+            comm.allreduce(np.ones(4), NONCOMM, algorithm="rabenseifner")
+        return comm.allreduce(np.ones(4), NONCOMM, algorithm="naive")
+
+    assert all(np.array_equal(r, np.ones(4) * -1) for r in ck.run_local(body, 3))
+
+
+ALL_NAMES = sorted({name for c in algorithms.COLLECTIVES for name in algorithms.for_collective(c)})
+rule_strategy = st.fixed_dictionaries(
+    {"algorithm": st.sampled_from(ALL_NAMES)},
+    optional={"min_procs": st.integers(0, 70), "max_procs": st.integers(0, 70), "min_bytes": st.integers(0, 1 << 21),
+              "max_bytes": st.integers(0, 1 << 21), "commutative": st.booleans()},
+)
+
+
+@given(collective=st.sampled_from(algorithms.COLLECTIVES), size=st.integers(1, 70), nbytes=st.integers(0, 1 << 21),
+       commutative=st.booleans(), rules=st.lists(rule_strategy, max_size=6), native_ok=st.booleans())
+def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, collective, size, nbytes, commutative,
+                                                           rules, native_ok):
+    rules = [r for r in rules if algorithms.get(collective, r["algorithm"]) is not None]
+    path = write_table(tmp_path_factory.mktemp("t"), {collective: rules})
+    op = (SUM if commutative else NONCOMM) if collective in REDUCING else None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COMMKIT_TUNING", path)
+        alg = selection.select(collective, size, nbytes, op, native_ok=native_ok).algorithm
+    if alg.name == "native":
+        assert native_ok
+    else:
+        assert alg.why_not(size, op) is None
+
+
+# -- tuning files ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{not json", r"not valid JSON \(Expecting property name"),
+    ("[1, 2]", "expected a JSON object at the top level, got list"),
+    ({"allreduse": []}, "unknown collective 'allreduse'"),
+    ({"allreduce": {"algorithm": "ring"}}, "'allreduce' must map to a list of rules, got dict"),
+    ({"allreduce": ["ring"]}, r"allreduce\[0\]: each rule must be an object with an 'algorithm' key"),
+    ({"allreduce": [{"max_bytes": 8}]}, r"allreduce\[0\]: each rule must be an object with an 'algorithm' key"),
+    ({"allreduce": [{"algorithm": "ring", "max_byte": 8}]}, r"unknown key\(s\) \['max_byte'\]"),
+    ({"allreduce": [{"algorithm": "ring"}, {"algorithm": "bruck"}]}, r"allreduce\[1\]: unknown algorithm 'bruck'"),
+    ({"allreduce": [{"algorithm": "ring", "max_bytes": -1}]}, "max_bytes must be a non-negative integer, got -1"),
+    ({"allreduce": [{"algorithm": "ring", "min_procs": True}]}, "min_procs must be a non-negative integer, got True"),
+    ({"allreduce": [{"algorithm": "ring", "max_bytes": "1M"}]}, "max_bytes must be a non-negative integer, got '1M'"),
+])
+def test_malformed_tuning_files_name_the_file_and_the_problem(tmp_path, monkeypatch, content, problem):
+    path = write_table(tmp_path, content)
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+    with pytest.raises(ck.InvalidArgument, match=f"tuning file {path}") as info:
+        selection.select("allreduce", 4, 64, SUM)
+    assert info.match(problem)
+
+
+def test_missing_tuning_file(tmp_path, monkeypatch):
+    path = str(tmp_path / "nope.json")
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+    with pytest.raises(ck.InvalidArgument, match=f"tuning file {path}: cannot be read"):
+        selection.select("allreduce", 4, 64, SUM)
+
+
+def test_metadata_keys_are_allowed():
+    table = {"version": 1, "machine": {"cpus": 2}, "measured": {"alpha": 1e-6}, "model": "abg", "_note": "x",
+             "allreduce": [{"algorithm": "ring", "reason": "r"}]}
+    assert selection.validate_table(table, "t.json") is table
+
+
+def test_shipped_table_is_valid_and_every_rule_says_why():
+    table = selection.default_table()
+    for collective in algorithms.COLLECTIVES:
+        assert table[collective], collective
+        for rule in table[collective]:
+            assert rule.get("reason"), (collective, rule)
+
+
+# -- tables written by `commkit tune` ---------------------------------------------------------------
+
+ALPHA, BETA, GAMMA = 5e-6, 2e-10, 1e-10
+
+
+def tuned(tmp_path, procs=(2, 4, 64), confirm=None):
+    table = tune.build_table(ALPHA, BETA, GAMMA, procs, algorithms.COLLECTIVES, measured_p=4, confirm=confirm,
+                             machine={"hostname": "test"}, measured={"how": "given"})
+    return table, write_table(tmp_path, json.dumps(table), "tuned.json")
+
+
+def test_tuned_table_is_valid_and_says_what_was_measured(tmp_path):
+    table, path = tuned(tmp_path)
+    assert selection.load_table(path) == table
+    assert table["machine"] == {"hostname": "test"}
+    assert table["measured"]["alpha"] == ALPHA and table["measured"]["nprocs"] == 4
+    for collective in algorithms.COLLECTIVES:
+        for rule in table[collective]:
+            assert "alpha=5 us" in rule["reason"] and "measured on 4 ranks" in rule["reason"], rule
+            if rule["min_procs"] != 4:
+                assert "model extrapolation" in rule["reason"]
+
+
+@pytest.mark.parametrize("p", [2, 4, 64])
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall"])
+def test_tuned_table_selects_the_models_winner(tmp_path, monkeypatch, collective, p):
+    _, path = tuned(tmp_path)
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+    op = SUM if collective in REDUCING else None
+    for nbytes in (0, 100, 5000, 70000, 1 << 20, 1 << 26):
+        want = cost.best(collective, p, nbytes, alpha=ALPHA, beta=BETA, gamma=GAMMA)[0].algorithm
+        choice = selection.select(collective, p, nbytes, op)
+        assert choice.algorithm.name == want and choice.reason.startswith(path), (nbytes, choice)
+    if collective in REDUCING:  # non-commutative ops get rules of their own
+        choice = selection.select(collective, p, 1 << 20, NONCOMM)
+        assert choice.reason.startswith(path) and choice.algorithm.why_not(p, NONCOMM) is None
+
+
+def test_tuned_table_leaves_other_process_counts_to_the_defaults(tmp_path, monkeypatch):
+    _, path = tuned(tmp_path, procs=(4,))
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+    assert selection.select("allreduce", 4, 1 << 20, SUM).reason.startswith(path)
+    assert selection.select("allreduce", 8, 1 << 20, SUM).reason.startswith("default.json")
+
+
+def test_confirmation_moves_thresholds_and_is_recorded(tmp_path, monkeypatch):
+    calls = []
+
+    def confirm(collective, low, high, boundary, lower, upper):
+        calls.append((collective, low, high, boundary))
+        if collective != "allreduce":
+            return None  # e.g. beyond --max-bytes
+        return boundary * 2, "bench moved it up", [{"bytes": boundary, low: 1.0, high: 2.0}]
+
+    table, path = tuned(tmp_path, procs=(4,), confirm=confirm)
+    predicted = cost.crossovers("allreduce", 4, alpha=ALPHA, beta=BETA, gamma=GAMMA)
+    boundary = predicted[1].min_bytes
+    assert ("allreduce", predicted[0].algorithm, predicted[1].algorithm, boundary) in calls
+    rules = [r for r in table["allreduce"] if r.get("commutative")]
+    assert rules[0]["max_bytes"] == 2 * boundary - 1 and rules[1]["min_bytes"] == 2 * boundary
+    assert "bench moved it up" in rules[1]["reason"]
+    assert table["measured"]["confirmations"][0]["chosen"] == 2 * boundary
+    assert any("not benchmarked" in r["reason"] for c in ("broadcast", "allgather") for r in table[c])
+    selection.load_table(path)
+
+
+def test_fit_alpha_beta_recovers_a_line():
+    points = [(n, 4e-6 + 3e-10 * n) for n in (8, 512, 4096, 1 << 15, 1 << 18, 1 << 20)]
+    alpha, beta = tune.fit_alpha_beta(points)
+    assert alpha == pytest.approx(4e-6, rel=1e-6) and beta == pytest.approx(3e-10, rel=1e-6)
+    with pytest.raises(ck.InvalidArgument, match="two or more different sizes"):
+        tune.fit_alpha_beta([(8, 1e-6)])
