@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import zlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -23,7 +24,8 @@ from . import algorithms, selection
 from . import trace as _trace
 from ._checks import array_module, as_input, check_out, check_rank, check_tag, check_timeout, same_memory
 from .errors import CollectiveMismatch, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument, InvalidBuffer
-from .ops import get_op
+from .algorithms.recursive_halving import allreduce_recursive_doubling
+from .ops import MAX, get_op
 from .schedule import CallInfo, ScheduleRequest, run_schedule
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
@@ -406,6 +408,17 @@ class Communicator:
             "algorithm": algorithm,
         }
         tag = (seq & _COLL_TAG_MASK) * 4 + _CHECK_TAG
+        # Fast path: one small recursive-doubling allreduce of (hash, -hash) per field with
+        # MAX tells every rank whether all ranks agree (max == min for every field), in
+        # log p messages. Only a disagreement pays for gathering every rank's description.
+        k = len(mine)
+        sig = np.array([zlib.crc32(repr(v).encode()) for v in mine.values()], dtype=np.int64)
+        both, agreed = np.concatenate([sig, -sig]), np.empty(2 * k, np.int64)
+        steps = allreduce_recursive_doubling(self.rank, self.size, 2 * k, MAX)
+        run_schedule(steps, {"in": both, "out": agreed, "tmp": np.empty(2 * k, np.int64)}, self._ctl, tag,
+                     timeout, ("check", "recursive_doubling", seq, self.rank, None))
+        if np.array_equal(agreed[:k], -agreed[k:]):
+            return
         everyone = self._ctl_allgather(mine, tag, timeout)
         differing = [field for field in mine if len({repr(sig[field]) for sig in everyone}) > 1]
         if differing:
