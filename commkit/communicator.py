@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import zlib
 from contextlib import contextmanager
 
@@ -538,14 +539,21 @@ class Communicator:
         if c == "scatter" and self.rank != call.root:
             send = None
         counts = call.arg if c == "reduce_scatter" else None
+        t0 = time.perf_counter()
+
+        def finish():
+            if info.tracer is not None:  # a library collective has no steps: record it whole
+                info.tracer.record_native(info, t0, time.perf_counter(), call.nbytes)
+            return self._finish(call)
+
         # With a timeout, even a blocking call goes through the library's nonblocking
         # form so that waiting can give up (a blocking MPI call cannot be interrupted).
         pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts,
                                     inplace=inplace, nonblocking=nonblocking or timeout is not None)
-        request = _NativeRequest(pending, lambda: self._finish(call), timeout, info) if pending is not None else None
+        request = _NativeRequest(pending, finish, timeout, info) if pending is not None else None
         if nonblocking:
             return request
-        return request.wait() if request is not None else self._finish(call)
+        return request.wait() if request is not None else finish()
 
     def _finish(self, call: _Call):
         if not call.has_result:
