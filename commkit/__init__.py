@@ -31,7 +31,7 @@ from .errors import (
 )
 from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, Op
 from .schedule import ScheduleRequest
-from .trace import trace
+from .tracing import trace
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
 __version__ = "0.1.0"

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import algorithms, selection
-from . import trace as _trace
+from . import tracing as _trace
 from ._checks import array_module, as_input, check_out, check_rank, check_tag, check_timeout, same_memory
 from .errors import CollectiveMismatch, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument, InvalidBuffer
 from .algorithms.recursive_halving import allreduce_recursive_doubling

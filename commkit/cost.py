@@ -150,11 +150,18 @@ def applicable(collective: str, p: int, commutative: bool = True) -> list[str]:
     return names
 
 
+# Ties in the model (ring and Rabenseifner cost the same at p = 2) go to the
+# algorithm with the simpler traffic pattern: neighbour-only ring before the
+# recursive pairings, which measured up to 2-4x slower (and far noisier) at
+# p = 2 between 512 KiB and 2 MiB on the 2-core development machine.
+_TIE_ORDER = {"allreduce": ("recursive_doubling", "ring", "rabenseifner", "naive")}
+
+
 def _preference(collective):
-    """Tie-break order: the selector's fallback order first, then by name."""
+    """Tie-break order: an explicit order where one is known, else the selector's fallback order, then by name."""
     from .selection import FALLBACK
 
-    order = FALLBACK.get(collective, ())
+    order = _TIE_ORDER.get(collective) or FALLBACK.get(collective, ())
     return lambda name: (order.index(name) if name in order else len(order), name)
 
 

@@ -1,7 +1,7 @@
 """Pictures of collectives: timelines and communication diagrams, and the cost model over measurements.
 
-Every drawing takes events in :mod:`commkit.trace`'s format, so it draws a
-real run (a :class:`~commkit.trace.Tracer`) and the model (a result of
+Every drawing takes events in :mod:`commkit.tracing`'s format, so it draws a
+real run (a :class:`~commkit.tracing.Tracer`) and the model (a result of
 :func:`commkit.sim.simulate` with ``events=True``) alike:
 
 * :func:`timeline` -- time on the x axis, one row per rank, a bar per step
@@ -23,6 +23,9 @@ every round of a ring, a tree or a butterfly in its own column.
 matplotlib is imported only when a function here is called, and only its
 object-oriented API is used (no pyplot): nothing here needs a display, and
 figures are returned rather than shown, so a notebook displays each once.
+Because no pyplot is involved, a notebook shows a returned figure as an image
+only with ``%matplotlib inline`` active (or ``IPython.display.display(fig)``);
+``fig.savefig("name.png")`` works everywhere.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections import defaultdict, deque
 from itertools import pairwise
 
 from .errors import InvalidArgument
-from .trace import MESSAGE_KINDS, events_of, messages
+from .tracing import MESSAGE_KINDS, events_of, messages
 
 __all__ = ["KIND_COLORS", "diagram", "measured_crossovers", "predicted_crossovers", "predicted_vs_measured", "rounds",
            "schedule_diagram", "timeline"]
@@ -114,7 +117,7 @@ def timeline(source, *, ax=None, show_messages: bool | None = None, title: str |
     """Draw each rank's steps against time: one row per rank, one bar per step.
 
     Args:
-        source: a :class:`~commkit.trace.Tracer`, a simulator result, or a list of events.
+        source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events.
         ax: draw into these matplotlib Axes instead of a new figure.
         show_messages: draw a line from each send step's start to its receive step's end
             (default: when there are at most 400 messages).
@@ -261,8 +264,8 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
     carries. A ``⊕`` marks where a rank reduces what it received.
 
     Args:
-        source: a :class:`~commkit.trace.Tracer`, a simulator result, or a list of events
-            (filter one call first with :func:`commkit.trace.select` if the trace holds many).
+        source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events
+            (filter one call first with :func:`commkit.tracing.select` if the trace holds many).
         ax: draw into these matplotlib Axes instead of a new figure.
         show_bytes: label each arrow with its size (default: when there are at most 40 messages).
         show_reduces: mark reduce steps.

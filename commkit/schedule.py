@@ -6,7 +6,7 @@ algorithm is a generator that yields steps over index ranges of named, flat
 buffers and knows nothing of MPI, NCCL or threads. The same text then runs on
 every transport (the executor below), step by step for nonblocking calls
 (:class:`ScheduleRequest`), with no data at all in the simulator
-(:mod:`commkit.sim`), and under the tracer (:mod:`commkit.trace`).
+(:mod:`commkit.sim`), and under the tracer (:mod:`commkit.tracing`).
 
 The vocabulary is three steps:
 

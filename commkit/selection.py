@@ -145,7 +145,15 @@ def _why_not(alg, size, op, native_ok) -> str | None:
 
 def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
            native_ok: bool = False) -> Choice:
-    """Choose the algorithm for one call; see the module docstring for the precedence."""
+    """Choose the algorithm for one call; see the module docstring for the precedence.
+
+    ``op`` is a :class:`~commkit.ops.Op` or an op name such as ``"sum"`` (None for
+    collectives without a reduction).
+    """
+    if isinstance(op, str):
+        from .ops import get_op
+
+        op = get_op(op)
     forced, source = requested, "algorithm= argument"
     if forced is None or forced == "auto":
         forced = os.environ.get(f"COMMKIT_{collective.upper()}_ALGORITHM") or None

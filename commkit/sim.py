@@ -101,7 +101,7 @@ class SimResult:
         steps: steps simulated, all ranks together.
         waiting: the stuck ranks if the schedules deadlock, else empty.
         mismatches: messages whose send and receive lengths differ (text).
-        events: per-step events in :mod:`commkit.trace`'s format, if requested.
+        events: per-step events in :mod:`commkit.tracing`'s format, if requested.
         wall: seconds the simulation took.
     """
 
@@ -283,7 +283,7 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
             per-rank counts for reduce_scatter).
         alpha, beta, gamma: seconds per message, per byte sent, per byte reduced
             (default: :data:`commkit.cost.ALPHA`, ``BETA``, ``GAMMA``).
-        events: also return every step as a :mod:`commkit.trace` event with model times.
+        events: also return every step as a :mod:`commkit.tracing` event with model times.
 
     Returns:
         a :class:`SimResult`; call ``.check()`` to raise on deadlock.
@@ -364,7 +364,7 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
         p: number of ranks.
         itemsize: bytes per element of every buffer.
         alpha, beta, gamma: the model's constants (default: :mod:`commkit.cost`'s).
-        events: record :mod:`commkit.trace`-style events with model times.
+        events: record :mod:`commkit.tracing`-style events with model times.
         buffers: optional per-rank ``{name: elements}``; every range is then checked against it.
         collective, algorithm: labels for the result and the events.
 

@@ -89,7 +89,7 @@ def _traced_job(path: str) -> None:
 
 def real(reuse: bool) -> None:
     from commkit._mpiexec import run_job
-    from commkit.trace import load, to_chrome
+    from commkit.tracing import load, to_chrome
 
     stored = os.path.join(OUT, "real_run_events.json")
     if reuse:

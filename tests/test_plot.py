@@ -12,7 +12,7 @@ import pytest
 
 import commkit as ck
 from commkit import cost, plot, sim
-from commkit.trace import messages, select
+from commkit.tracing import messages, select
 
 pytest.importorskip("matplotlib")
 
@@ -46,7 +46,7 @@ def test_commkit_imports_without_matplotlib():
     code = textwrap.dedent("""
         import sys
         sys.modules["matplotlib"] = None          # any import of matplotlib now fails
-        import commkit, commkit.trace, commkit.plot
+        import commkit, commkit.tracing, commkit.plot
         from commkit import sim
         res = sim.simulate("allreduce", "ring", 4, 64, events=True)
         commkit.plot.rounds(res)                  # layout needs no matplotlib

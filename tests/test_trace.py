@@ -11,7 +11,7 @@ import pytest
 import commkit as ck
 from commkit import sim
 from commkit.schedule import CallInfo, partition
-from commkit.trace import (
+from commkit.tracing import (
     EVENT_KEYS,
     Tracer,
     calls,
@@ -330,7 +330,7 @@ def test_trace_under_mpi_gathers_every_rank_to_root(mpi, tmp_path):
     mpi(3, f"""
         import numpy as np
         import commkit as ck
-        from commkit.trace import messages
+        from commkit.tracing import messages
         comm = ck.init("mpi")
         x = np.random.default_rng(comm.rank).standard_normal(50)
         with ck.trace(comm, root=1) as t:
@@ -344,7 +344,7 @@ def test_trace_under_mpi_gathers_every_rank_to_root(mpi, tmp_path):
         else:
             assert {{e["rank"] for e in t.events}} == {{comm.rank}}
     """)
-    from commkit.trace import load
+    from commkit.tracing import load
 
     events = load(out)
     assert {(c.collective, c.algorithm) for c in calls(events)} == {("allreduce", "ring"), ("broadcast", "binomial")}
