@@ -34,7 +34,7 @@ def _dumps(obj) -> bytes:
 
 
 class _Labelled(io.TextIOBase):
-    """A text stream that starts every line with ``"[rank] "`` and writes whole lines at once.
+    """A text stream that starts every line with a prefix (``"[rank] "`` or none) and writes whole lines at once.
 
     Writing a line in one call keeps the lines of different ranks from
     interleaving mid-line on the way through mpiexec.
@@ -88,8 +88,9 @@ def _setup_streams(rank: int, label: bool) -> None:
             stream.reconfigure(line_buffering=True)
         except (AttributeError, ValueError):
             pass
-        if label:
-            setattr(sys, name, _Labelled(stream, f"[{rank}] "))
+        # Always write whole lines in one call, labelled or not: plain prints were seen
+        # to arrive interleaved mid-line ("hello from 0hello from 1") under load.
+        setattr(sys, name, _Labelled(stream, f"[{rank}] " if label else ""))
 
 
 def _env_rank() -> int:
