@@ -80,7 +80,7 @@ def check_out(out, shape: tuple, dtype, name: str = "out", like=None):
             f"{name} must be C-contiguous because commkit writes into it; got strides {out.strides}. "
             "Pass a contiguous array and copy the result where you need it."
         )
-    if not out.flags.writeable:
+    if not getattr(out.flags, "writeable", True):  # CuPy arrays are always writeable and have no such flag
         raise InvalidBuffer(f"{name} is read-only; commkit needs to write the result into it.")
     return out
 
@@ -125,4 +125,7 @@ def same_memory(a, b) -> bool:
         return True
     if type(a) is np.ndarray and type(b) is np.ndarray or array_module(a) is np and array_module(b) is np:
         return np.may_share_memory(a, b)
-    return a.data.ptr == b.data.ptr
+    if a.nbytes == 0 or b.nbytes == 0:
+        return False  # CuPy gives every empty array the pointer 0
+    lo_a, lo_b = a.data.ptr, b.data.ptr
+    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes

@@ -315,7 +315,9 @@ class _Case:
 
 def _sync(xp):
     if xp is not np:
-        xp.cuda.get_current_stream().synchronize()
+        from .transports._cuda import synchronize
+
+        synchronize()
 
 
 def measure(comm, collective: str, size: int, names, *, dtype="float32", op="sum", root: int = 0,
@@ -467,13 +469,9 @@ def _resolve(collective, p, requested, op):
 
 
 def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        raise TransportUnavailable(
-            "--gpu needs CuPy and a CUDA GPU; install it with `pip install 'commkit[gpu]'` (cupy-cuda12x)."
-        ) from None
-    return cupy
+    from .transports._cuda import load_cupy  # only commkit.transports imports CuPy
+
+    return load_cupy("--gpu benchmarks")
 
 
 def check_dtype_op(dtype: str, op: str, collectives) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import zlib
@@ -232,7 +233,9 @@ class Communicator:
         from ._checks import check_dtype
 
         check_dtype(dtype, "dtype")
-        return np.empty(shape, dtype=dtype)
+        # An NCCL communicator receives into GPU memory (CuPy is loaded whenever one exists).
+        xp = sys.modules["cupy"] if self._base.name == "nccl" else np
+        return xp.empty(shape, dtype=dtype)
 
     def send(self, x, dest: int, tag: int = 0, *, timeout: float | None = None) -> None:
         """Send array ``x`` to rank ``dest`` (blocks until ``x`` may be reused)."""
@@ -277,7 +280,7 @@ class Communicator:
         self._check_open()
         x = as_input(x, "x")
         if out is None and shape is None:
-            shape, dtype = x.shape, x.dtype
+            out = array_module(x).empty(x.shape, x.dtype)  # on the device when x is a CuPy array
         receive = self.irecv(source, recvtag, out=out, shape=shape, dtype=dtype)
         self.isend(x, dest, sendtag).wait(timeout)
         return receive.wait(timeout)

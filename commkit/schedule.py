@@ -277,6 +277,10 @@ class ScheduleRequest:
         self._done = False
         self._result = None
         self._t0 = 0.0
+        # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
+        # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
+        # whole collective on the caller's stream here, whatever order the requests are waited in.
+        self._advance()
 
     def _advance(self) -> bool:
         """Run local steps and post transfers until one is in flight or all are done."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidBuffer
+from ..errors import InvalidBuffer, TransportUnavailable
 
 __all__ = ["as_array"]
 
@@ -63,8 +63,9 @@ def _from_dlpack(obj, name: str):
 
 
 def _cupy(name: str):
+    from ..transports._cuda import load_cupy  # only commkit.transports imports CuPy
+
     try:
-        import cupy
-    except ImportError:
-        raise InvalidBuffer(f"{name} is a GPU array, and GPU arrays need CuPy: pip install 'commkit[gpu]'.") from None
-    return cupy
+        return load_cupy(f"{name} (a GPU array)")
+    except TransportUnavailable as exc:
+        raise InvalidBuffer(str(exc)) from None

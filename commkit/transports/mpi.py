@@ -11,6 +11,10 @@ Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
 ``Waitall`` directly. With a timeout the executor must be able to give up, so
 requests are polled with ``Testall`` (spinning briefly, then backing off to
 short sleeps so oversubscribed ranks leave the core to the peer they wait on).
+
+CuPy arrays go to MPI as they are when the library is CUDA-aware (detected by
+:func:`._cuda.mpi_cuda_aware`), otherwise through pinned host memory; either
+way the current CuPy stream is synchronised first (see :mod:`._cuda`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 import numpy as np
 
 from ..errors import TransportUnavailable
+from . import _cuda
 from .base import ANY_SOURCE, ANY_TAG, Status
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
@@ -44,6 +49,10 @@ def _src(source: int) -> int:
 
 def _tag(tag: int) -> int:
     return MPI.ANY_TAG if tag == ANY_TAG else tag
+
+
+def _on_device(pairs) -> bool:
+    return any(_cuda.is_device_array(buf) for _, buf in pairs)
 
 
 def _poll(test, timeout: float) -> bool:
@@ -145,6 +154,11 @@ class MPITransport:
     # -- schedule steps --------------------------------------------------------
 
     def post(self, sends, recvs, tag: int) -> _Pending:
+        if _on_device(sends) or _on_device(recvs):
+            return _cuda.stage(lambda s, r: self._post(s, r, tag), sends, recvs, _cuda.mpi_cuda_aware(MPI))
+        return self._post(sends, recvs, tag)
+
+    def _post(self, sends, recvs, tag: int) -> _Pending:
         comm = self.comm
         requests = [comm.Irecv([buf, BYTE], peer, tag) for peer, buf in recvs]
         requests += [comm.Isend([buf, BYTE], peer, tag) for peer, buf in sends]
@@ -152,6 +166,8 @@ class MPITransport:
         return _Pending(requests, peers)
 
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
+        if _on_device(sends) or _on_device(recvs):
+            return self.post(sends, recvs, tag).wait(timeout)
         if timeout is None:
             comm = self.comm
             if len(sends) == 1 and len(recvs) == 1:
@@ -169,9 +185,17 @@ class MPITransport:
     # -- user point to point -----------------------------------------------------
 
     def isend(self, buf, dest: int, tag: int) -> _Pending:
+        if _cuda.is_device_array(buf):
+            return _cuda.stage(lambda s, r: _Pending([self.comm.Isend([s[0][1], BYTE], dest, tag)], [dest]),
+                               [(dest, buf)], [], _cuda.mpi_cuda_aware(MPI))
         return _Pending([self.comm.Isend([buf, BYTE], dest, tag)], [dest])
 
     def irecv(self, buf, source: int, tag: int) -> _RecvHandle:
+        if _cuda.is_device_array(buf):
+            def post(sends, recvs):
+                return _RecvHandle(self.comm.Irecv([recvs[0][1], BYTE], _src(source), _tag(tag)), source)
+
+            return _cuda.stage(post, [], [(source, buf)], _cuda.mpi_cuda_aware(MPI))
         return _RecvHandle(self.comm.Irecv([buf, BYTE], _src(source), _tag(tag)), source)
 
     def send_object(self, obj, dest: int, tag: int) -> None:
@@ -245,6 +269,13 @@ class MPITransport:
         ``sendbuf``/``recvbuf`` may be None where MPI ignores them (non-roots);
         ``inplace`` passes ``MPI.IN_PLACE`` as the send buffer.
         """
+        kwargs = dict(op=op, root=root, counts=counts, inplace=inplace, nonblocking=nonblocking)
+        if _cuda.is_device_array(sendbuf) or _cuda.is_device_array(recvbuf):
+            return _cuda.stage_native(self._native, collective, sendbuf, recvbuf, kwargs, _cuda.mpi_cuda_aware(MPI))
+        return self._native(collective, sendbuf, recvbuf, **kwargs)
+
+    def _native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
+                inplace: bool = False, nonblocking: bool = False):
         comm = self.comm
         if op is not None:
             datatype = _mpi_type(recvbuf.dtype if recvbuf is not None else sendbuf.dtype)
