@@ -9,6 +9,7 @@ other (never by name).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -37,9 +38,25 @@ def find_mpiexec() -> str:
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _is_open_mpi(mpiexec: str) -> bool:
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
+
+
 def mpiexec_command(nprocs: int, argv: list[str], *, label_output: bool = False) -> list[str]:
-    """The command line running ``argv`` on ``nprocs`` ranks (oversubscription allowed)."""
-    cmd = [find_mpiexec(), "-n", str(int(nprocs))]
+    """The command line running ``argv`` on ``nprocs`` ranks (oversubscription allowed).
+
+    MPICH oversubscribes by default; Open MPI needs ``--oversubscribe`` to start
+    more ranks than cores.
+    """
+    mpiexec = find_mpiexec()
+    cmd = [mpiexec, "-n", str(int(nprocs))]
+    if _is_open_mpi(mpiexec):
+        cmd.append("--oversubscribe")
     if label_output:
         cmd.append("-l")
     return cmd + list(argv)

@@ -49,6 +49,12 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
 fi
 nvidia-smi -L | tee "$logs/gpus.txt"
 
+# Open MPI refuses to start as root unless told twice (GPU machines and containers often run
+# as root); MPICH needs nothing. This only affects this script's own runs.
+if [ "$(id -u)" = 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT="${OMPI_ALLOW_RUN_AS_ROOT:-1}" OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}"
+fi
+
 if [ -n "${COMMKIT_SUITE_PYTHON:-}" ]; then
     py="$COMMKIT_SUITE_PYTHON"
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
