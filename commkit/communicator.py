@@ -393,7 +393,7 @@ class Communicator:
         """Scratch of ``n`` elements, reused across blocking calls (one buffer per role and dtype)."""
         if nonblocking:
             return xp.empty(n, dtype=dtype)
-        key = (role, xp.__name__, dtype.str)
+        key = (role, xp, dtype)
         buf = self._scratch.get(key)
         if buf is None or buf.size < n:
             buf = xp.empty(max(n, 1), dtype=dtype)
@@ -583,15 +583,22 @@ class Communicator:
         if rooted:
             root = check_rank(root, self.size, "root")
         op = get_op(op)
-        op.check_dtype(x.dtype)
+        if x.dtype.kind not in op.kinds:
+            op.check_dtype(x.dtype)  # raises, naming the op and the dtype
         has_result = not rooted or self.rank == root
         if has_result:
-            out = self._output(out, x.shape, x)
+            # A freshly allocated output cannot alias the input: skip the overlap test.
+            if out is None and type(x) is np.ndarray:
+                out, aliased = np.empty(x.shape, x.dtype), False
+            else:
+                aliased = out is not None
+                out = self._output(out, x.shape, x)
+                aliased = aliased and same_memory(x, out)
         else:
             if out is not None:
                 check_out(out, x.shape, x.dtype, "out", like=x)
             out = self._scratch_buffer(array_module(x), x.dtype, x.size, nonblocking, role="reduce-out")
-        aliased = has_result and same_memory(x, out)
+            aliased = False
         call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
                      np if type(x) is np.ndarray else array_module(x), aliased, x.shape, has_result)
         call.result = out
