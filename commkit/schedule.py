@@ -221,11 +221,17 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
     if tracer is not None:
         return _run_traced(steps, bufs, chan, tag, timeout, info, tracer)
     transfer = chan.transfer
+    # A transport may offer a direct blocking exchange (MPI_Sendrecv); without a timeout
+    # there is nothing to poll, so Exchange steps call it with no lists to build.
+    sendrecv = getattr(chan, "sendrecv", None) if timeout is None else None
     for index, step in enumerate(steps):
         kind = step.kind
         if kind == TRANSFER:
             if type(step) is Exchange:
                 d, sn, slo, shi, s, rn, rlo, rhi = step.pair
+                if sendrecv is not None:
+                    sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
+                    continue
                 pending = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
             else:
                 pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],

@@ -165,6 +165,13 @@ class MPITransport:
         peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
         return _Pending(requests, peers)
 
+    def sendrecv(self, dest: int, sbuf, source: int, rbuf, tag: int) -> None:
+        """One blocking exchange with no timeout: the executor's fast path for Exchange steps."""
+        if _cuda.is_device_array(sbuf) or _cuda.is_device_array(rbuf):
+            self.post(((dest, sbuf),), ((source, rbuf),), tag).wait(None)
+            return
+        self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
         if _on_device(sends) or _on_device(recvs):
             return self.post(sends, recvs, tag).wait(timeout)
