@@ -1,0 +1,94 @@
+"""A short smoke of benchmarks/compare.py, so the script behind docs/benchmarks.md keeps working.
+
+It runs ``compare.py --quick`` (two sizes, a few runs, 2 ranks) into a temporary
+directory and checks that the page, the figures and the raw results are written,
+parse, and hold no wrong result. Benchmarks are never timed unit tests: nothing
+here asserts on speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
+# Set by an outer mpiexec or commkit command; the script must start its own jobs.
+OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
+
+
+def _report():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import _report
+    finally:
+        sys.path.pop(0)
+    return _report
+
+
+@pytest.mark.mpi
+def test_quick_comparison_writes_page_figures_and_right_results(mpi, tmp_path):
+    from commkit._mpiexec import terminate_group
+
+    env = {k: v for k, v in os.environ.items() if k not in OUTER}
+    env["COMMKIT_ALLREDUCE_ALGORITHM"] = "naive"  # the script must clear overrides like this one
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=150)
+    finally:
+        terminate_group(proc)
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "Traceback" not in err
+
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    rows = results["bench"]["2"]["rows"]
+    assert {r["collective"] for r in rows} == set(COLLECTIVES)
+    assert {r["algorithm"] for r in rows} == {"auto", "native"}
+    assert all(r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
+    assert sum(r["wrong"] for r in results["detail"]["2"]["rows"]) == 0
+    # auto is the shipped table's choice, not the environment's override.
+    assert {r["auto_choice"] for r in rows if r["collective"] == "allreduce"} == {"recursive_doubling"}
+    assert "COMMKIT_ALLREDUCE_ALGORITHM" in results["meta"]["env_removed"]
+    assert results["overhead"]["rows"] and results["null"]["rows"]
+    assert [r["algorithm"] for r in results["rss"]] == ["auto", "native"]
+    gloo = results["gloo"]
+    assert gloo.get("skipped") or all(r["wrong"] == 0 for r in gloo["rows"])
+
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert page.startswith("# Benchmarks")
+    assert "python benchmarks/compare.py --quick" in page
+    targets = page.split("## Targets", 1)[1].split("###", 1)[0]
+    for collective in COLLECTIVES:
+        assert f"| `{collective}` |" in targets
+    assert "Wrong results in these runs: **0**" in page
+    for name in ("benchmarks.png", "benchmarks_algorithms.png"):
+        png = tmp_path / "_static" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"_static/{name}" in page
+
+
+def test_page_keeps_the_hand_written_analysis_and_notes_a_skipped_gloo(tmp_path):
+    report = _report()
+    rows = [{"collective": "allreduce", "size": size, "algorithm": name, "rep": rep, "time_us": t,
+             "spread": 0.05, "runs": 10, "wrong": 0, "auto_choice": "recursive_doubling"}
+            for rep in range(2) for size, name, t in ((1024, "auto", 12.0), (1024, "native", 10.0),
+                                                      (8 << 20, "auto", 900.0), (8 << 20, "native", 1000.0))]
+    results = {"meta": {"collectives": ["allreduce"], "repeats": 2, "machine": {"mpi_library": "MPICH"}},
+               "bench": {"2": {"rows": rows}}, "gloo": {"skipped": "torch is not installed"}}
+    (tmp_path / "benchmarks.md").write_text(
+        f"old page\n{report.ANALYSIS_START}\nThe 8 MiB cell misses because of X.\n{report.ANALYSIS_END}\n")
+    report.write(results, str(tmp_path))
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert "The 8 MiB cell misses because of X." in page and "old page" not in page
+    assert "Skipped: torch is not installed" in page
+    # 1 KiB: 1.2 <= 1.5 passes; 8 MiB: 0.9 > 0.8 misses, by 12%.
+    line = next(line for line in page.splitlines() if line.startswith("| `allreduce` |"))
+    assert line.count("PASS") == 1 and line.count("**MISS**") == 1
+    assert "8 MiB 0.90 (+12%" in page
