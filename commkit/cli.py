@@ -426,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args, argv)
+    except BrokenPipeError:
+        # The reader went away (``commkit sim ... | head``): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except _DETERMINISTIC as exc:
         # Bad arguments and a missing MPI fail alike on every rank, before any message: one report will do.
         if _rank() == 0:
