@@ -348,7 +348,11 @@ def install_abort_on_exception() -> None:
         if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
             sys.stderr.write(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} raised {exc_type.__name__}; "
                              "aborting the MPI job so the other ranks do not hang.\n")
-            sys.stderr.flush()
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            # MPI_Abort makes mpiexec kill every process at once, and output still in flight
+            # to mpiexec is lost with them: the traceback's last line went missing under load.
+            time.sleep(0.3)
             MPI.COMM_WORLD.Abort(1)
 
     hook._commkit = True
