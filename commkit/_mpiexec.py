@@ -18,7 +18,7 @@ import sys
 
 from .errors import TransportUnavailable
 
-__all__ = ["find_mpiexec", "mpiexec_command", "run_job", "terminate_group"]
+__all__ = ["find_mpiexec", "mpiexec_command", "run_group", "run_job", "terminate_group"]
 
 
 def find_mpiexec() -> str:
@@ -41,7 +41,7 @@ def find_mpiexec() -> str:
 @functools.lru_cache(maxsize=4)
 def _is_open_mpi(mpiexec: str) -> bool:
     try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError):
         return False
     return "Open MPI" in out or "OpenRTE" in out
@@ -87,7 +87,12 @@ def run_job(nprocs: int, argv: list[str], *, timeout: float | None = None, env: 
     Raises:
         subprocess.TimeoutExpired: after ending every process of the job.
     """
-    cmd = mpiexec_command(nprocs, argv, label_output=label_output)
+    return run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env, cwd=cwd)
+
+
+def run_group(cmd: list[str], *, timeout: float | None = None, env: dict | None = None,
+              cwd: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a process group of its own and capture its output; end the whole group on timeout."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
                             start_new_session=True)
     try:

@@ -12,7 +12,6 @@ import importlib.util
 import io
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -29,20 +28,12 @@ MPI_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "O
 
 def run_commkit(args, *, timeout=240, env=None, pythonpath=()):
     """``python -m commkit ARGS`` in its own process group, ended (with any mpiexec it starts) on timeout."""
-    from commkit._mpiexec import terminate_group
+    from commkit._mpiexec import run_group
 
     full = {k: v for k, v in os.environ.items() if k not in MPI_VARS}
     full["PYTHONPATH"] = os.pathsep.join([*pythonpath, ROOT, full.get("PYTHONPATH", "")])
     full.update(env or {})
-    proc = subprocess.Popen([sys.executable, "-m", "commkit", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=full, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        terminate_group(proc)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_group([sys.executable, "-m", "commkit", *args], timeout=timeout, env=full, cwd=ROOT)
 
 
 def parse_table(text):
