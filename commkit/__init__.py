@@ -18,7 +18,9 @@ from .mesh import Mesh, MeshLayout, mesh_layout
 from .errors import (
     AlgorithmNotApplicable,
     CollectiveMismatch,
+    CommBroken,
     CommClosed,
+    MessageTruncated,
     CommError,
     CommTimeout,
     ConcurrentCall,
@@ -32,15 +34,16 @@ from .errors import (
 from .ops import BAND, BOR, BXOR, LAND, LOR, LXOR, MAX, MIN, PROD, SUM, Op
 from .schedule import ScheduleRequest
 from .tracing import trace
+from .watchdog import dump_flight_records
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace",
+    "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace", "dump_flight_records",
     "Op", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "ANY_SOURCE", "ANY_TAG", "Status",
-    "CommError", "InvalidArgument", "InvalidBuffer", "UnsupportedOp", "AlgorithmNotApplicable", "CommClosed",
+    "CommError", "InvalidArgument", "InvalidBuffer", "UnsupportedOp", "AlgorithmNotApplicable", "CommClosed", "CommBroken", "MessageTruncated",
     "CommTimeout", "CollectiveMismatch", "PeerFailed", "ConcurrentCall", "TransportUnavailable", "RankError",
     "__version__",
 ]

@@ -41,10 +41,22 @@ def check_dtype(dtype, name: str) -> None:
         )
 
 
+def _plain(x, name: str):
+    """An ndarray subclass as a plain ndarray view (np.matrix ...); masked arrays are refused."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise InvalidBuffer(
+            f"{name} is a masked array; commkit moves plain arrays and would ignore the mask. "
+            f"Pass {name}.filled(value) (or {name}.data to ignore the mask on purpose)."
+        )
+    return np.asarray(x)
+
+
 def as_input(x, name: str):
     """Return ``x`` as a C-contiguous array (a copy only if it was not contiguous)."""
     if type(x) is np.ndarray and x.flags.c_contiguous and x.dtype.kind in _KINDS:
         return x  # the common case, checked in one line
+    if isinstance(x, np.ndarray) and type(x) is not np.ndarray:
+        x = _plain(x, name)
     if not _is_array(x):
         if x is None:
             raise InvalidBuffer(f"{name} must be an array, got None.")
@@ -63,6 +75,8 @@ def check_out(out, shape: tuple, dtype, name: str = "out", like=None):
     if (type(out) is np.ndarray and (like is None or type(like) is np.ndarray) and out.dtype == dtype
             and out.shape == shape and out.flags.c_contiguous and out.flags.writeable):
         return out  # the common case: every check below would pass
+    if isinstance(out, np.ndarray) and type(out) is not np.ndarray:
+        out = _plain(out, name)
     if not _is_array(out):
         raise InvalidBuffer(f"{name} must be a NumPy or CuPy array, got {type(out).__name__}.")
     if like is not None and array_module(out) is not array_module(like):
@@ -117,6 +131,32 @@ def check_timeout(timeout, name: str = "timeout"):
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise InvalidArgument(f"{name} must be a positive number of seconds or None, got {timeout!r}.")
     return float(timeout)
+
+
+def _extent(a):
+    if array_module(a) is np:
+        return a.__array_interface__["data"][0], a.nbytes
+    return a.data.ptr, a.nbytes
+
+
+def check_alias(x, out, collective: str) -> bool:
+    """True when ``out`` is exactly ``x``'s memory (in place); an error when they only partly overlap.
+
+    A partial overlap (``allreduce(buf[0:10], out=buf[5:15])``) would let the
+    collective read data it has already overwritten: every rank would get a
+    wrong answer, so it is refused before anything is sent.
+    """
+    if out is x:
+        return True
+    if not same_memory(x, out):
+        return False
+    (xa, xn), (oa, on) = _extent(x), _extent(out)
+    if xa == oa and xn == on:
+        return True
+    raise InvalidBuffer(
+        f"{collective}'s out overlaps its input without being the same memory (input bytes "
+        f"[{xa:#x}, +{xn}), out bytes [{oa:#x}, +{on})); pass out=x for in place, or a separate buffer."
+    )
 
 
 def same_memory(a, b) -> bool:

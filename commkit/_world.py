@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
-
 import threading
+import time
 import traceback
+import weakref
 
 from ._checks import check_timeout
 from .communicator import Communicator
@@ -46,12 +48,48 @@ def init(transport: str | None = None, *, timeout: float | None = None, check: b
         from .transports.mpi import MPI, MPITransport, install_abort_on_exception
 
         install_abort_on_exception()
-        return Communicator(MPITransport(MPI.COMM_WORLD), timeout=timeout, check=check)
+        comm = Communicator(MPITransport(MPI.COMM_WORLD), timeout=timeout, check=check)
+        if comm.size > 1 and not _exit_barriers:
+            _exit_barriers.append(weakref.ref(comm))
+            atexit.register(_exit_barrier)
+        return comm
     if transport == "nccl":
         from .transports.nccl import NcclTransport
 
         return Communicator(NcclTransport.create(**options), timeout=timeout, check=check, owns_transport=True)
     raise InvalidArgument(f"unknown transport {transport!r}; expected 'mpi', 'local' or 'nccl'.")
+
+
+_exit_barriers: list = []
+
+
+def _exit_barrier() -> None:
+    """At exit, wait for every rank in a nonblocking barrier the watchdog can see.
+
+    MPI_Finalize waits for the other ranks too, but it runs after Python has shut
+    its threads down, so a rank whose peers are stuck (one of them in a collective
+    that this rank's call never matched) would wait there without a word. Here the
+    wait is a watchdog-visible one: after ``COMMKIT_WATCHDOG`` seconds it is
+    reported, with this rank's last calls, like any other stuck call.
+    """
+    from .transports.mpi import MPI
+
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        return
+    comm = _exit_barriers[0]() if _exit_barriers else None
+    recorder = comm._recorder if comm is not None else None
+    world = MPI.COMM_WORLD
+    peers = tuple(r for r in range(world.Get_size()) if r != world.Get_rank())
+    try:
+        request = world.Ibarrier()  # on COMM_WORLD: whatever state commkit's communicators are in
+        if recorder is not None:
+            recorder.active = ("exit: waiting for every rank to finish (MPI_Finalize)", peers, time.monotonic())
+        request.Wait()
+    except Exception:  # noqa: BLE001 - at exit, MPI_Finalize will report what is wrong
+        pass
+    finally:
+        if recorder is not None:
+            recorder.active = None
 
 
 def _mpi_importable() -> bool:

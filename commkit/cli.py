@@ -1,11 +1,13 @@
-"""The ``commkit`` command: ``bench``, ``tune`` and ``sim``.
+"""The ``commkit`` command: ``bench``, ``tune``, ``sim`` and ``doctor``.
 
 ``commkit bench`` and ``commkit tune`` run inside an MPI job: start them with
 ``mpiexec -n 4 commkit bench ...``, or let them start the job themselves with
 ``commkit bench -n 4 ...`` (they re-run themselves under the ``mpiexec`` that
 came with the installed MPI, pass the terminal through, and end every process
 they started on Ctrl-C). ``commkit sim`` needs no MPI: it runs the schedules
-in the simulator and ranks the algorithms under the cost model.
+in the simulator and ranks the algorithms under the cost model. ``commkit
+doctor LOG...`` reads the watchdog's reports from a stuck job's stderr and says
+which rank diverged first.
 
 Every error a user can cause (MPI missing, a bad size, an output path that
 cannot be written) ends with one line on stderr and exit status 2, never a
@@ -61,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         description="commkit: collective algorithms written once as schedules. Benchmark them, tune the "
                     "selection thresholds for this machine, or simulate them for any number of ranks.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,sim}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,tune,sim,doctor}")
     sub.required = True
 
     bench = sub.add_parser(
@@ -131,7 +133,33 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--gamma", type=float, help="seconds per byte reduced (default: commkit.cost.GAMMA)")
     sim.add_argument("--crossovers", action="store_true", help="also print the size ranges where each wins")
     sim.set_defaults(func=_sim)
+
+    doctor = sub.add_parser(
+        "doctor", help="read the watchdog reports of a stuck job and say which rank diverged first",
+        description="Read commkit-flight-record lines (the watchdog's reports in the job's stderr, or files "
+                    "from commkit.dump_flight_records()) from every rank and compare their recent collective "
+                    "calls: the first call at which the ranks disagree, or the ranks that never reached it.",
+    )
+    doctor.add_argument("logs", nargs="*", help="log files (default: standard input)")
+    doctor.set_defaults(func=_doctor)
     return parser
+
+
+def _doctor(args, argv) -> int:
+    from . import watchdog
+
+    texts = []
+    for path in args.logs:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                texts.append(f.read())
+        except OSError as exc:
+            raise _Usage(f"cannot read {path}: {exc.strerror}.") from None
+    if not args.logs:
+        texts.append(sys.stdin.read())
+    reports = watchdog.read_reports(texts)
+    print(watchdog.diagnose(reports))
+    return 0 if reports else 1
 
 
 def _job_options(parser):

@@ -1,10 +1,14 @@
 """The Communicator: validate once at the boundary, choose an algorithm, run its schedule.
 
-A communicator owns three contexts on its transport, so traffic of one kind
-can never match a receive of another: ``p2p`` for the user's point-to-point
-messages, ``coll`` for collective schedules (each call tagged with its
-sequence number, so several nonblocking collectives may be in flight), and
-``ctl`` for commkit's own small messages (split, debug checks, metadata).
+A communicator owns two contexts on its transport, so traffic of one kind can
+never match a receive of another: ``p2p`` for the user's point-to-point
+messages (Python objects from ``send_object`` carry the top tag bit, so an
+array receive can never silently take a pickle), and ``coll`` for collective
+schedules and commkit's own small messages (debug checks, metadata). Every
+collective message carries its call's identity in the tag -- collective,
+dtype, a hash of root, count, op and algorithm, and the call number -- so a
+mismatched call waits instead of matching (:mod:`commkit.identity`); the
+watchdog explains such waits (:mod:`commkit.watchdog`).
 
 Every public method checks its arguments in a fixed order (communicator open,
 buffers, ranks and tags, op against dtype) and raises before anything is sent.
@@ -12,11 +16,13 @@ buffers, ranks and tags, op against dtype) and raises before anything is sent.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import sys
 import threading
 import time
+import weakref
 import zlib
 from contextlib import contextmanager
 
@@ -24,11 +30,14 @@ import numpy as np
 
 from . import algorithms, selection
 from . import tracing as _trace
-from ._checks import array_module, as_input, check_out, check_rank, check_tag, check_timeout, same_memory
-from .errors import CollectiveMismatch, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument, InvalidBuffer
+from . import watchdog as _watchdog
+from ._checks import array_module, as_input, check_alias, check_out, check_rank, check_tag, check_timeout, same_memory
+from .errors import (CollectiveMismatch, CommBroken, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument,
+                     InvalidBuffer)
+from .identity import TagLayout
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .ops import MAX, get_op
-from .schedule import CallInfo, ScheduleRequest, run_schedule
+from .schedule import CallInfo, Progress, ScheduleRequest, run_schedule
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
 __all__ = ["Communicator", "Request", "wait_all"]
@@ -37,16 +46,21 @@ log = logging.getLogger("commkit")
 
 _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (barrier's empty messages)
 _trace_active = _trace._active
-_COLL_TAG_MASK = 0x7FFF  # MPI guarantees tags up to 32767
-_CHECK_TAG, _META_TAG, _OBJ_TAG = 1, 2, 3
+# Messages that may still arrive for calls that timed out: kept alive (never freed under the
+# transport's feet) for as long as this process runs. Only timeouts add to it.
+_ABANDONED: list = []
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
-# (out aliases the input) need no defensive copy of the input.
+# (out aliases the input) need no defensive copy of the input. Broadcast is safe for
+# every algorithm: only the root reads "in", and the root never writes "out" except by
+# copying "in" there, which the executor skips when they are the same array.
 _INPLACE_SAFE = frozenset({
     ("allreduce", "ring"), ("allreduce", "recursive_doubling"), ("allreduce", "rabenseifner"),
     ("allreduce", "naive"), ("scan", "recursive_doubling"), ("scan", "naive"),
     ("exscan", "recursive_doubling"),
+    ("broadcast", "naive"), ("broadcast", "binomial"), ("broadcast", "ring"),
 })
+_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
 
 def _env_timeout():
@@ -70,26 +84,44 @@ class Request:
     ``test()`` returns whether it has completed, without blocking.
     """
 
-    def __init__(self, pending, result=None, timeout=None, what: str = "", keep=None):
+    def __init__(self, pending, result=None, timeout=None, what: str = "", keep=None, comm=None, peers=()):
         self._pending = pending
         self._result = result
         self._timeout = timeout
         self._what = what
         self._keep = keep  # keeps a send buffer alive until completion
+        self._comm = comm
+        self._peers = peers
         self._done = False
 
     def test(self) -> bool:
         """Whether the operation has completed (makes progress, never blocks)."""
         if not self._done:
             self._done = self._pending.test()
+            if not self._done and self._comm is not None:
+                self._comm._progress.drive()
         return self._done
 
     def wait(self, timeout: float | None = None):
         """Block until complete; return the received array (irecv) or None (isend)."""
         if not self._done:
             timeout = check_timeout(timeout) if timeout is not None else self._timeout
-            pending = self._pending.wait(timeout)
+            comm = self._comm
+            recorder = comm._recorder if comm is not None else None
+            if recorder is not None:
+                recorder.active = (self._what, self._peers, time.monotonic())
+            try:
+                if comm is not None and comm._progress.requests:
+                    pending = [] if comm._progress.wait(self._pending.test, timeout) else list(self._peers)
+                else:
+                    pending = self._pending.wait(timeout)
+            finally:
+                if recorder is not None:
+                    recorder.active = None
             if pending:
+                abandon = getattr(self._pending, "abandon", None)
+                if abandon is not None:  # cancel the receive, so a late message cannot land in this buffer
+                    abandon()
                 raise CommTimeout(f"{self._what} timed out after {timeout:g} s waiting for rank(s) {pending}.")
             self._done = True
             self._keep = None
@@ -99,6 +131,29 @@ class Request:
     def status(self) -> Status | None:
         """Source, tag and byte count of a completed receive."""
         return getattr(self._pending, "status", None) if self._done else None
+
+
+class _RecvRequest(Request):
+    """An ``irecv``: also refuses a message that was a Python object sent with ``send_object``."""
+
+    def _check_kind(self) -> None:
+        status = getattr(self._pending, "status", None)
+        if status is not None and self._comm is not None and status.tag & self._comm._object_bit:
+            raise InvalidBuffer(
+                f"{self._what}: the matching message from rank {status.source} is a Python object sent with "
+                f"send_object (tag {status.tag & ~self._comm._object_bit}); receive it with recv_object()."
+            )
+
+    def test(self) -> bool:
+        done = super().test()
+        if done:
+            self._check_kind()
+        return done
+
+    def wait(self, timeout: float | None = None):
+        result = super().wait(timeout)
+        self._check_kind()
+        return result
 
 
 def wait_all(requests, timeout: float | None = None) -> list:
@@ -145,12 +200,14 @@ class Communicator:
     """
 
     def __init__(self, transport, *, timeout: float | None = None, check: bool | None = None,
-                 owns_transport: bool = False):
+                 owns_transport: bool = False, label: str = "world"):
         self._base = transport
         self._owns_base = owns_transport
-        self._p2p = transport.dup()
+        # A transport commkit made for this communicator (dup, split) carries the user's
+        # point-to-point traffic itself; one it was handed (COMM_WORLD) is never used directly.
+        self._p2p = transport if owns_transport else transport.dup()
         self._coll = transport.dup()
-        self._ctl = transport.dup()
+        self._ctl = self._coll  # commkit's own messages: distinct kinds in the collective tag space
         self.rank = transport.rank
         self.size = transport.size
         self.timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
@@ -158,11 +215,25 @@ class Communicator:
         self.last_algorithm: str | None = None
         self.last_choice = None
         self._seq = 0
-        self._closed = False
+        self._closed = None  # None while usable, else the reason it is not
         self._entry = threading.Lock()
         self._scratch: dict = {}
         self._plans: dict = {}
-        self._tag_ub = self._p2p.tag_ub
+        self._layout = TagLayout(self._coll.tag_ub)
+        # User tags use all but the top bit of the tag space; Python objects set it.
+        p2p_bits = TagLayout(self._p2p.tag_ub).bits
+        self._tag_ub = (1 << (p2p_bits - 1)) - 1
+        self._object_bit = 1 << (p2p_bits - 1)
+        self._progress = Progress(getattr(self._coll, "relax", None), self._layout.max_in_flight)
+        self._sends: list = []  # (pending, buffer) of isends from copies commkit made
+        self._label = label
+        self._children = itertools.count()
+        self._recorder = _watchdog.FlightRecorder(self.rank, self.size, label)
+        _watchdog.register(self._recorder)
+        chans = (self._p2p, self._coll) + ((self._base,) if owns_transport and self._base is not self._p2p else ())
+        # Communicators dropped without free() release their contexts when collected, so a
+        # program that makes many never runs the MPI library out of communicators.
+        self._finalizer = weakref.finalize(self, _free_channels, chans)
 
     # -- basics -----------------------------------------------------------------
 
@@ -177,18 +248,35 @@ class Communicator:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise CommClosed("this communicator was freed; create a new one with dup() or split() before freeing.")
+            raise (CommBroken if self._closed is not _FREED else CommClosed)(self._closed)
+
+    def _break(self, reason: str) -> None:
+        """Mark this communicator unusable: messages of an interrupted call may still arrive."""
+        if not self._closed:
+            self._closed = (
+                f"this communicator is broken: {reason} Messages of that call may still arrive, so every later "
+                "call on it raises. dup() it (collective: every rank) or use a fresh communicator; "
+                "see docs/troubleshooting.md."
+            )
+
+    @property
+    def broken(self) -> str | None:
+        """Why this communicator cannot be used any more (None while it can)."""
+        return self._closed if self._closed and self._closed is not _FREED else None
 
     def free(self) -> None:
         """Release the communicator's contexts. Using it afterwards raises CommClosed."""
-        if self._closed:
+        if self._closed is _FREED:
             return
-        self._closed = True
-        for chan in (self._p2p, self._coll, self._ctl):
-            chan.free()
-        if self._owns_base:
-            self._base.free()
-        self._scratch.clear()
+        self._closed = _FREED
+        self._finalizer()
+        if self._progress.requests:
+            _ABANDONED.extend(self._progress.requests)
+        self._sends.clear()
+
+    def flight_record(self) -> list[dict]:
+        """This rank's recent collective calls on this communicator, oldest first (see :mod:`commkit.watchdog`)."""
+        return self._recorder.entries()
 
     def __enter__(self) -> "Communicator":
         return self
@@ -197,9 +285,15 @@ class Communicator:
         self.free()
 
     def dup(self) -> "Communicator":
-        """A new communicator over the same ranks (collective: every rank must call it)."""
-        self._check_open()
-        return Communicator(self._base.dup(), timeout=self.timeout, check=self.check, owns_transport=True)
+        """A new communicator over the same ranks (collective: every rank must call it).
+
+        Works on a communicator that is broken after a timeout too: that is how to get a
+        fresh one with the same ranks.
+        """
+        if self._closed is _FREED:
+            self._check_open()
+        return Communicator(_checked_dup(self._base), timeout=self.timeout, check=self.check, owns_transport=True,
+                            label=f"{self._label}.dup{next(self._children)}")
 
     def split(self, color: int | None, key: int = 0) -> "Communicator | None":
         """Partition the ranks by ``color``; order each part by ``(key, rank)``.
@@ -212,9 +306,11 @@ class Communicator:
         if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
             raise InvalidArgument(f"key must be an int, got {type(key).__name__}.")
         sub = self._base.split(None if color is None else int(color), int(key), self.timeout)
+        child = next(self._children)
         if sub is None:
             return None
-        return Communicator(sub, timeout=self.timeout, check=self.check, owns_transport=True)
+        return Communicator(sub, timeout=self.timeout, check=self.check, owns_transport=True,
+                            label=f"{self._label}.split{child}[{int(color)}]")
 
     def abort(self, exc: BaseException | None = None) -> None:
         """Tell every rank this job cannot continue (MPI: MPI_Abort; threads: wake and fail peers)."""
@@ -244,11 +340,20 @@ class Communicator:
     def isend(self, x, dest: int, tag: int = 0) -> Request:
         """Start sending ``x`` to ``dest``; do not modify ``x`` until the request completes."""
         self._check_open()
+        given = x
         x = as_input(x, "x")
         dest = check_rank(dest, self.size, "dest")
         tag = check_tag(tag, self._tag_ub)
         flat = x.reshape(-1)
-        return Request(self._p2p.isend(flat, dest, tag), None, self.timeout, f"rank {self.rank}: send to rank {dest}", keep=flat)
+        pending = self._p2p.isend(flat, dest, tag)
+        if self._sends:
+            self._sends = [entry for entry in self._sends if not entry[0].test()]
+        if x is not given:
+            # The message goes out of a copy commkit made (a list, a strided view ...): keep it
+            # alive until the send completes, even if the caller drops the request.
+            self._sends.append((pending, flat))
+        return Request(pending, None, self.timeout, f"rank {self.rank}: send to rank {dest}", keep=flat,
+                       comm=self, peers=(dest,))
 
     def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, out=None, shape=None, dtype=None,
              timeout: float | None = None, return_status: bool = False):
@@ -269,7 +374,8 @@ class Communicator:
         tag = check_tag(tag, self._tag_ub, allow_any=True)
         pending = self._p2p.irecv(buf.reshape(-1), source, tag)
         who = "any rank" if source == ANY_SOURCE else f"rank {source}"
-        return Request(pending, buf, self.timeout, f"rank {self.rank}: recv from {who}")
+        return _RecvRequest(pending, buf, self.timeout, f"rank {self.rank}: recv from {who}", comm=self,
+                            peers=(source,) if source != ANY_SOURCE else ())
 
     def sendrecv(self, x, dest: int, source: int = ANY_SOURCE, *, sendtag: int = 0, recvtag: int = ANY_TAG,
                  out=None, shape=None, dtype=None, timeout: float | None = None):
@@ -290,7 +396,7 @@ class Communicator:
         self._check_open()
         dest = check_rank(dest, self.size, "dest")
         tag = check_tag(tag, self._tag_ub)
-        self._p2p.send_object(obj, dest, tag)
+        self._p2p.send_object(obj, dest, tag | self._object_bit)
 
     def recv_object(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, timeout: float | None = None,
                     return_status: bool = False):
@@ -299,10 +405,21 @@ class Communicator:
         source = check_rank(source, self.size, "source", allow_any=True)
         tag = check_tag(tag, self._tag_ub, allow_any=True)
         timeout = check_timeout(timeout) if timeout is not None else self.timeout
-        got = self._p2p.recv_object(source, tag, timeout)
+        want = tag if tag == ANY_TAG else tag | self._object_bit
+        if self._p2p.name == "mpi":
+            got = self._p2p.recv_object(source, want, timeout, object_bit=self._object_bit)
+        else:
+            got = self._p2p.recv_object(source, want, timeout)
         if got is None:
             raise CommTimeout(f"rank {self.rank}: recv_object from {source} timed out after {timeout:g} s.")
-        return got if return_status else got[0]
+        obj, status = got
+        if not status.tag & self._object_bit:
+            raise InvalidBuffer(
+                f"rank {self.rank}: recv_object matched an array that rank {status.source} sent with send() "
+                f"(tag {status.tag}, {status.nbytes} bytes); receive arrays with recv()."
+            )
+        status = status._replace(tag=status.tag & ~self._object_bit)
+        return (obj, status) if return_status else obj
 
     # -- object collectives (small metadata, on the ctl context) -------------------
 
@@ -329,7 +446,7 @@ class Communicator:
         self._check_open()
         with self._serial("allgather_object"):
             seq = self._next_seq()
-            return self._ctl_allgather(obj, (seq & _COLL_TAG_MASK) * 4 + _OBJ_TAG, timeout or self.timeout)
+            return self._ctl_allgather(obj, self._ctl_tag("object", seq), timeout or self.timeout)
 
     def gather_object(self, obj, root: int = 0, *, timeout: float | None = None):
         """Every rank's ``obj`` in rank order at ``root`` (None elsewhere)."""
@@ -337,7 +454,7 @@ class Communicator:
         root = check_rank(root, self.size, "root")
         with self._serial("gather_object"):
             seq = self._next_seq()
-            tag = (seq & _COLL_TAG_MASK) * 4 + _OBJ_TAG
+            tag = self._ctl_tag("object", seq, root)
             timeout = timeout or self.timeout
             if self.rank != root:
                 self._ctl.send_object(obj, root, tag)
@@ -362,7 +479,7 @@ class Communicator:
             return self._bcast_meta(obj, root, seq, timeout or self.timeout)
 
     def _bcast_meta(self, obj, root, seq, timeout):
-        tag = (seq & _COLL_TAG_MASK) * 4 + _META_TAG
+        tag = self._ctl_tag("meta", seq, root)
         if self.rank == root:
             for peer in range(self.size):
                 if peer != root:
@@ -383,6 +500,9 @@ class Communicator:
             yield
         finally:
             self._entry.release()
+
+    def _ctl_tag(self, kind: str, seq: int, root=None) -> int:
+        return self._layout.tag(self._layout.base(kind, None, (root,)), seq)
 
     def _next_seq(self) -> int:
         seq = self._seq
@@ -411,7 +531,7 @@ class Communicator:
             "count": call.signature_count,
             "algorithm": algorithm,
         }
-        tag = (seq & _COLL_TAG_MASK) * 4 + _CHECK_TAG
+        tag = self._ctl_tag("check", seq)
         # Fast path: one small recursive-doubling allreduce of (hash, -hash) per field with
         # MAX tells every rank whether all ranks agree (max == min for every field), in
         # log p messages. Only a disagreement pays for gathering every rank's description.
@@ -443,7 +563,8 @@ class Communicator:
         dtype, op, root, algorithm) never change: they are computed once per
         communicator and replayed, which keeps selection and generator costs off the
         per-call path. Environment overrides are therefore read at the first call of
-        each shape on a communicator.
+        each shape on a communicator. The plan also holds the shape's tag base (its
+        identity, :mod:`commkit.identity`) and its flight-recorder signature.
         """
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
         transport = self._coll
@@ -454,12 +575,17 @@ class Communicator:
                 call.collective, call.dtype, call.op)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok)
         alg = choice.algorithm
+        root = call.root if call.collective in _ROOTED else None
+        op = call.op.name if call.op is not None else None
+        signature = (("count", call.signature_count), ("dtype", None if call.dtype is None else str(call.dtype)),
+                     ("root", root), ("op", op))
+        tagbase = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, alg.name))
         if alg.name == "native":
-            plan = (choice, None, 0, False, alg.name)
+            plan = (choice, None, 0, False, alg.name, tagbase, signature)
         else:
             steps = tuple(self._steps(alg, call))
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
-                    (call.collective, alg.name) in _INPLACE_SAFE, alg.name)
+                    (call.collective, alg.name) in _INPLACE_SAFE, alg.name, tagbase, signature)
         if len(self._plans) >= 512:
             self._plans.clear()
         self._plans[key] = plan
@@ -481,12 +607,12 @@ class Communicator:
 
     def _run_locked(self, call: _Call, algorithm, timeout, nonblocking):
         # The per-call path: every line here runs on every collective, so it avoids
-        # work that the cached plan already did (selection, schedule generation).
+        # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
         if plan is None:
             plan = self._plan(call, algorithm)
-        choice, steps, scratch_n, inplace_safe, name = plan
+        choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self.last_algorithm = name
         self.last_choice = choice
         seq = self._seq
@@ -498,8 +624,10 @@ class Communicator:
             self._verify_call(call, seq, name, timeout)
         tracer = _trace_active[-1] if _trace_active else None
         info = (call.collective, name, seq, self.rank, tracer)
+        recorder = self._recorder
+        rec = recorder.start(seq, call.collective, name, signature)
         if steps is None:
-            return self._run_native(call, nonblocking, timeout, CallInfo(*info))
+            return self._run_native(call, nonblocking, timeout, CallInfo(*info), rec)
         src = call.src
         if call.aliased:
             # The executor skips a Copy whose source and destination are the same object.
@@ -509,13 +637,39 @@ class Communicator:
         else:
             tmp = self._scratch_buffer(call.xp, call.dtype, scratch_n, nonblocking)
         bufs = {"in": src, "out": call.dst, "tmp": tmp}
-        tag = seq & _COLL_TAG_MASK
-        if nonblocking or tracer is not None:
+        layout = self._layout
+        tag = ((seq & layout.seq_mask) << layout.seq_shift) | tagbase
+        if nonblocking or tracer is not None or self._progress.requests:
             info = CallInfo(*info)
-        if nonblocking:
-            return ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info, finish=lambda: self._finish(call))
-        run_schedule(steps, bufs, self._coll, tag, timeout, info)
+        if nonblocking or self._progress.requests:
+            # With requests outstanding, a blocking call runs as one more request and waits
+            # for it, driving the others meanwhile (see schedule.Progress).
+            request = ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info,
+                                      finish=lambda: self._finish(call), progress=self._progress,
+                                      recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
+            return request if nonblocking else request.wait()
+        recorder.active = rec
+        try:
+            run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)
+        except CommTimeout as exc:
+            recorder.finish(rec, "timed out")
+            self._break(f"{call.collective} #{seq} timed out on rank {self.rank}.")
+            raise CommTimeout(f"{exc} Recent calls on this rank: {_watchdog.recent_summary(recorder)}.") from None
+        except BaseException:
+            recorder.finish(rec, "failed")
+            raise
+        finally:
+            recorder.active = None
+        rec[5] = time.monotonic()
+        rec[8] = "done"
         return self._finish(call) if call.has_result else None
+
+    def _collective_timed_out(self, pending, reason: str) -> None:
+        abandon = getattr(pending, "abandon", None)
+        if abandon is not None:
+            abandon()
+        _ABANDONED.append(pending)
+        self._break(reason.split(". ")[0] + ".")
 
     def _steps(self, alg, call: _Call):
         rank, size, c = self.rank, self.size, call.collective
@@ -529,7 +683,7 @@ class Communicator:
             return alg.schedule(rank, size, call.arg)
         return alg.schedule(rank, size, call.arg, call.op)  # allreduce, reduce_scatter, scan, exscan
 
-    def _run_native(self, call: _Call, nonblocking, timeout, info):
+    def _run_native(self, call: _Call, nonblocking, timeout, info, rec):
         c = call.collective
         send, recv = call.src, call.dst
         inplace = call.aliased and c in ("allreduce", "scan", "exscan", "reduce")
@@ -550,13 +704,23 @@ class Communicator:
             return self._finish(call)
 
         # With a timeout, even a blocking call goes through the library's nonblocking
-        # form so that waiting can give up (a blocking MPI call cannot be interrupted).
-        pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts,
-                                    inplace=inplace, nonblocking=nonblocking or timeout is not None)
-        request = _NativeRequest(pending, finish, timeout, info) if pending is not None else None
-        if nonblocking:
-            return request
-        return request.wait() if request is not None else finish()
+        # form so that waiting can give up (a blocking MPI call cannot be interrupted);
+        # with requests outstanding, so that waiting can drive them.
+        recorder = self._recorder
+        recorder.active = rec
+        try:
+            pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts, inplace=inplace,
+                                        nonblocking=nonblocking or timeout is not None or bool(self._progress.requests))
+        except BaseException:
+            recorder.finish(rec, "failed")
+            raise
+        finally:
+            recorder.active = None
+        if pending is None:
+            recorder.finish(rec)
+            return finish()
+        request = _NativeRequest(pending, finish, timeout, info, self, rec)
+        return request if nonblocking else request.wait()
 
     def _finish(self, call: _Call):
         if not call.has_result:
@@ -593,7 +757,7 @@ class Communicator:
             else:
                 aliased = out is not None
                 out = self._output(out, x.shape, x)
-                aliased = aliased and same_memory(x, out)
+                aliased = aliased and check_alias(x, out, collective)
         else:
             if out is not None:
                 check_out(out, x.shape, x.dtype, "out", like=x)
@@ -681,7 +845,7 @@ class Communicator:
         x = as_input(x, "x")
         out = self._output(out, x.shape, x)
         call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
-                     array_module(x), same_memory(x, out), x.shape)
+                     array_module(x), check_alias(x, out, "broadcast"), x.shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -701,6 +865,7 @@ class Communicator:
         xp = array_module(x)
         if self.rank == root:
             out = self._output(out, shape, x)
+            check_alias(x, out, "gather")
         else:
             out = xp.empty(0, dtype=x.dtype)
         call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
@@ -739,6 +904,8 @@ class Communicator:
                 )
             block_shape, like = tuple(out.shape), out
         out = self._output(out, block_shape, like)
+        if self.rank == root:
+            check_alias(x, out, "scatter")
         count = int(np.prod(block_shape, dtype=np.int64))
         xp = array_module(like)
         src = x.reshape(-1) if self.rank == root else xp.empty(0, dtype=like.dtype)
@@ -760,6 +927,7 @@ class Communicator:
         x = as_input(x, "x")
         shape = (self.size,) + x.shape
         out = self._output(out, shape, x)
+        check_alias(x, out, "allgather")
         call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
         call.result = out
@@ -868,35 +1036,88 @@ class Communicator:
 class _NativeRequest:
     """A nonblocking native collective: one library request, then the result."""
 
-    def __init__(self, pending, finish, timeout, info):
+    def __init__(self, pending, finish, timeout, info, comm, rec):
         self._pending = pending
         self._finish = finish
         self._timeout = timeout
         self._info = info
+        self._comm = comm
+        self._rec = rec
         self._done = False
         self._result = None
+        comm._progress.add(self)
+
+    def _complete(self) -> None:
+        self._done = True
+        self._comm._progress.discard(self)
+        self._comm._recorder.finish(self._rec)
+        self._result = self._finish()
+
+    def _advance_once(self) -> bool:
+        if not self._done and self._pending.test():
+            self._complete()
+            return True
+        return False
 
     def test(self) -> bool:
-        if not self._done and self._pending.test():
-            self._done = True
-            self._result = self._finish()
+        if not self._done and not self._advance_once():
+            self._comm._progress.drive(skip=self)
         return self._done
 
     def wait(self, timeout: float | None = None):
         if not self._done:
             timeout = self._timeout if timeout is None else timeout
-            if self._pending.wait(timeout):
+            comm = self._comm
+            comm._recorder.active = self._rec
+            try:
+                if len(comm._progress.requests) > 1:
+                    stuck = not comm._progress.wait(self._pending.test, timeout, skip=self)
+                else:
+                    stuck = bool(self._pending.wait(timeout))
+            finally:
+                comm._recorder.active = None
+            if stuck:
+                comm._recorder.finish(self._rec, "timed out")
+                comm._progress.discard(self)
+                _ABANDONED.append(self._pending)
+                comm._break(f"{self._info.collective} #{self._info.seq} (native) timed out on rank {self._info.rank}.")
                 raise CommTimeout(
                     f"rank {self._info.rank} timed out after {timeout:g} s in {self._info.collective} "
                     f"#{self._info.seq} (algorithm 'native')."
                 )
-            self._done = True
-            self._result = self._finish()
+            self._complete()
         return self._result
 
     @property
     def done(self) -> bool:
         return self._done
+
+
+_FREED = "this communicator was freed; create a new one with dup() or split() before freeing."
+
+
+def _free_channels(chans) -> None:
+    for chan in chans:
+        try:
+            chan.free()
+        except Exception:  # noqa: BLE001 - at collection or exit, nothing can be done about it
+            pass
+
+
+def _checked_dup(transport):
+    try:
+        return transport.dup()
+    except Exception as exc:  # noqa: BLE001 - the library's own exception types vary
+        from .errors import CommError
+
+        if isinstance(exc, CommError):
+            raise
+        alive = sum(1 for r in _watchdog._recorders)
+        raise CommError(
+            f"the {transport.name} library could not create another communicator ({type(exc).__name__}: {exc}). "
+            f"{alive} commkit communicators are alive in this process, each holding two of the library's; "
+            "free() the ones you no longer need (or let them be garbage-collected)."
+        ) from exc
 
 
 _ = algorithms  # the registry is loaded lazily by selection

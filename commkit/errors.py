@@ -15,6 +15,8 @@ __all__ = [
     "UnsupportedOp",
     "AlgorithmNotApplicable",
     "CommClosed",
+    "CommBroken",
+    "MessageTruncated",
     "CommTimeout",
     "CollectiveMismatch",
     "PeerFailed",
@@ -46,6 +48,34 @@ class AlgorithmNotApplicable(CommError, ValueError):
 
 class CommClosed(CommError, RuntimeError):
     """The communicator was used after ``free()``."""
+
+
+class CommBroken(CommClosed):
+    """The communicator is unusable after a timeout or failure inside a collective.
+
+    Messages of the interrupted call may still arrive; rather than let them land
+    in a later call, every later call on this communicator raises this error.
+    ``dup()`` of it (collective) or of its parent gives a fresh one.
+    """
+
+
+class MessageTruncated(InvalidBuffer):
+    """A message was larger than the buffer posted to receive it.
+
+    Attributes:
+        peer: the sending rank (None when unknown).
+        expected: the receive buffer's size in bytes.
+        received: the message's size in bytes (None when the library did not say).
+    """
+
+    def __init__(self, message: str, peer=None, expected=None, received=None):
+        super().__init__(message)
+        self.peer = peer
+        self.expected = expected
+        self.received = received
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.peer, self.expected, self.received))
 
 
 class CommTimeout(CommError, TimeoutError):

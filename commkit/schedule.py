@@ -28,7 +28,7 @@ import functools
 import time
 from typing import Any, Callable, Iterator
 
-from .errors import CommTimeout
+from .errors import CommTimeout, InvalidBuffer, MessageTruncated
 
 __all__ = [
     "Transfer",
@@ -198,61 +198,104 @@ def _do_local(step, bufs) -> None:
             dst[lo:hi] = src[slo:shi]
 
 
-def _timeout_error(info, index: int, step, pending_peers, timeout) -> CommTimeout:
-    if not isinstance(info, CallInfo):
-        info = CallInfo(*info)
+def _info(info) -> CallInfo:
+    return info if isinstance(info, CallInfo) else CallInfo(*info)
+
+
+def _call_text(info, index: int, step) -> str:
+    info = _info(info)
+    return (f"rank {info.rank} in {info.collective} #{info.seq} (algorithm {info.algorithm!r}) "
+            f"at step {index} ({step!r})")
+
+
+def _timeout_error(info, index: int, step, pending_peers, timeout, recent: str = "") -> CommTimeout:
+    info = _info(info)
     peers = ", ".join(str(p) for p in pending_peers) or "?"
-    return CommTimeout(
+    text = (
         f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} "
         f"(algorithm {info.algorithm!r}) at step {index} ({step!r}), waiting for rank(s) {peers}. "
-        "A peer may have stopped, called a different collective, or be much slower; "
-        "COMMKIT_DEBUG=check reports mismatched collectives."
+        "A peer may have stopped, called a different collective (or the same one with another root, "
+        "count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports mismatched collectives."
     )
+    if recent:
+        text += f" Recent calls on this rank: {recent}."
+    return CommTimeout(text)
 
 
-def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info: CallInfo) -> None:
+def _transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
+    """A transport's error inside a collective, re-raised naming the call, step and peer."""
+    hint = ""
+    if isinstance(exc, MessageTruncated):
+        hint = (" The ranks disagree about this call's element count or dtype; "
+                "COMMKIT_DEBUG=check names the ranks and values that differ.")
+    err = type(exc)(f"{_call_text(info, index, step)}: {exc}{hint}")
+    err.__dict__.update(exc.__dict__)
+    return err
+
+
+def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info: CallInfo,
+                 rec: list | None = None) -> None:
     """Run a schedule to completion on the transport channel ``chan`` (blocking).
 
     ``bufs`` maps buffer names to flat (1-D, contiguous) arrays; ``tag``
-    separates this call's messages from other calls in flight. ``info`` is a
+    carries this call's identity (:mod:`commkit.identity`). ``info`` is a
     :class:`CallInfo` or the tuple of its fields (cheaper to build per call).
+    ``rec`` is the call's flight-recorder entry: the step index and step are
+    written into it before each transfer, which is what the watchdog reads.
     """
     tracer = info.tracer if isinstance(info, CallInfo) else info[4]
     if tracer is not None:
-        return _run_traced(steps, bufs, chan, tag, timeout, info, tracer)
+        return _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec)
+    if rec is None:
+        rec = [None] * 9
     transfer = chan.transfer
     # A transport may offer a direct blocking exchange (MPI_Sendrecv); without a timeout
     # there is nothing to poll, so Exchange steps call it with no lists to build.
     sendrecv = getattr(chan, "sendrecv", None) if timeout is None else None
-    for index, step in enumerate(steps):
-        kind = step.kind
-        if kind == TRANSFER:
-            if type(step) is Exchange:
-                d, sn, slo, shi, s, rn, rlo, rhi = step.pair
-                if sendrecv is not None:
-                    sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
-                    continue
-                pending = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
+    index = step = None
+    try:
+        for index, step in enumerate(steps):
+            kind = step.kind
+            if kind == TRANSFER:
+                rec[6] = index
+                rec[7] = step
+                if type(step) is Exchange:
+                    d, sn, slo, shi, s, rn, rlo, rhi = step.pair
+                    if sendrecv is not None:
+                        sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
+                        continue
+                    pending = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
+                else:
+                    pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],
+                                       [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag,
+                                       timeout)
+                if pending:
+                    raise _timeout_error(info, index, step, pending, timeout)
+            elif kind == REDUCE:
+                name, lo, hi = step.into
+                if hi > lo:
+                    oname, olo, ohi = step.operand
+                    sname, slo, shi = step.src
+                    step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first,
+                                    bufs[sname][slo:shi])
             else:
-                pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],
-                                   [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag, timeout)
-            if pending:
-                raise _timeout_error(info, index, step, pending, timeout)
-        elif kind == REDUCE:
-            name, lo, hi = step.into
-            if hi > lo:
-                oname, olo, ohi = step.operand
-                sname, slo, shi = step.src
-                step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first, bufs[sname][slo:shi])
-        else:
-            _do_local(step, bufs)
+                _do_local(step, bufs)
+    except InvalidBuffer as exc:
+        raise _transfer_error(info, index, step, exc) from None
 
 
-def _run_traced(steps, bufs, chan, tag, timeout, info, tracer) -> None:
+def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None:
+    if rec is None:
+        rec = [None] * 9
     for index, step in enumerate(steps):
         t0 = time.perf_counter()
         if step.kind == TRANSFER:
-            pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
+            rec[6] = index
+            rec[7] = step
+            try:
+                pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
+            except InvalidBuffer as exc:
+                raise _transfer_error(info, index, step, exc) from None
             if pending:
                 raise _timeout_error(info, index, step, pending, timeout)
         else:
@@ -260,15 +303,82 @@ def _run_traced(steps, bufs, chan, tag, timeout, info, tracer) -> None:
         tracer.record(info, index, step, t0, time.perf_counter(), bufs)
 
 
+class Progress:
+    """The outstanding nonblocking operations of one communicator, driven together.
+
+    MPI makes progress on every pending operation whenever a rank is inside
+    any MPI call; a schedule here advances only when someone runs its next
+    step. So that the patterns MPI allows cannot deadlock (two ranks waiting on
+    two outstanding i-collectives in opposite orders; a rank blocked in a
+    large send while its peer waits on an i-collective that needs this rank's
+    next step), every blocking call and every ``wait()``/``test()`` on a
+    communicator drives all of its outstanding requests. With nothing
+    outstanding, blocking calls take their direct path and pay nothing.
+    """
+
+    __slots__ = ("requests", "relax", "limit")
+
+    def __init__(self, relax: Callable[[], None] | None = None, limit: int = 1 << 30):
+        self.requests: list = []
+        self.relax = relax or (lambda: None)
+        self.limit = limit
+
+    def add(self, request) -> None:
+        if len(self.requests) >= self.limit:
+            from .errors import InvalidArgument
+
+            raise InvalidArgument(
+                f"{len(self.requests)} nonblocking collectives are outstanding on this communicator, the most "
+                "whose messages can be told apart; wait() for some before starting more."
+            )
+        self.requests.append(request)
+
+    def discard(self, request) -> None:
+        try:
+            self.requests.remove(request)
+        except ValueError:
+            pass
+
+    def drive(self, skip=None) -> bool:
+        """Advance every outstanding request once (never blocks); True if any completed a step."""
+        moved = False
+        for request in tuple(self.requests):
+            if request is not skip and request._advance_once():
+                moved = True
+        return moved
+
+    def wait(self, test: Callable[[], bool], timeout: float | None, skip=None) -> bool:
+        """Poll ``test`` while driving the other requests; False if ``timeout`` passes without progress."""
+        start = last = time.monotonic()
+        sleep = 1e-6
+        while True:
+            if test():
+                return True
+            now = time.monotonic()
+            if self.drive(skip):
+                last, sleep = now, 1e-6
+                continue
+            if timeout is not None and now - last >= timeout:
+                return False
+            if now - start > 2e-4:
+                time.sleep(sleep)
+                sleep = min(sleep * 2, 1e-3)
+            else:
+                self.relax()
+
+
 class ScheduleRequest:
     """A nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
 
     Returned by the ``i``-forms (``iallreduce`` ...). ``wait()`` returns the
-    result the blocking form would have returned.
+    result the blocking form would have returned. While it is outstanding,
+    every blocking call, ``wait()`` or ``test()`` on its communicator also
+    advances it (see :class:`Progress`).
     """
 
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
-                 finish: Callable[[], Any] | None = None, on_done: Callable[[], None] | None = None):
+                 finish: Callable[[], Any] | None = None, progress: Progress | None = None,
+                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None):
         self._steps = steps
         self._bufs = bufs
         self._chan = chan
@@ -276,13 +386,18 @@ class ScheduleRequest:
         self._timeout = timeout
         self._info = info
         self._finish = finish
-        self._on_done = on_done
+        self._progress = progress
+        self._recorder = recorder
+        self._rec = rec if rec is not None else [None] * 9
+        self._on_timeout = on_timeout
         self._pending = None
         self._step = None
         self._index = -1
         self._done = False
         self._result = None
         self._t0 = 0.0
+        if progress is not None:
+            progress.add(self)
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.
@@ -290,6 +405,13 @@ class ScheduleRequest:
 
     def _advance(self) -> bool:
         """Run local steps and post transfers until one is in flight or all are done."""
+        try:
+            return self._advance_steps()
+        except InvalidBuffer as exc:
+            self._fail("failed")
+            raise _transfer_error(self._info, self._index, self._step, exc) from None
+
+    def _advance_steps(self) -> bool:
         tracer = self._info.tracer
         while True:
             if self._pending is not None:
@@ -305,6 +427,8 @@ class ScheduleRequest:
                 return True
             self._step = step
             if step.kind == TRANSFER:
+                self._rec[6] = self._index
+                self._rec[7] = step
                 self._t0 = time.perf_counter()
                 self._pending = self._chan.post(_views(self._bufs, step.sends), _views(self._bufs, step.recvs), self._tag)
             else:
@@ -313,33 +437,91 @@ class ScheduleRequest:
                 if tracer is not None:
                     tracer.record(self._info, self._index, step, t0, time.perf_counter(), self._bufs)
 
+    def _advance_once(self) -> bool:
+        """Advance without blocking; True if a step completed (used by :class:`Progress`)."""
+        if self._done:
+            return False
+        before = self._index
+        return self._advance() or self._index != before
+
     def _complete(self) -> None:
         self._done = True
+        if self._progress is not None:
+            self._progress.discard(self)
+        self._rec[5] = time.monotonic()
+        self._rec[8] = "done"
         if self._finish is not None:
             self._result = self._finish()
-        if self._on_done is not None:
-            self._on_done()
         self._bufs = None
+
+    def _fail(self, state: str) -> None:
+        if self._progress is not None:
+            self._progress.discard(self)
+        self._rec[5] = time.monotonic()
+        self._rec[8] = state
 
     def test(self) -> bool:
         """Make progress without blocking; return True once the collective is complete."""
         if self._done:
             return True
-        return self._advance()
+        if self._advance():
+            return True
+        if self._progress is not None and self._progress.drive(skip=self):
+            return self._advance()
+        self._chan_relax()
+        return False
+
+    def _chan_relax(self) -> None:
+        relax = getattr(self._chan, "relax", None)
+        if relax is not None:
+            relax()
 
     def wait(self, timeout: float | None = None):
-        """Block until complete and return the result (``timeout`` in seconds per step)."""
+        """Block until complete and return the result (``timeout`` in seconds without progress)."""
+        if self._done:
+            return self._result
         timeout = self._timeout if timeout is None else timeout
-        while not self._done:
-            if self._advance():
-                break
-            pending = self._pending.wait(timeout)
-            if pending:
-                raise _timeout_error(self._info, self._index, self._step, pending, timeout)
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.active = self._rec
+        try:
+            while not self._done:
+                if self._advance():
+                    break
+                progress = self._progress
+                if progress is not None and len(progress.requests) > 1:
+                    if not progress.wait(self._pending.test, timeout, skip=self):
+                        self._timed_out(self._pending.peers_waiting() if hasattr(self._pending, "peers_waiting")
+                                        else _peers_of(self._step), timeout)
+                    continue
+                try:
+                    pending = self._pending.wait(timeout)
+                except InvalidBuffer as exc:
+                    self._fail("failed")
+                    raise _transfer_error(self._info, self._index, self._step, exc) from None
+                if pending:
+                    self._timed_out(pending, timeout)
+        finally:
+            if recorder is not None:
+                recorder.active = None
         return self._result
+
+    def _timed_out(self, peers, timeout):
+        from .watchdog import recent_summary
+
+        self._fail("timed out")
+        error = _timeout_error(self._info, self._index, self._step, peers, timeout, recent_summary(self._recorder))
+        if self._on_timeout is not None:
+            self._on_timeout(self._pending, str(error))
+        raise error
 
     @property
     def done(self) -> bool:
         """Whether the collective has completed (without making progress)."""
         return self._done
 
+
+def _peers_of(step) -> list:
+    if step is None:
+        return []
+    return sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends})

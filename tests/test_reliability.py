@@ -41,8 +41,13 @@ def test_communicator_default_timeout_and_env(monkeypatch):
                 comm.recv(1, shape=1, dtype=int)
             with pytest.raises(ck.CommTimeout, match="broadcast #0"):
                 comm.broadcast(np.ones(2), root=1)
+            # A collective that timed out leaves the communicator broken (a late message
+            # must not land in a later call); dup() gives a fresh one.
+            with pytest.raises(ck.CommBroken, match="broadcast #0 timed out"):
+                comm.barrier()
+            fresh = comm.dup()
             with pytest.raises(ck.CommTimeout, match=r"wait\(\)|barrier"):
-                comm.ibarrier().wait(0.1)
+                fresh.ibarrier().wait(0.1)
 
     ck.run_local(body, 2)
     with pytest.raises(ck.InvalidArgument, match="timeout must be a positive number"):

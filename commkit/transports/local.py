@@ -21,7 +21,7 @@ import pickle
 import threading
 import time
 
-from ..errors import InvalidBuffer, PeerFailed
+from ..errors import InvalidBuffer, MessageTruncated, PeerFailed
 from .base import ANY_SOURCE, ANY_TAG, Status
 
 __all__ = ["LocalWorld", "LocalTransport"]
@@ -76,9 +76,10 @@ class _Receive:
         else:
             nbytes = msg.payload.nbytes
             if nbytes > self.buf.nbytes:
-                self.error = InvalidBuffer(
+                self.error = MessageTruncated(
                     f"message of {nbytes} bytes from rank {local_source} (tag {msg.tag}) does not fit "
-                    f"the receive buffer of {self.buf.nbytes} bytes."
+                    f"the receive buffer of {self.buf.nbytes} bytes.",
+                    peer=local_source, expected=self.buf.nbytes, received=nbytes,
                 )
             elif nbytes:
                 self.buf.view("u1")[:nbytes] = msg.payload.view("u1")
@@ -131,6 +132,16 @@ class _Pending:
             if not r.wait(remaining):
                 return [x.peer for x in self.receives if not x.done]
         return []
+
+    def abandon(self) -> None:
+        """Withdraw the receives still posted, so a late message cannot land in their buffers."""
+        for r in self.receives:
+            if not r.done:
+                world = r.world
+                with world.lock:
+                    posted = world.posted[r.dst]
+                    if r in posted:
+                        posted.remove(r)
 
 
 class LocalWorld:
@@ -259,7 +270,20 @@ class LocalTransport:
         return _Pending(receives)
 
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
-        return self.post(sends, recvs, tag).wait(timeout)
+        pending = self.post(sends, recvs, tag)
+        stuck = pending.wait(timeout)
+        if stuck:
+            pending.abandon()
+        return stuck
+
+    @staticmethod
+    def relax() -> None:
+        """Called by a rank that polls without progress: let the other ranks' threads run.
+
+        Without it, a thread spinning on ``test()`` keeps the GIL for its whole switch
+        interval (5 ms) while the peer it waits for cannot run.
+        """
+        time.sleep(2e-5)
 
     # -- communicators ---------------------------------------------------------
 

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from ..errors import TransportUnavailable
+from ..errors import InvalidBuffer, MessageTruncated, TransportUnavailable
 from . import _cuda
 from .base import ANY_SOURCE, ANY_TAG, Status
 
@@ -38,6 +38,9 @@ except ImportError as exc:  # pragma: no cover
 __all__ = ["MPITransport", "MPI", "world_size_from_env"]
 
 BYTE = MPI.BYTE
+# Transfers that timed out: their requests (and the buffers mpi4py keeps with them) stay
+# alive for the life of the process, so MPI never reads or writes memory Python freed.
+_ABANDONED: list = []
 
 _SPIN_SECONDS = 2e-4
 _MAX_SLEEP = 1e-3
@@ -53,6 +56,18 @@ def _tag(tag: int) -> int:
 
 def _on_device(pairs) -> bool:
     return any(_cuda.is_device_array(buf) for _, buf in pairs)
+
+
+def _truncated(exc, recvs) -> BaseException:
+    """An MPI error as a commkit error: a truncated message names the peer and the buffer size."""
+    if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
+        peers = ", ".join(str(peer) for peer, _ in recvs) or "?"
+        expected = recvs[0][1].nbytes if len(recvs) == 1 else None
+        size = f"the receive buffer of {expected} bytes" if expected is not None else "its receive buffer"
+        return MessageTruncated(
+            f"a message from rank {peers} was larger than {size} (MPI: {exc.Get_error_string().strip()})",
+            peer=recvs[0][0] if len(recvs) == 1 else None, expected=expected)
+    return exc
 
 
 def _poll(test, timeout: float) -> bool:
@@ -76,43 +91,67 @@ def _poll(test, timeout: float) -> bool:
 class _Pending:
     """Requests of one posted transfer, with the peer each one talks to."""
 
-    __slots__ = ("requests", "peers")
+    __slots__ = ("requests", "peers", "nrecv", "recvs")
 
-    def __init__(self, requests, peers):
+    def __init__(self, requests, peers, nrecv: int = 0, recvs=()):
         self.requests = requests
         self.peers = peers
+        self.nrecv = nrecv  # the first nrecv requests are receives
+        self.recvs = recvs
 
     def test(self) -> bool:
-        return MPI.Request.Testall(self.requests)
+        try:
+            return MPI.Request.Testall(self.requests)
+        except MPI.Exception as exc:
+            raise _truncated(exc, self.recvs) from None
 
     def wait(self, timeout: float | None) -> list:
-        if timeout is None:
-            MPI.Request.Waitall(self.requests)
-            return []
         requests = self.requests
-        if _poll(lambda: MPI.Request.Testall(requests), timeout):
-            return []
+        try:
+            if timeout is None:
+                MPI.Request.Waitall(requests)
+                return []
+            if _poll(lambda: MPI.Request.Testall(requests), timeout):
+                return []
+        except MPI.Exception as exc:
+            raise _truncated(exc, self.recvs) from None
         return [peer for req, peer in zip(requests, self.peers) if not req.Test()]
+
+    def abandon(self) -> None:
+        """Cancel the receives still posted, so a late message lands nowhere.
+
+        The caller keeps this object (and with it the send buffers mpi4py holds)
+        alive, since a pending send may still read its buffer.
+        """
+        for req in self.requests[:self.nrecv]:
+            if req != MPI.REQUEST_NULL and not req.Test():
+                req.Cancel()
 
 
 class _RecvHandle(_Pending):
     __slots__ = ("_status", "_mpi_status")
 
-    def __init__(self, request, peer):
-        super().__init__([request], [peer])
+    def __init__(self, request, peer, buf=None):
+        super().__init__([request], [peer], 1, ((peer, buf),) if buf is not None else ())
         self._mpi_status = MPI.Status()
         self._status = None
 
     def test(self) -> bool:
-        return self.requests[0].Test(self._mpi_status)
+        try:
+            return self.requests[0].Test(self._mpi_status)
+        except MPI.Exception as exc:
+            raise _truncated(exc, self.recvs) from None
 
     def wait(self, timeout: float | None) -> list:
-        if timeout is None:
-            self.requests[0].Wait(self._mpi_status)
-            return []
         request, status = self.requests[0], self._mpi_status
-        if _poll(lambda: request.Test(status), timeout):
-            return []
+        try:
+            if timeout is None:
+                request.Wait(status)
+                return []
+            if _poll(lambda: request.Test(status), timeout):
+                return []
+        except MPI.Exception as exc:
+            raise _truncated(exc, self.recvs) from None
         return self.peers
 
     @property
@@ -163,31 +202,42 @@ class MPITransport:
         requests = [comm.Irecv([buf, BYTE], peer, tag) for peer, buf in recvs]
         requests += [comm.Isend([buf, BYTE], peer, tag) for peer, buf in sends]
         peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
-        return _Pending(requests, peers)
+        return _Pending(requests, peers, len(recvs), recvs)
 
     def sendrecv(self, dest: int, sbuf, source: int, rbuf, tag: int) -> None:
         """One blocking exchange with no timeout: the executor's fast path for Exchange steps."""
         if _cuda.is_device_array(sbuf) or _cuda.is_device_array(rbuf):
             self.post(((dest, sbuf),), ((source, rbuf),), tag).wait(None)
             return
-        self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+        try:
+            self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+        except MPI.Exception as exc:
+            raise _truncated(exc, ((source, rbuf),)) from None
 
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
         if _on_device(sends) or _on_device(recvs):
             return self.post(sends, recvs, tag).wait(timeout)
         if timeout is None:
             comm = self.comm
-            if len(sends) == 1 and len(recvs) == 1:
-                (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
-                comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
-                return []
-            if not recvs and len(sends) == 1:
-                comm.Send([sends[0][1], BYTE], sends[0][0], tag)
-                return []
-            if not sends and len(recvs) == 1:
-                comm.Recv([recvs[0][1], BYTE], recvs[0][0], tag)
-                return []
-        return self.post(sends, recvs, tag).wait(timeout)
+            try:
+                if len(sends) == 1 and len(recvs) == 1:
+                    (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
+                    comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+                    return []
+                if not recvs and len(sends) == 1:
+                    comm.Send([sends[0][1], BYTE], sends[0][0], tag)
+                    return []
+                if not sends and len(recvs) == 1:
+                    comm.Recv([recvs[0][1], BYTE], recvs[0][0], tag)
+                    return []
+            except MPI.Exception as exc:
+                raise _truncated(exc, recvs) from None
+        pending = self.post(sends, recvs, tag)
+        stuck = pending.wait(timeout)
+        if stuck:
+            pending.abandon()
+            _ABANDONED.append(pending)
+        return stuck
 
     # -- user point to point -----------------------------------------------------
 
@@ -200,32 +250,42 @@ class MPITransport:
     def irecv(self, buf, source: int, tag: int) -> _RecvHandle:
         if _cuda.is_device_array(buf):
             def post(sends, recvs):
-                return _RecvHandle(self.comm.Irecv([recvs[0][1], BYTE], _src(source), _tag(tag)), source)
+                return _RecvHandle(self.comm.Irecv([recvs[0][1], BYTE], _src(source), _tag(tag)), source, buf)
 
             return _cuda.stage(post, [], [(source, buf)], _cuda.mpi_cuda_aware(MPI))
-        return _RecvHandle(self.comm.Irecv([buf, BYTE], _src(source), _tag(tag)), source)
+        return _RecvHandle(self.comm.Irecv([buf, BYTE], _src(source), _tag(tag)), source, buf)
 
     def send_object(self, obj, dest: int, tag: int) -> None:
         self.comm.send(obj, dest, tag)
 
-    def recv_object(self, source: int, tag: int, timeout: float | None):
-        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout."""
+    def recv_object(self, source: int, tag: int, timeout: float | None, object_bit: int = 0):
+        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout.
+
+        With ``object_bit``, a matched message whose tag lacks that bit is an array
+        (sent with ``send``): it is received as bytes and never unpickled; the
+        returned object is None and the status says what it was.
+        """
         status = MPI.Status()
         if timeout is None:
-            obj = self.comm.recv(None, _src(source), _tag(tag), status)
+            message = self.comm.mprobe(_src(source), _tag(tag), status)
         else:
             deadline = time.monotonic() + timeout
             sleep = 1e-5
             while True:
                 message = self.comm.improbe(_src(source), _tag(tag), status)
                 if message is not None:
-                    obj = message.recv()
                     break
                 if time.monotonic() >= deadline:
                     return None
                 time.sleep(sleep)
                 sleep = min(sleep * 2, _MAX_SLEEP)
-        return obj, Status(status.Get_source(), status.Get_tag(), status.Get_count(BYTE))
+        nbytes = status.Get_count(BYTE)
+        if object_bit and not status.Get_tag() & object_bit:
+            message.Recv([bytearray(nbytes), BYTE])
+            obj = None
+        else:
+            obj = message.recv()
+        return obj, Status(status.Get_source(), status.Get_tag(), nbytes)
 
     def probe(self, source: int, tag: int):
         status = MPI.Status()
@@ -236,7 +296,7 @@ class MPITransport:
     # -- communicators -------------------------------------------------------------
 
     def dup(self) -> "MPITransport":
-        return MPITransport(self.comm.Dup(), owned=True)
+        return MPITransport(self.comm.Dup(), owned=True)  # errors become a CommError in the communicator
 
     def split(self, color, key: int, timeout: float | None = None):
         comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
@@ -357,6 +417,28 @@ def install_abort_on_exception() -> None:
 
     hook._commkit = True
     sys.excepthook = hook
+
+    # SystemExit never reaches sys.excepthook: a rank that ends with sys.exit(2) would
+    # leave its peers blocked forever. A non-zero exit of one rank ends the job, as an
+    # exception does. (A bare `raise SystemExit(2)` bypasses sys.exit and cannot be seen.)
+    original_exit = sys.exit
+
+    def exit_hook(status=None):
+        code = status if isinstance(status, int) or status is None else 1
+        if code not in (0, None) and MPI.Is_initialized() and not MPI.Is_finalized() \
+                and MPI.COMM_WORLD.Get_size() > 1:
+            if status is not None and not isinstance(status, int):
+                sys.stderr.write(f"{status}\n")
+            sys.stderr.write(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} called sys.exit({status!r}); "
+                             "aborting the MPI job so the other ranks do not hang.\n")
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            time.sleep(0.3)
+            MPI.COMM_WORLD.Abort(code if isinstance(code, int) and 0 < code < 256 else 1)
+        original_exit(status)
+
+    exit_hook._commkit = True
+    sys.exit = exit_hook
 
 
 def world_size_from_env() -> int | None:

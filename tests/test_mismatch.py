@@ -1,0 +1,419 @@
+"""Mismatched calls never complete with a wrong answer; stuck ranks are explained; silent failures are loud.
+
+Each test here would fail on commkit before its collective messages carried the
+call's identity (see commkit/identity.py), before the watchdog, or before the
+checks it names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import commkit as ck
+from commkit import watchdog
+from commkit.schedule import CallInfo, Exchange, run_schedule
+from commkit.transports.local import LocalTransport, LocalWorld
+
+from conftest import requires_mpi, run_mpi
+
+# Every kind of mismatch: (name, the call rank 0 makes, the call every other rank makes).
+# Each returns (result, reference) where reference is what the call would give if every
+# rank had made the same call as this one, so a "completed" rank can be checked.
+MISMATCHES = {
+    "collective": (lambda c, x: c.allreduce(x, timeout=T), lambda c, x: c.allgather(x, timeout=T)),
+    "count": (lambda c, x: c.allreduce(x, timeout=T), lambda c, x: c.allreduce(np.concatenate([x, x]), timeout=T)),
+    "dtype": (lambda c, x: c.allreduce(x, timeout=T), lambda c, x: c.allreduce(x.view(np.int32), timeout=T)),
+    "op": (lambda c, x: c.allreduce(x, "max", timeout=T), lambda c, x: c.allreduce(x, "sum", timeout=T)),
+    "root": (lambda c, x: c.reduce(x, root=0, timeout=T), lambda c, x: c.reduce(x, root=1, timeout=T)),
+    "algorithm": (lambda c, x: c.allreduce(x, algorithm="ring", timeout=T),
+                  lambda c, x: c.allreduce(x, algorithm="recursive_doubling", timeout=T)),
+}
+T = 0.6
+
+
+def _mismatch_body(kind):
+    first, other = MISMATCHES[kind]
+
+    def body(comm):
+        rng = np.random.default_rng(comm.rank)
+        x = rng.standard_normal(12).astype(np.float32)
+        call = first if comm.rank == 0 else other
+        try:
+            result = call(comm, x)
+        except ck.CommTimeout as exc:
+            return ("timeout", str(exc))
+        return ("done", result)
+
+    return body
+
+
+@pytest.mark.parametrize("kind", sorted(MISMATCHES))
+@pytest.mark.parametrize("size", [2, 3, 5, 8])
+def test_mismatch_never_completes_with_a_wrong_answer_on_threads(kind, size):
+    outcomes = ck.run_local(_mismatch_body(kind), size)
+    # Rank 0's call differs from every other rank's: it can never complete.
+    assert outcomes[0][0] == "timeout", outcomes[0]
+    assert "timed out" in outcomes[0][1] and "Recent calls on this rank" in outcomes[0][1]
+    for rank, (state, value) in enumerate(outcomes):
+        # The only calls that may complete are the ones that produce nothing: a non-root of a
+        # reduce only sends. Everything that returns data must have waited instead.
+        assert state == "timeout" or value is None, (kind, size, rank, state, value)
+    if kind == "root":
+        assert outcomes[1][0] == "timeout"  # rank 1 believes it is the root and waits for data
+
+
+def test_watchdog_report_names_the_first_divergent_call(monkeypatch, capsys):
+    monkeypatch.setenv("COMMKIT_WATCHDOG", "0.2")
+
+    def body(comm):
+        x = np.arange(6, dtype=np.float64)
+        comm.allreduce(x)  # call #0 agrees
+        comm.barrier()     # call #1 agrees
+        try:
+            if comm.rank == 1:
+                comm.broadcast(x, root=1, timeout=2.0)  # the root only sends: it completes
+                comm.barrier(timeout=2.0)
+            else:
+                comm.allreduce(x, timeout=2.0)
+        except ck.CommTimeout:
+            pass
+        return comm.flight_record()
+
+    records = ck.run_local(body, 3)
+    err = capsys.readouterr().err
+    reports = watchdog.read_reports([err])
+    assert {r["rank"] for r in reports} == {0, 1, 2}  # each stuck rank reported, once
+    assert len(reports) == 3
+    assert "has made no progress" in err and "waiting for rank(s)" in err
+    verdict = watchdog.diagnose(reports)
+    assert "DIVERGED at call #2" in verdict
+    assert "broadcast(count=6, dtype=float64, root=1)" in verdict
+    assert "allreduce(count=6, dtype=float64, op=sum)" in verdict
+    # The flight recorder kept the calls with their outcomes.
+    assert [c["collective"] for c in records[0]] == ["allreduce", "barrier", "allreduce"]
+    assert [c["state"] for c in records[0]] == ["done", "done", "timed out"]
+
+
+def test_watchdog_off_writes_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("COMMKIT_WATCHDOG", "0")
+
+    def body(comm):
+        if comm.rank == 0:
+            with pytest.raises(ck.CommTimeout):
+                comm.allreduce(np.ones(3), timeout=0.5)
+
+    ck.run_local(body, 2)
+    assert watchdog.MARKER not in capsys.readouterr().err
+
+
+def test_dump_flight_records_and_doctor_cli(tmp_path, capsys):
+    comms = ck.local_world(1)
+    comms[0].allreduce(np.ones(2))
+    path = tmp_path / "dump.txt"
+    with open(path, "w") as f:
+        reports = ck.dump_flight_records(f)
+    assert any(r["calls"] and r["calls"][-1]["collective"] == "allreduce" for r in reports)
+    from commkit.cli import main
+
+    assert main(["doctor", str(path)]) == 0
+    assert "communicator world" in capsys.readouterr().out
+    assert main(["doctor", str(tmp_path / "missing.log")]) == 2
+
+
+def test_truncated_message_names_the_call_the_step_and_the_peer():
+    world = LocalWorld(2)
+    chans = [LocalTransport(world, r) for r in range(2)]
+    big, small = np.arange(8.0), np.empty(4)
+    chans[1].post([(0, big)], [], 7)
+    steps = [Exchange(1, ("in", 0, 4), 1, ("out", 0, 4))]
+    with pytest.raises(ck.InvalidBuffer) as info:
+        run_schedule(iter(steps), {"in": small.copy(), "out": small}, chans[0], 7, 1.0,
+                     CallInfo("allreduce", "ring", 41, 0))
+    text = str(info.value)
+    assert "rank 0 in allreduce #41 (algorithm 'ring') at step 0" in text
+    assert "64 bytes from rank 1" in text and "32 bytes" in text
+    assert "disagree about this call's element count or dtype" in text
+
+
+# -- bad input, caught before anything is sent ------------------------------------------------------
+
+
+def test_partial_overlap_is_refused_and_exact_alias_is_in_place():
+    def body(comm):
+        buf = np.arange(20, dtype=np.float64) + comm.rank
+        with pytest.raises(ck.InvalidBuffer, match="overlaps its input without being the same memory"):
+            comm.allreduce(buf[0:10], out=buf[5:15])
+        with pytest.raises(ck.InvalidBuffer, match="overlaps"):
+            comm.broadcast(buf[0:10], out=buf[2:12])
+        with pytest.raises(ck.InvalidBuffer, match="overlaps"):
+            comm.allgather(buf[0:5], out=buf[:10].reshape(2, 5))
+        x = buf[:10]
+        comm.allreduce(x, out=x)
+        return x
+
+    a, b = ck.run_local(body, 2)
+    np.testing.assert_array_equal(a, 2 * np.arange(10) + 1)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_ndarray_subclasses_are_converted_or_refused_before_sending():
+    def body(comm):
+        m = np.matrix([[1.0, 2.0], [3.0, 4.0]]) * (comm.rank + 1)
+        total = comm.allreduce(m)
+        masked = np.ma.masked_array(np.ones(3), mask=[0, 1, 0])
+        with pytest.raises(ck.InvalidBuffer, match="masked array"):
+            comm.allreduce(masked)
+        with pytest.raises(ck.InvalidBuffer, match="masked array"):
+            comm.allreduce(np.ones(3), out=masked)
+        return np.asarray(total)
+
+    a, b = ck.run_local(body, 2)
+    np.testing.assert_array_equal(a, [[3.0, 6.0], [9.0, 12.0]])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_root_only_error_cannot_shift_later_calls():
+    def body(comm):
+        if comm.rank == 0:
+            with pytest.raises(ck.InvalidBuffer):
+                comm.scatter(np.ones((comm.size + 1, 2)), root=0)  # wrong shape: raised on the root only
+            return comm.broadcast(np.full(2, 7.0), root=0, timeout=T)
+        try:
+            return comm.scatter(None, root=0, out=np.empty(2), timeout=T)
+        except ck.CommTimeout:
+            return "timeout"
+
+    outcomes = ck.run_local(body, 3)
+    assert outcomes[1:] == ["timeout", "timeout"]  # never the broadcast's data
+
+
+def test_too_many_outstanding_requests_is_an_error_not_a_wrapped_tag():
+    def body(comm):
+        limit = comm._layout.max_in_flight
+        requests = [comm.iallreduce(np.ones(1)) for _ in range(limit)]
+        if comm.rank == 0:
+            with pytest.raises(ck.InvalidArgument, match="outstanding on this communicator"):
+                comm.iallreduce(np.ones(1))
+        return float(sum(r.wait()[0] for r in requests)), limit
+
+    (total, limit), _ = ck.run_local(body, 2)
+    assert total == 2.0 * limit
+
+
+# -- progress: nonblocking collectives move while the rank is anywhere in commkit -----------------------
+
+
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_waiting_on_two_requests_in_opposite_orders_completes(size):
+    def body(comm):
+        a = comm.iallreduce(np.full(5, comm.rank, np.int64), algorithm="ring")
+        b = comm.iallgather(np.array([comm.rank]), algorithm="ring")
+        if comm.rank % 2:
+            gathered, total = b.wait(timeout=10), a.wait(timeout=10)
+        else:
+            total, gathered = a.wait(timeout=10), b.wait(timeout=10)
+        blocking = comm.allreduce(np.ones(1))  # a blocking call with nothing outstanding
+        return total.tolist(), gathered.ravel().tolist(), blocking.tolist()
+
+    for total, gathered, blocking in ck.run_local(body, size):
+        assert total == [sum(range(size))] * 5
+        assert gathered == list(range(size))
+        assert blocking == [size]
+
+
+def test_blocking_call_drives_outstanding_requests():
+    def body(comm):
+        req = comm.iallreduce(np.full(3, comm.rank + 1.0), algorithm="ring")
+        if comm.rank == 0:
+            comm.send(np.arange(4.0), 1)          # drives req while it waits
+            value = comm.allreduce(np.ones(1))    # a blocking collective with one outstanding
+        else:
+            first = req.wait(timeout=10)           # needs rank 0's next step of req
+            got = comm.recv(0, shape=4, dtype=np.float64)
+            value = comm.allreduce(np.ones(1))
+            assert got.tolist() == [0, 1, 2, 3] and first.tolist() == [3, 3, 3]
+        return req.wait(timeout=10).tolist(), value.tolist()
+
+    assert ck.run_local(body, 2) == [([3.0] * 3, [2.0])] * 2
+
+
+def test_spinning_on_test_completes():
+    def body(comm):
+        req = comm.iallreduce(np.full(64, comm.rank, np.float64), algorithm="ring")
+        while not req.test():
+            pass
+        return req.wait()[0]
+
+    assert ck.run_local(body, 4) == [6.0] * 4
+
+
+# -- under mpiexec ---------------------------------------------------------------------------------------
+
+_MPI_MISMATCH = """
+import sys, time
+import numpy as np
+import commkit as ck
+c = ck.init()
+T = 1.5
+kind = sys.argv[1]
+x = np.random.default_rng(c.rank).standard_normal(12).astype(np.float32)
+for _ in range(int(sys.argv[2])):
+    c.allreduce(np.ones(1, np.float32), algorithm="recursive_doubling")
+calls = {
+    "collective": (lambda: c.allreduce(x, timeout=T), lambda: c.allgather(x, timeout=T)),
+    "count": (lambda: c.allreduce(x, timeout=T), lambda: c.allreduce(np.concatenate([x, x]), timeout=T)),
+    "dtype": (lambda: c.allreduce(x, timeout=T), lambda: c.allreduce(x.view(np.int32), timeout=T)),
+    "op": (lambda: c.allreduce(x, "max", timeout=T), lambda: c.allreduce(x, "sum", timeout=T)),
+    "root": (lambda: c.reduce(x, root=0, timeout=T), lambda: c.reduce(x, root=1, timeout=T)),
+    "algorithm": (lambda: c.allreduce(x, algorithm="ring", timeout=T),
+                  lambda: c.allreduce(x, algorithm="recursive_doubling", timeout=T)),
+}[kind]
+try:
+    result = (calls[0] if c.rank == 0 else calls[1])()
+    print(f"rank {c.rank}: COMPLETED {'nothing' if result is None else 'data'}", flush=True)
+except ck.CommTimeout as exc:
+    assert "Recent calls on this rank" in str(exc), exc
+    print(f"rank {c.rank}: TIMEOUT", flush=True)
+"""
+
+
+def _run_plain(nprocs: int, code: str, env: dict):
+    """``mpiexec -n N python script.py``, as a user runs it (not under ``python -m mpi4py``)."""
+    import tempfile
+
+    from commkit._mpiexec import run_job
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(textwrap.dedent(code))
+    full_env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    full_env.update(env)
+    full_env = {k: v for k, v in full_env.items() if v != ""}
+    try:
+        return run_job(nprocs, [sys.executable, f.name], timeout=60, env=full_env)
+    finally:
+        os.unlink(f.name)
+
+
+def _outcomes(stdout: str) -> list:
+    # mpiexec may interleave the ranks' lines: find each rank's verdict wherever it is.
+    return sorted(re.findall(r"rank \d+: (?:TIMEOUT|COMPLETED \w+)", stdout))
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_mismatch_under_mpiexec_never_completes(nprocs):
+    # One job per kind keeps MPI's state of one mismatch from leaking into the next.
+    for kind in ["collective", "count", "dtype", "op", "algorithm", "root"]:
+        result = run_mpi(nprocs, _MPI_MISMATCH, args=(kind, 0), timeout=60)
+        lines = _outcomes(result.stdout)
+        assert len(lines) == nprocs, (kind, result.stdout, result.stderr)
+        assert lines[0] == "rank 0: TIMEOUT", (kind, lines)
+        assert not any(line.endswith("COMPLETED data") for line in lines), (kind, lines)
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_mismatch_after_70000_calls_is_caught():
+    # Past the old tag wrap (32,768 calls) and many wraps of the 10-bit call number.
+    result = run_mpi(2, _MPI_MISMATCH, args=("dtype", 70_000), timeout=120)
+    assert _outcomes(result.stdout) == ["rank 0: TIMEOUT", "rank 1: TIMEOUT"], result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_issue_script_reports_on_both_ranks_and_doctor_finds_the_divergence(tmp_path):
+    code = """
+    import numpy as np, commkit
+    c = commkit.init(); x = np.ones(10)
+    if c.rank == 0: c.allreduce(x)
+    else: c.broadcast(x, root=1)
+    print(f"returned {c.rank}", flush=True)
+    """
+    # The watchdog reports after 0.5 s and the waiting goes on; the timeout (3 s) then ends the job.
+    result = _run_plain(2, code, {"COMMKIT_WATCHDOG": "0.5", "COMMKIT_TIMEOUT": "3"})
+    assert result.returncode != 0
+    assert "CommTimeout" in result.stderr
+    assert "returned 0" not in result.stdout  # rank 0's allreduce never completes with rank 1's data
+    reports = watchdog.read_reports([result.stderr])
+    assert {r["rank"] for r in reports} == {0, 1}, result.stderr
+    verdict = watchdog.diagnose(reports)
+    assert "DIVERGED at call #0" in verdict and "broadcast" in verdict and "allreduce" in verdict
+    log = tmp_path / "job.log"
+    log.write_text(result.stderr)
+    from commkit.cli import main
+
+    assert main(["doctor", str(log)]) == 0
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_mpi_silent_failures_are_loud():
+    code = """
+    import gc
+    import numpy as np
+    import commkit as ck
+    from mpi4py import MPI
+    c = ck.init()
+    # isend of a copy commkit made, request dropped: the message still arrives intact.
+    big = np.arange(2 * (8 << 20), dtype=np.float32)
+    if c.rank == 0:
+        c.isend(big[::2], 1)
+        gc.collect()
+        junk = [np.full(8 << 20, -1.0, np.float32) for _ in range(4)]
+    else:
+        got = c.recv(0, shape=8 << 20, dtype=np.float32)
+        assert np.array_equal(got, big[::2]), "isend from a dropped request arrived damaged"
+    # A receive buffer that is too small: commkit's error, naming sizes, with and without a timeout.
+    for timeout in (None, 5.0):
+        if c.rank == 0:
+            c.send(np.arange(8.0), 1, tag=3)
+        else:
+            try:
+                c.recv(0, tag=3, out=np.empty(4), timeout=timeout)
+                raise SystemExit("a truncated message was accepted")
+            except ck.MessageTruncated as exc:
+                assert "32 bytes" in str(exc), exc
+    # recv() of a message sent with send_object is refused, not handed over as pickle bytes.
+    if c.rank == 0:
+        c.send_object({"a": 1}, 1, tag=4)
+    else:
+        try:
+            c.recv(0, tag=ck.ANY_TAG, out=np.empty(1000, np.uint8))
+            raise SystemExit("recv accepted a pickled object")
+        except ck.InvalidBuffer as exc:
+            assert "send_object" in str(exc), exc
+    # Communicators dropped without free() are released: far more dups than MPICH's 2048 contexts.
+    for i in range(1500):
+        d = c.dup()
+        d.allreduce(np.ones(1))
+    c.barrier()
+    print(f"ok {c.rank}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120)
+    assert sorted(re.findall(r"ok \d", result.stdout)) == ["ok 0", "ok 1"], result.stdout
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_sys_exit_of_one_rank_ends_the_job():
+    code = """
+    import sys, numpy as np, commkit as ck
+    c = ck.init()
+    if c.rank == 1:
+        sys.exit(2)
+    c.allreduce(np.ones(4))
+    """
+    start = time.monotonic()
+    result = _run_plain(3, code, {"COMMKIT_TIMEOUT": ""})
+    assert result.returncode != 0
+    assert time.monotonic() - start < 30
+    assert "called sys.exit(2)" in result.stderr
