@@ -338,7 +338,21 @@ class _MPIGroup:
 
 
 def _bootstrap(options):
-    """This rank's bootstrap group and session parts: ``(group, store, server)``."""
+    """This rank's bootstrap group and session parts: ``(group, store, server)``.
+
+    Under mpiexec (or ``bootstrap="mpi"``) the group is a dup of MPI_COMM_WORLD.
+    Otherwise rank 0 starts a :class:`._store.StoreServer` with a secret (the
+    user's ``store_token``, else a fresh random one) on the named port or a
+    free one, and every rank connects to it with a :class:`._store.StoreClient`
+    that proves the secret. Unless the user gave every rank both the port and
+    the secret, rank 0 publishes address and secret in a rendezvous file only
+    this user can read (``store_file``, else :func:`._store.rendezvous_path`),
+    which the other ranks wait for.
+
+    Raises:
+        InvalidArgument: an option or environment variable has a wrong value.
+        TransportUnavailable: the store cannot be started, found or trusted.
+    """
     from . import _store
 
     how = options.pop("bootstrap", None) or os.environ.get("COMMKIT_NCCL_BOOTSTRAP") or None
@@ -346,7 +360,18 @@ def _bootstrap(options):
     size = options.pop("size", None)
     host, port = _store.store_address(options.pop("store_host", None), options.pop("store_port", None))
     token = options.pop("store_token", None) or os.environ.get("COMMKIT_STORE_TOKEN") or None
-    connect_timeout = float(options.pop("connect_timeout", None) or os.environ.get("COMMKIT_STORE_TIMEOUT", "120"))
+    path = options.pop("store_file", None) or os.environ.get("COMMKIT_STORE_FILE") or None
+    connect_timeout = options.pop("connect_timeout", None)
+    if connect_timeout is None:
+        text = os.environ.get("COMMKIT_STORE_TIMEOUT") or "120"
+        try:
+            connect_timeout = float(text)
+        except ValueError:
+            raise InvalidArgument(f"COMMKIT_STORE_TIMEOUT must be a number of seconds, got {text!r}.") from None
+    if (isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float))
+            or not 0 < connect_timeout < float("inf")):
+        raise InvalidArgument(f"connect_timeout (COMMKIT_STORE_TIMEOUT) must be a finite positive number of seconds, "
+                              f"got {connect_timeout!r}.")
     if how is None:
         how = "mpi" if _under_mpiexec() and rank is None and size is None else "store"
     if how == "mpi":
@@ -371,14 +396,25 @@ def _bootstrap(options):
     if size == 1:
         memory = _store.MemoryStore()
         return _store.StoreGroup(memory, "w", 0, 1), memory, None
-    server = _store.StoreServer(host, port, token) if rank == 0 else None
-    try:
-        client = _store.StoreClient(host, port, token=token, connect_timeout=connect_timeout)
-    except BaseException:
-        if server is not None:
+    # Port and secret both given to every rank: nothing to publish. Otherwise the rendezvous file carries them.
+    direct = bool(port) and token is not None and path is None
+    if not direct and path is None:
+        path = _store.rendezvous_path(port)
+    if rank == 0:
+        server = _store.StoreServer(host, port, token)
+        try:
+            if not direct:
+                server.publish(path, ranks=size)
+            client = _store.StoreClient(host, server.port, token=server.token, connect_timeout=connect_timeout)
+        except BaseException:
             server.close()
-        raise
-    return _store.StoreGroup(client, "w", rank, size), client, server
+            raise
+        return _store.StoreGroup(client, "w", rank, size), client, server
+    if direct:
+        client = _store.StoreClient(host, port, token=token, connect_timeout=connect_timeout)
+    else:
+        client = _store.connect_rendezvous(path, size=size, token=token, connect_timeout=connect_timeout)
+    return _store.StoreGroup(client, "w", rank, size), client, None
 
 
 # -- requests ------------------------------------------------------------------------------------------------
@@ -526,12 +562,19 @@ class NcclTransport:
             rank, size: this rank and the world size for the store bootstrap (default:
                 ``COMMKIT_RANK``/``COMMKIT_SIZE``, else ``RANK``/``WORLD_SIZE``, else a world of one).
             store_host, store_port: the store's address (default: ``COMMKIT_STORE_HOST``/
-                ``COMMKIT_STORE_PORT``, else 127.0.0.1:29517); rank 0 serves it.
-            store_token: a shared secret for the store (default: ``COMMKIT_STORE_TOKEN``).
+                ``COMMKIT_STORE_PORT``, else 127.0.0.1 and a free port that rank 0 picks); rank 0 serves it.
+            store_token: the store's secret, at least 16 bytes of random text (default:
+                ``COMMKIT_STORE_TOKEN``, else a fresh random secret made by rank 0). Every
+                connection proves it both ways with an HMAC challenge; it never crosses the wire.
+            store_file: the rendezvous file through which rank 0 hands address and secret to the
+                other ranks, readable by this user only (default: ``COMMKIT_STORE_FILE``, else a
+                private per-user directory, named after the port or the parent process). Not used
+                when every rank is given both ``store_port`` and ``store_token``.
             connect_timeout: seconds to wait for the store (default: ``COMMKIT_STORE_TIMEOUT``, else 120).
 
         Raises:
-            TransportUnavailable: CuPy, NCCL or a GPU is missing, or the bootstrap failed.
+            TransportUnavailable: CuPy, NCCL or a GPU is missing, or the bootstrap failed (no store
+                came in time, or the one found could not prove the secret).
             InvalidArgument: an option has a wrong value.
         """
         _load()
