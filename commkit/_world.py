@@ -31,7 +31,8 @@ def init(transport: str | None = None, *, timeout: float | None = None, check: b
         timeout: default seconds without progress before a blocking call raises
             CommTimeout (default: ``COMMKIT_TIMEOUT``, else wait forever).
         check: verify every collective across ranks (default: ``COMMKIT_DEBUG=check``).
-        options: transport-specific settings (nccl: ``device``, ``store_host``, ``store_port``).
+        options: transport-specific settings (nccl: ``device``, ``bootstrap``, ``rank``, ``size``,
+            ``store_host``, ``store_port``, ``store_token``, ``store_file``, ``connect_timeout``; see docs/gpu.md).
 
     Raises:
         TransportUnavailable: the transport's package is missing, with the install command.

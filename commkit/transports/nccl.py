@@ -36,8 +36,10 @@ communicators (a new unique id each), so contexts never mix.
 
 Bootstrap. The NCCL unique id, made by rank 0, travels over MPI when the
 process runs under ``mpiexec``, otherwise over the small TCP store of
-:mod:`._store` served by rank 0 on loopback by default. The same channel
-carries Python objects (``send_object``, the metadata of ``split``).
+:mod:`._store` served by rank 0 (loopback and a free port by default, a
+per-job secret that every connection proves both ways, handed to the other
+ranks in a rendezvous file only the user can read). The same channel carries
+Python objects (``send_object``, the metadata of ``split``).
 
 Types. Point-to-point and the data-moving native collectives move bytes, so
 any dtype goes. NCCL reduces int8/uint8, int32/uint32, int64/uint64 and
@@ -582,7 +584,7 @@ class NcclTransport:
         group, store, server = _bootstrap(options)
         if options:
             raise InvalidArgument(f"unknown nccl option(s) {sorted(options)}; expected device, bootstrap, rank, size, "
-                                  "store_host, store_port, store_token, connect_timeout.")
+                                  "store_host, store_port, store_token, store_file, connect_timeout.")
         try:
             hosts = group.allgather(socket.gethostname())
             mine = hosts[group.rank]
