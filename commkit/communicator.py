@@ -60,7 +60,7 @@ _INPLACE_SAFE = frozenset({
     ("exscan", "recursive_doubling"),
     ("broadcast", "naive"), ("broadcast", "binomial"), ("broadcast", "ring"),
 })
-_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
+_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "gatherv", "scatterv"})
 
 
 def _env_timeout():
@@ -675,8 +675,10 @@ class Communicator:
         rank, size, c = self.rank, self.size, call.collective
         if c == "barrier":
             return alg.schedule(rank, size)
-        if c in ("broadcast", "gather", "scatter"):
+        if c in ("broadcast", "gather", "scatter", "gatherv", "scatterv"):
             return alg.schedule(rank, size, call.arg, call.root)
+        if c in ("allgatherv", "alltoallv"):
+            return alg.schedule(rank, size, call.arg)
         if c == "reduce":
             return alg.schedule(rank, size, call.arg, call.op, call.root)
         if c in ("allgather", "alltoall"):
@@ -695,7 +697,7 @@ class Communicator:
             recv = None
         if c == "scatter" and self.rank != call.root:
             send = None
-        counts = call.arg if c == "reduce_scatter" else None
+        counts = call.arg if c in ("reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv") else None
         t0 = time.perf_counter()
 
         def finish():

@@ -344,6 +344,11 @@ class MPITransport:
     def _native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                 inplace: bool = False, nonblocking: bool = False):
         comm = self.comm
+        if collective.endswith("v"):  # allgatherv, gatherv, scatterv, alltoallv
+            from ._mpi_vector import native_vector
+
+            req = native_vector(comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
+            return _Pending([req], [-1]) if nonblocking else None
         if op is not None:
             datatype = _mpi_type(recvbuf.dtype if recvbuf is not None else sendbuf.dtype)
             mpi_op = _OPS[op.name]
