@@ -37,7 +37,8 @@ from .errors import (CollectiveMismatch, CommBroken, CommClosed, CommTimeout, Co
 from .identity import TagLayout
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .ops import MAX, get_op
-from .schedule import CallInfo, Progress, ScheduleRequest, run_schedule
+from .plan import Plan, PersistentRequest, compile_ops
+from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, run_schedule
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
 __all__ = ["Communicator", "Request", "wait_all"]
@@ -165,7 +166,7 @@ class _Call:
     """One prepared collective call: flat buffers, sizes, and how to shape the result."""
 
     __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",
-                 "shape", "has_result", "signature_count", "result")
+                 "shape", "has_result", "signature_count", "result", "key", "keep")
 
     def __init__(self, collective, arg, src, dst, op=None, root=0, nbytes=0, dtype=None, xp=np,
                  aliased=False, shape=None, has_result=True, signature_count=None):
@@ -183,6 +184,8 @@ class _Call:
         self.has_result = has_result
         self.signature_count = arg if signature_count is None else signature_count
         self.result = None  # the array handed back to the caller (``out`` itself when given)
+        self.key = None     # the blocking call's plan-cache key, when its arrays may be bound (see plan.py)
+        self.keep = None    # the caller's arrays that key names by identity
 
 
 class Communicator:
@@ -210,8 +213,11 @@ class Communicator:
         self._ctl = self._coll  # commkit's own messages: distinct kinds in the collective tag space
         self.rank = transport.rank
         self.size = transport.size
-        self.timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
-        self.check = _env_check() if check is None else bool(check)
+        self._timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
+        self._check = _env_check() if check is None else bool(check)
+        self._plain = False  # no timeout, no check mode, usable: compiled plans may run (see _update_plain)
+        self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
+        self._seen: dict = {}  # keys seen once: a plan is compiled the second time (temporaries never pay)
         self.last_algorithm: str | None = None
         self.last_choice = None
         self._seq = 0
@@ -224,7 +230,8 @@ class Communicator:
         p2p_bits = TagLayout(self._p2p.tag_ub).bits
         self._tag_ub = (1 << (p2p_bits - 1)) - 1
         self._object_bit = 1 << (p2p_bits - 1)
-        self._progress = Progress(getattr(self._coll, "relax", None), self._layout.max_in_flight)
+        self._progress = Progress(getattr(self._coll, "relax", None), self._layout.max_in_flight,
+                                  on_change=self._update_plain)
         self._sends: list = []  # (pending, buffer) of isends from copies commkit made
         self._label = label
         self._children = itertools.count()
@@ -234,6 +241,33 @@ class Communicator:
         # Communicators dropped without free() release their contexts when collected, so a
         # program that makes many never runs the MPI library out of communicators.
         self._finalizer = weakref.finalize(self, _free_channels, chans)
+        self._update_plain()
+
+    def _update_plain(self) -> None:
+        # Compiled plans run only when nothing needs the general path: no timeout to poll for,
+        # no check mode, no outstanding request to drive, a usable communicator.
+        self._plain = (self._timeout is None and not self._check and not self._closed
+                       and not self._progress.requests)
+
+    @property
+    def timeout(self) -> float | None:
+        """Default timeout in seconds for blocking calls (None waits forever)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, value) -> None:
+        self._timeout = check_timeout(value)
+        self._update_plain()
+
+    @property
+    def check(self) -> bool:
+        """Whether collective calls are cross-checked across ranks (debug mode)."""
+        return self._check
+
+    @check.setter
+    def check(self, value) -> None:
+        self._check = bool(value)
+        self._update_plain()
 
     # -- basics -----------------------------------------------------------------
 
@@ -252,6 +286,7 @@ class Communicator:
 
     def _break(self, reason: str) -> None:
         """Mark this communicator unusable: messages of an interrupted call may still arrive."""
+        self._plain = False
         if not self._closed:
             self._closed = (
                 f"this communicator is broken: {reason} Messages of that call may still arrive, so every later "
@@ -269,6 +304,8 @@ class Communicator:
         if self._closed is _FREED:
             return
         self._closed = _FREED
+        self._plain = False
+        self._fast.clear()
         self._finalizer()
         if self._progress.requests:
             _ABANDONED.extend(self._progress.requests)
@@ -592,6 +629,8 @@ class Communicator:
         return plan
 
     def _run(self, call: _Call, algorithm, timeout, nonblocking):
+        if nonblocking == "init":
+            return self._persistent(call, algorithm, timeout)
         if not self._entry.acquire(False):
             raise self._concurrent(call.collective)
         try:
@@ -615,6 +654,8 @@ class Communicator:
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self.last_algorithm = name
         self.last_choice = choice
+        if call.key is not None and not nonblocking and timeout is None:
+            self._remember(call, plan)
         seq = self._seq
         self._seq = seq + 1
         if log.isEnabledFor(logging.DEBUG):
@@ -664,6 +705,91 @@ class Communicator:
         rec[8] = "done"
         return self._finish(call) if call.has_result else None
 
+    # -- compiled plans (plan.py) --------------------------------------------------------------
+
+    _FAST_MAX_BYTES = 1 << 20  # plans keep their arrays alive: only small calls, where per-call cost matters
+    _FAST_ENTRIES = 64
+
+    def _remember(self, call: _Call, plan) -> None:
+        """Compile a plan for this blocking call's arrays the second time they come (see plan.py)."""
+        nbytes = sum(a.nbytes for a in call.keep if a is not None) if call.keep else 0
+        if nbytes > self._FAST_MAX_BYTES or not self._plain or _trace_active or self._progress.requests:
+            return
+        seen = self._seen
+        if call.key not in seen:
+            if len(seen) >= 4 * self._FAST_ENTRIES:
+                seen.clear()
+            seen[call.key] = None
+            return
+        if len(self._fast) >= self._FAST_ENTRIES:
+            self._fast.clear()
+        self._fast[call.key] = self._compile(call, plan)
+
+    def _bound(self, call: _Call, plan, persistent_tag=None):
+        """The ops of ``call`` on its own buffers: ``(ops, prologue)``; ``persistent_tag`` for *_init."""
+        choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
+        prologue = None
+        if steps is None:
+            send, recv, inplace, counts, prologue = self._native_args(call)
+            bind = getattr(self._coll, "bind_native", None)
+            if bind is not None:
+                run = bind(call.collective, send, recv, op=call.op, root=call.root, counts=counts, inplace=inplace)
+            else:
+                def run(tag, coll=self._coll):
+                    coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
+                                inplace=inplace)
+            return [(TRANSFER, run, None)], prologue
+        src = call.src
+        if call.aliased:
+            if inplace_safe:
+                src = call.dst
+            else:  # the algorithm reads the input after writing the output: save the input first, each run
+                src = call.xp.empty_like(call.src)
+
+                def prologue(tag, dst=src, given=call.src):
+                    dst[...] = given
+        private = persistent_tag is not None
+        tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
+        bufs = {"in": src, "out": call.dst, "tmp": tmp}
+        return compile_ops(steps, bufs, self._coll, persistent_tag), prologue
+
+    def _compile(self, call: _Call, plan) -> Plan:
+        ops, prologue = self._bound(call, plan)
+        finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
+        return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
+                    call.result if call.has_result else None, finish, prologue)
+
+    def _persistent(self, call: _Call, algorithm, timeout) -> PersistentRequest:
+        """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        plan = self._plans.get(key) or self._plan(call, algorithm)
+        choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
+        if call.has_result and call.result is None:
+            call.result = call.dst.reshape(call.shape)
+        if not call.has_result:  # a private output: a running request must not share scratch
+            call.dst = call.xp.empty_like(call.dst)
+        finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
+        result = call.result if call.has_result else None
+        root = call.root if call.collective in _ROOTED else None
+        op = call.op.name if call.op is not None else None
+        # Its own tag, fixed for the life of the request: every rank creates persistent requests in order.
+        base = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, name, "persistent"))
+        tag = self._layout.tag(base, self._next_seq())
+        native = None
+        if steps is None:
+            send, recv, inplace, counts, prologue = self._native_args(call)
+            make = getattr(self._coll, "native_init", None)
+            native = make(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
+                          inplace=inplace) if make is not None else None
+            if native is None:
+                native = _NativeRestart(self._coll, call.collective, send, recv, call.op, call.root, counts, inplace)
+            ops = []
+        else:
+            ops, prologue = self._bound(call, plan, persistent_tag=tag)
+        return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
+                                 timeout, native)
+
     def _collective_timed_out(self, pending, reason: str) -> None:
         abandon = getattr(pending, "abandon", None)
         if abandon is not None:
@@ -685,19 +811,33 @@ class Communicator:
             return alg.schedule(rank, size, call.arg)
         return alg.schedule(rank, size, call.arg, call.op)  # allreduce, reduce_scatter, scan, exscan
 
-    def _run_native(self, call: _Call, nonblocking, timeout, info, rec):
+    def _native_args(self, call: _Call):
+        """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.
+
+        ``prologue`` is a local op to run before the library call (a broadcast root's
+        copy of its input into the output), or None.
+        """
         c = call.collective
         send, recv = call.src, call.dst
         inplace = call.aliased and c in ("allreduce", "scan", "exscan", "reduce")
+        prologue = None
         if c == "broadcast":
             if self.rank == call.root and not same_memory(call.src, call.dst):
-                call.dst[...] = call.src
+                def prologue(tag, dst=call.dst, src=call.src):
+                    dst[...] = src
             send = None
         if c in ("reduce", "gather") and self.rank != call.root:
             recv = None
         if c == "scatter" and self.rank != call.root:
             send = None
         counts = call.arg if c in ("reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv") else None
+        return send, recv, inplace, counts, prologue
+
+    def _run_native(self, call: _Call, nonblocking, timeout, info, rec):
+        c = call.collective
+        send, recv, inplace, counts, prologue = self._native_args(call)
+        if prologue is not None:
+            prologue(None)
         t0 = time.perf_counter()
 
         def finish():
@@ -743,8 +883,9 @@ class Communicator:
             return (np if type(like) is np.ndarray else array_module(like)).empty(shape, dtype=like.dtype)
         return check_out(out, shape, like.dtype, name, like=like)
 
-    def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False):
+    def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False, key=None):
         self._check_open()
+        given, given_out = x, out
         x = as_input(x, "x")
         if rooted:
             root = check_rank(root, self.size, "root")
@@ -768,6 +909,8 @@ class Communicator:
         call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
                      np if type(x) is np.ndarray else array_module(x), aliased, x.shape, has_result)
         call.result = out
+        if key is not None and x is given and (out is given_out or not has_result):
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
@@ -787,27 +930,65 @@ class Communicator:
         Raises:
             InvalidBuffer, UnsupportedOp, AlgorithmNotApplicable: before anything is sent.
         """
-        return self._reduction("allreduce", x, op, out, algorithm, timeout, False)
+        key = ('allreduce', id(x), id(out), op, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
 
     def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`allreduce`; ``wait()`` returns the result."""
         return self._reduction("allreduce", x, op, out, algorithm, timeout, True)
 
+    def allreduce_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`allreduce` (MPI-4 ``MPI_Allreduce_init``).
+
+        Compiles the call once for these arrays; then ``req.start()`` runs it
+        (without blocking) and ``req.wait()`` completes it and returns the result,
+        as many times as needed. Fill ``x`` before each ``start()``; read the
+        result after ``wait()``. Every rank creates and starts its persistent
+        collectives in the same order. ``req.free()`` releases it.
+
+        Example::
+
+            req = comm.allreduce_init(grad, out=total)
+            for step in range(steps):
+                grad[...] = compute()
+                req.start(); req.wait()
+        """
+        return self._reduction("allreduce", x, op, out, algorithm, timeout, "init")
+
     def reduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None):
         """Reduce ``x`` across ranks onto ``root``; returns the result there, None elsewhere."""
-        return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True)
+        key = ('reduce', id(x), id(out), op, root, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
 
     def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`reduce`."""
         return self._reduction("reduce", x, op, out, algorithm, timeout, True, root, rooted=True)
 
+    def reduce_init(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`reduce` (see :meth:`allreduce_init`)."""
+        return self._reduction("reduce", x, op, out, algorithm, timeout, "init", root, rooted=True)
+
     def scan(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
         """Inclusive prefix reduction: rank r gets x_0 (op) ... (op) x_r."""
-        return self._reduction("scan", x, op, out, algorithm, timeout, False)
+        key = ('scan', id(x), id(out), op, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
 
     def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`scan`."""
         return self._reduction("scan", x, op, out, algorithm, timeout, True)
+
+    def scan_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`scan` (see :meth:`allreduce_init`)."""
+        return self._reduction("scan", x, op, out, algorithm, timeout, "init")
 
     def exscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
         """Exclusive prefix reduction: rank r gets x_0 (op) ... (op) x_{r-1}.
@@ -815,11 +996,19 @@ class Communicator:
         Rank 0 gets the op's identity (zeros for sum); for a user op without an
         identity, rank 0 gets None.
         """
-        return self._reduction("exscan", x, op, out, algorithm, timeout, False)
+        key = ('exscan', id(x), id(out), op, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._reduction("exscan", x, op, out, algorithm, timeout, False, key=key)
 
     def iexscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`exscan`."""
         return self._reduction("exscan", x, op, out, algorithm, timeout, True)
+
+    def exscan_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`exscan` (see :meth:`allreduce_init`)."""
+        return self._reduction("exscan", x, op, out, algorithm, timeout, "init")
 
     def broadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
         """Every rank gets ``root``'s ``x``.
@@ -828,14 +1017,23 @@ class Communicator:
         ignored) or ``x=None`` with ``out=`` the buffer to fill. ``out=x``
         broadcasts in place.
         """
-        return self._broadcast(x, root, out, algorithm, timeout, False)
+        key = ('broadcast', id(x), id(out), root, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and plan.ready(x):
+            return plan.run()
+        return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`broadcast`."""
         return self._broadcast(x, root, out, algorithm, timeout, True)
 
-    def _broadcast(self, x, root, out, algorithm, timeout, nonblocking):
+    def broadcast_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`broadcast` (see :meth:`allreduce_init`)."""
+        return self._broadcast(x, root, out, algorithm, timeout, "init")
+
+    def _broadcast(self, x, root, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         root = check_rank(root, self.size, "root")
         if x is None and self.rank != root:
             if out is None:
@@ -849,18 +1047,29 @@ class Communicator:
         call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
                      array_module(x), check_alias(x, out, "broadcast"), x.shape)
         call.result = out
+        if key is not None and (x is given or x is given_out) and out is given_out:
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
         """``root`` gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``; None elsewhere."""
-        return self._gather(x, root, out, algorithm, timeout, False)
+        key = ('gather', id(x), id(out), root, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._gather(x, root, out, algorithm, timeout, False, key=key)
 
     def igather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`gather`."""
         return self._gather(x, root, out, algorithm, timeout, True)
 
-    def _gather(self, x, root, out, algorithm, timeout, nonblocking):
+    def gather_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`gather` (see :meth:`allreduce_init`)."""
+        return self._gather(x, root, out, algorithm, timeout, "init")
+
+    def _gather(self, x, root, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         x = as_input(x, "x")
         root = check_rank(root, self.size, "root")
         shape = (self.size,) + x.shape
@@ -873,6 +1082,8 @@ class Communicator:
         call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
                      xp, False, shape, self.rank == root)
         call.result = out
+        if key is not None and x is given and (out is given_out or self.rank != root):
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def scatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
@@ -881,14 +1092,23 @@ class Communicator:
         Non-root ranks pass ``x=None`` (it is ignored there) and ``out=`` a buffer
         of the block's shape and dtype.
         """
-        return self._scatter(x, root, out, algorithm, timeout, False)
+        key = ('scatter', id(x), id(out), root, algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and plan.ready(x):
+            return plan.run()
+        return self._scatter(x, root, out, algorithm, timeout, False, key=key)
 
     def iscatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`scatter`."""
         return self._scatter(x, root, out, algorithm, timeout, True)
 
-    def _scatter(self, x, root, out, algorithm, timeout, nonblocking):
+    def scatter_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`scatter` (see :meth:`allreduce_init`)."""
+        return self._scatter(x, root, out, algorithm, timeout, "init")
+
+    def _scatter(self, x, root, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         root = check_rank(root, self.size, "root")
         if self.rank == root:
             x = as_input(x, "x")
@@ -914,18 +1134,29 @@ class Communicator:
         call = _Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
                      like.dtype, xp, False, block_shape)
         call.result = out
+        if key is not None and (x is given or self.rank != root) and out is given_out:
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allgather(self, x, *, out=None, algorithm=None, timeout=None):
         """Every rank gets every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``."""
-        return self._allgather(x, out, algorithm, timeout, False)
+        key = ('allgather', id(x), id(out), algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._allgather(x, out, algorithm, timeout, False, key=key)
 
     def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`allgather`."""
         return self._allgather(x, out, algorithm, timeout, True)
 
-    def _allgather(self, x, out, algorithm, timeout, nonblocking):
+    def allgather_init(self, x, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`allgather` (see :meth:`allreduce_init`)."""
+        return self._allgather(x, out, algorithm, timeout, "init")
+
+    def _allgather(self, x, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         x = as_input(x, "x")
         shape = (self.size,) + x.shape
         out = self._output(out, shape, x)
@@ -933,6 +1164,8 @@ class Communicator:
         call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
         call.result = out
+        if key is not None and x is given and out is given_out:
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
@@ -940,14 +1173,23 @@ class Communicator:
 
         ``x`` must have shape ``(size, ...)``; the result has the same shape.
         """
-        return self._alltoall(x, out, algorithm, timeout, False)
+        key = ('alltoall', id(x), id(out), algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._alltoall(x, out, algorithm, timeout, False, key=key)
 
     def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`alltoall`."""
         return self._alltoall(x, out, algorithm, timeout, True)
 
-    def _alltoall(self, x, out, algorithm, timeout, nonblocking):
+    def alltoall_init(self, x, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`alltoall` (see :meth:`allreduce_init`)."""
+        return self._alltoall(x, out, algorithm, timeout, "init")
+
+    def _alltoall(self, x, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         x = as_input(x, "x")
         if x.ndim == 0 or x.shape[0] != self.size:
             raise InvalidBuffer(
@@ -961,6 +1203,8 @@ class Communicator:
         call = _Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
                      array_module(x), False, x.shape)
         call.result = out
+        if key is not None and x is given and out is given_out:
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):
@@ -970,14 +1214,24 @@ class Communicator:
         rows ``[r*m, (r+1)*m)``, ``m = x.shape[0] // size``. With ``counts`` (one row
         count per rank, summing to ``x.shape[0]``) rank r gets ``counts[r]`` rows.
         """
-        return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False)
+        key = ("reduce_scatter", id(x), id(out), op, None if counts is None else tuple(counts), algorithm)
+        plan = self._fast.get(key) if timeout is None else None
+        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            return plan.run()
+        return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False, key=key)
 
     def ireduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`reduce_scatter`."""
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, True)
 
-    def _reduce_scatter(self, x, op, counts, out, algorithm, timeout, nonblocking):
+    def reduce_scatter_init(self, x, op="sum", *, counts=None, out=None, algorithm=None,
+                            timeout=None) -> PersistentRequest:
+        """Persistent :meth:`reduce_scatter` (see :meth:`allreduce_init`)."""
+        return self._reduce_scatter(x, op, counts, out, algorithm, timeout, "init")
+
+    def _reduce_scatter(self, x, op, counts, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
+        given, given_out = x, out
         x = as_input(x, "x")
         if x.ndim == 0:
             raise InvalidBuffer("reduce_scatter's x must have at least one dimension (rows are split among ranks).")
@@ -1008,19 +1262,32 @@ class Communicator:
         call = _Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
                      array_module(x), False, shape)
         call.result = out
+        if key is not None and x is given and out is given_out:
+            call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def barrier(self, *, algorithm=None, timeout=None) -> None:
         """Block until every rank has called barrier."""
-        self._check_open()
-        call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
-        self._run(call, algorithm, timeout, False)
+        plan = self._fast.get(("barrier", algorithm)) if timeout is None else None
+        if plan is not None and plan.ready(None):
+            plan.run()
+            return
+        self._barrier(algorithm, timeout, False)
 
     def ibarrier(self, *, algorithm=None, timeout=None) -> ScheduleRequest:
         """Nonblocking :meth:`barrier`."""
+        return self._barrier(algorithm, timeout, True)
+
+    def barrier_init(self, *, algorithm=None, timeout=None) -> PersistentRequest:
+        """Persistent :meth:`barrier` (MPI-4 ``MPI_Barrier_init``): ``start()``/``wait()`` as often as needed."""
+        return self._barrier(algorithm, timeout, "init")
+
+    def _barrier(self, algorithm, timeout, mode):
         self._check_open()
         call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
-        return self._run(call, algorithm, timeout, True)
+        call.key = ("barrier", algorithm)
+        return self._run(call, algorithm, timeout, mode)
+
 
     # -- other conveniences --------------------------------------------------------------
 
@@ -1033,6 +1300,24 @@ class Communicator:
         from .mesh import make_mesh
 
         return make_mesh(self, axes, data=data, model=model, pipeline=pipeline, ranks_per_node=ranks_per_node)
+
+
+class _NativeRestart:
+    """A persistent native collective where the library has none: its nonblocking form, started anew."""
+
+    def __init__(self, transport, collective, send, recv, op, root, counts, inplace):
+        self._start = lambda: transport.native(collective, send, recv, op=op, root=root, counts=counts,
+                                               inplace=inplace, nonblocking=True)
+        self._pending = None
+
+    def Start(self) -> None:  # noqa: N802 - the mpi4py Prequest interface PersistentRequest drives
+        self._pending = self._start()
+
+    def Test(self) -> bool:  # noqa: N802
+        return self._pending is None or self._pending.test()
+
+    def Free(self) -> None:  # noqa: N802
+        self._pending = None
 
 
 class _NativeRequest:

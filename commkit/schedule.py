@@ -316,12 +316,14 @@ class Progress:
     outstanding, blocking calls take their direct path and pay nothing.
     """
 
-    __slots__ = ("requests", "relax", "limit")
+    __slots__ = ("requests", "relax", "limit", "on_change")
 
-    def __init__(self, relax: Callable[[], None] | None = None, limit: int = 1 << 30):
+    def __init__(self, relax: Callable[[], None] | None = None, limit: int = 1 << 30,
+                 on_change: Callable[[], None] | None = None):
         self.requests: list = []
         self.relax = relax or (lambda: None)
         self.limit = limit
+        self.on_change = on_change  # called when the list becomes empty or stops being empty
 
     def add(self, request) -> None:
         if len(self.requests) >= self.limit:
@@ -332,12 +334,16 @@ class Progress:
                 "whose messages can be told apart; wait() for some before starting more."
             )
         self.requests.append(request)
+        if len(self.requests) == 1 and self.on_change is not None:
+            self.on_change()
 
     def discard(self, request) -> None:
         try:
             self.requests.remove(request)
         except ValueError:
-            pass
+            return
+        if not self.requests and self.on_change is not None:
+            self.on_change()
 
     def drive(self, skip=None) -> bool:
         """Advance every outstanding request once (never blocks); True if any completed a step."""

@@ -198,10 +198,13 @@ def test_root_only_error_cannot_shift_later_calls():
 def test_too_many_outstanding_requests_is_an_error_not_a_wrapped_tag():
     def body(comm):
         limit = comm._layout.max_in_flight
+        if comm.rank == 1:
+            comm.recv(0, shape=1, dtype=np.int64)  # rank 0's requests cannot complete before this
         requests = [comm.iallreduce(np.ones(1)) for _ in range(limit)]
         if comm.rank == 0:
             with pytest.raises(ck.InvalidArgument, match="outstanding on this communicator"):
                 comm.iallreduce(np.ones(1))
+            comm.send(np.zeros(1, np.int64), 1)
         return float(sum(r.wait()[0] for r in requests)), limit
 
     (total, limit), _ = ck.run_local(body, 2)

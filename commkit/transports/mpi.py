@@ -160,6 +160,45 @@ class _RecvHandle(_Pending):
         return Status(s.Get_source(), s.Get_tag(), s.Get_count(BYTE))
 
 
+class _PersistentTransfer(_Pending):
+    """A transfer bound once as persistent requests: ``start()`` posts them again, nothing is parsed."""
+
+    __slots__ = ()
+
+    def start(self) -> None:
+        MPI.Prequest.Startall(self.requests)
+
+    def free(self) -> None:
+        for req in self.requests:
+            if req != MPI.REQUEST_NULL:
+                req.Free()
+
+
+class _RepostedTransfer:
+    """A persistent transfer of device arrays: staged, so posted anew at each start."""
+
+    __slots__ = ("transport", "sends", "recvs", "tag", "pending")
+
+    def __init__(self, transport, sends, recvs, tag):
+        self.transport, self.sends, self.recvs, self.tag, self.pending = transport, sends, recvs, tag, None
+
+    def start(self) -> None:
+        self.pending = self.transport.post(self.sends, self.recvs, self.tag)
+
+    def test(self) -> bool:
+        return self.pending.test()
+
+    def wait(self, timeout):
+        return self.pending.wait(timeout)
+
+    def abandon(self) -> None:
+        if hasattr(self.pending, "abandon"):
+            self.pending.abandon()
+
+    def free(self) -> None:
+        self.pending = None
+
+
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "land": MPI.LAND,
         "lor": MPI.LOR, "lxor": MPI.LXOR, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
 # Which dtype kinds MPI defines each op for (MPI-4.1 section 6.9.2): arithmetic on
@@ -213,6 +252,57 @@ class MPITransport:
             self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
         except MPI.Exception as exc:
             raise _truncated(exc, ((source, rbuf),)) from None
+
+    def bind_transfer(self, sends, recvs):
+        """One transfer with fixed views, as ``run(tag)`` (blocking, no timeout): a compiled plan's step.
+
+        The message specifications are built once here, so a call moves data
+        with nothing in between but mpi4py's own argument parsing.
+        """
+        if _on_device(sends) or _on_device(recvs):
+            return lambda tag: self.transfer(sends, recvs, tag, None)
+        comm = self.comm
+        if len(sends) == 1 and len(recvs) == 1:
+            (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
+            sspec, rspec, sendrecv = [sbuf, BYTE], [rbuf, BYTE], comm.Sendrecv
+
+            def run(tag):
+                try:
+                    sendrecv(sspec, dest, tag, rspec, source, tag)
+                except MPI.Exception as exc:
+                    raise _truncated(exc, recvs) from None
+            return run
+        if len(sends) == 1 and not recvs:
+            (dest, sbuf), = sends
+            sspec, send = [sbuf, BYTE], comm.Send
+
+            def run(tag):
+                send(sspec, dest, tag)
+            return run
+        if len(recvs) == 1 and not sends:
+            (source, rbuf), = recvs
+            rspec, recv = [rbuf, BYTE], comm.Recv
+
+            def run(tag):
+                try:
+                    recv(rspec, source, tag)
+                except MPI.Exception as exc:
+                    raise _truncated(exc, recvs) from None
+            return run
+
+        def run(tag):
+            self.transfer(sends, recvs, tag, None)
+        return run
+
+    def persistent_transfer(self, sends, recvs, tag: int) -> "_PersistentTransfer":
+        """One transfer bound once as MPI persistent requests (``Recv_init``/``Send_init``), for restarts."""
+        if _on_device(sends) or _on_device(recvs):
+            return _RepostedTransfer(self, sends, recvs, tag)
+        comm = self.comm
+        requests = [comm.Recv_init([buf, BYTE], peer, tag) for peer, buf in recvs]
+        requests += [comm.Send_init([buf, BYTE], peer, tag) for peer, buf in sends]
+        peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
+        return _PersistentTransfer(requests, peers, len(recvs), recvs)
 
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
         if _on_device(sends) or _on_device(recvs):
@@ -343,12 +433,23 @@ class MPITransport:
 
     def _native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                 inplace: bool = False, nonblocking: bool = False):
-        comm = self.comm
         if collective.endswith("v"):  # allgatherv, gatherv, scatterv, alltoallv
             from ._mpi_vector import native_vector
 
-            req = native_vector(comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
+            req = native_vector(self.comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
             return _Pending([req], [-1]) if nonblocking else None
+        fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, "I" if nonblocking else "")
+        req = fn(*args)
+        if nonblocking:
+            return _Pending([req], [-1])
+        return None
+
+    def _native_call(self, collective, sendbuf, recvbuf, op, root, counts, inplace, form: str):
+        """The mpi4py method and arguments of one library collective.
+
+        ``form`` is ``""`` (blocking), ``"I"`` (nonblocking) or ``"_init"`` (persistent, MPI-4).
+        """
+        comm = self.comm
         if op is not None:
             datatype = _mpi_type(recvbuf.dtype if recvbuf is not None else sendbuf.dtype)
             mpi_op = _OPS[op.name]
@@ -361,30 +462,54 @@ class MPITransport:
         send = MPI.IN_PLACE if inplace else (None if sendbuf is None else typed(sendbuf))
         recv = None if recvbuf is None else typed(recvbuf)
 
-        def call(name):  # MPI_Allreduce -> comm.Allreduce, MPI_Iallreduce -> comm.Iallreduce
-            return getattr(comm, "I" + name[0].lower() + name[1:] if nonblocking else name)
+        def call(name):  # Allreduce -> comm.Allreduce, comm.Iallreduce or comm.Allreduce_init
+            if form == "I":
+                return getattr(comm, "I" + name[0].lower() + name[1:])
+            return getattr(comm, name + form)
 
         if collective == "barrier":
-            req = comm.Ibarrier() if nonblocking else comm.Barrier()
-        elif collective == "broadcast":
-            req = call("Bcast")(typed(recvbuf), root)
-        elif collective == "allreduce":
-            req = call("Allreduce")(send, typed(recvbuf), mpi_op)
-        elif collective == "reduce":
-            req = call("Reduce")(send, recv, mpi_op, root)
-        elif collective in ("gather", "scatter", "allgather", "alltoall"):
+            return call("Barrier"), ()
+        if collective == "broadcast":
+            return call("Bcast"), (typed(recvbuf), root)
+        if collective == "allreduce":
+            return call("Allreduce"), (send, typed(recvbuf), mpi_op)
+        if collective == "reduce":
+            return call("Reduce"), (send, recv, mpi_op, root)
+        if collective in ("gather", "scatter", "allgather", "alltoall"):
             name = {"gather": "Gather", "scatter": "Scatter", "allgather": "Allgather", "alltoall": "Alltoall"}[collective]
-            args = (send, recv) + ((root,) if collective in ("gather", "scatter") else ())
-            req = call(name)(*args)
-        elif collective == "reduce_scatter":
-            req = call("Reduce_scatter")(send, typed(recvbuf), list(counts), mpi_op)
-        elif collective in ("scan", "exscan"):
-            req = call(collective.capitalize())(send, typed(recvbuf), mpi_op)
-        else:
-            raise ValueError(f"no native {collective}")
-        if nonblocking:
-            return _Pending([req], [-1])
-        return None
+            return call(name), (send, recv) + ((root,) if collective in ("gather", "scatter") else ())
+        if collective == "reduce_scatter":
+            return call("Reduce_scatter"), (send, typed(recvbuf), list(counts), mpi_op)
+        if collective in ("scan", "exscan"):
+            return call(collective.capitalize()), (send, typed(recvbuf), mpi_op)
+        raise ValueError(f"no native {collective}")
+
+    def bind_native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
+                    inplace: bool = False):
+        """The library's blocking collective on fixed buffers, as ``run(tag)``: a compiled plan's only step."""
+        if (_cuda.is_device_array(sendbuf) or _cuda.is_device_array(recvbuf)) or collective.endswith("v"):
+            def run(tag):
+                self.native(collective, sendbuf, recvbuf, op=op, root=root, counts=counts, inplace=inplace)
+            return run
+        fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, "")
+
+        def run(tag):
+            fn(*args)
+        return run
+
+    def native_init(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
+                    inplace: bool = False):
+        """The library's persistent collective (MPI-4 ``MPI_Allreduce_init`` ...), or None where it has none."""
+        if _cuda.is_device_array(sendbuf) or _cuda.is_device_array(recvbuf) or collective.endswith("v"):
+            return None
+        try:
+            fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, "_init")
+        except (AttributeError, NotImplementedError):
+            return None
+        try:
+            return fn(*args)
+        except MPI.Exception:  # an MPI library older than MPI-4
+            return None
 
 
 def _builtin_fn(name: str):

@@ -1,0 +1,402 @@
+"""Plans: one call shape compiled against its buffers, run with little more than the transport calls.
+
+Why. A schedule is data-oblivious, so for one call shape (collective,
+algorithm, count, dtype, op, root) on fixed buffers everything but the data
+is known in advance: which views of which buffers each step touches, which
+transport call moves them, which ufunc reduces them. The first call of a
+shape on a given pair of arrays compiles all of that into a :class:`Plan` --
+a flat list of bound operations -- and every later call with the same arrays
+runs the list. What is left per call is the call number (it goes into the
+tag), a flight-recorder entry and the transport calls themselves.
+
+Two users of plans:
+
+* the communicator's blocking calls, which keep the plans of recent
+  ``(collective, x, out, op, algorithm)`` combinations (keyed by the arrays'
+  identity; the plan holds the arrays, so the identity stays theirs);
+* persistent collectives (:meth:`commkit.Communicator.allreduce_init` ...),
+  MPI-4 style: compiled once, then ``start()``/``wait()`` any number of
+  times. Their transfers may be bound once too (MPI persistent requests), so
+  a restart parses no buffer at all.
+
+An operation is a callable ``op(tag)``. A transfer op moves its views (the
+transport binds it: :meth:`bind_transfer`); a local op (reduce, copy) ignores
+the tag.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .errors import InvalidArgument, InvalidBuffer
+from .schedule import COPY, REDUCE, TRANSFER, _transfer_error, _timeout_error
+from . import tracing as _trace
+
+__all__ = ["Plan", "PersistentRequest", "compile_ops"]
+
+_trace_active = _trace._active
+
+
+def _view(bufs, ref):
+    name, lo, hi = ref
+    return bufs[name][lo:hi]
+
+
+def _reduce_op(step, bufs):
+    into, operand, src = _view(bufs, step.into), _view(bufs, step.operand), _view(bufs, step.src)
+    fn = step.op.fn
+    a, b = (operand, src) if step.operand_first else (src, operand)
+    if step.op.is_ufunc:
+        def run(tag, fn=fn, a=a, b=b, out=into):
+            fn(a, b, out=out)
+    else:
+        def run(tag, fn=fn, a=a, b=b, out=into):
+            out[...] = fn(a, b)
+    return run
+
+
+def _copy_op(dst, src):
+    def run(tag, dst=dst, src=src):
+        dst[...] = src
+    return run
+
+
+def _generic_transfer(chan, sends, recvs):
+    def run(tag):
+        chan.transfer(sends, recvs, tag, None)
+    return run
+
+
+def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
+    """The steps of a schedule as a list of ``(kind, op)``, views sliced and calls bound.
+
+    ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
+    ops are the transport's persistent transfers for that tag (``start()``,
+    ``test()``, ``wait()``), else callables ``op(tag)`` that move the data and
+    return when done. Empty ranges and copies of a range onto itself are dropped.
+    """
+    ops = []
+    for step in steps:
+        kind = step.kind
+        if kind == TRANSFER:
+            sends = [(peer, _view(bufs, ref)) for peer, ref in step.sends]
+            recvs = [(peer, _view(bufs, ref)) for peer, ref in step.recvs]
+            if persistent_tag is not None:
+                make = getattr(chan, "persistent_transfer", None)
+                op = make(sends, recvs, persistent_tag) if make is not None else _Reposted(chan, sends, recvs,
+                                                                                          persistent_tag)
+            else:
+                bind = getattr(chan, "bind_transfer", None)
+                op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
+            ops.append((TRANSFER, op, step))
+        elif kind == REDUCE:
+            if step.into[2] > step.into[1]:
+                ops.append((REDUCE, _reduce_op(step, bufs), step))
+        else:
+            dst, src = _view(bufs, step.dst), _view(bufs, step.src)
+            same = bufs[step.dst[0]] is bufs[step.src[0]] and step.dst[1] == step.src[1]
+            if step.dst[2] > step.dst[1] and not same:
+                ops.append((COPY, _copy_op(dst, src), step))
+    return ops
+
+
+class _Reposted:
+    """A persistent transfer on a transport without persistent requests: post it again at each start."""
+
+    __slots__ = ("chan", "sends", "recvs", "tag", "pending")
+
+    def __init__(self, chan, sends, recvs, tag):
+        self.chan, self.sends, self.recvs, self.tag, self.pending = chan, sends, recvs, tag, None
+
+    def start(self) -> None:
+        self.pending = self.chan.post(self.sends, self.recvs, self.tag)
+
+    def test(self) -> bool:
+        return self.pending.test()
+
+    def wait(self, timeout):
+        return self.pending.wait(timeout)
+
+    def abandon(self) -> None:
+        abandon = getattr(self.pending, "abandon", None)
+        if abandon is not None:
+            abandon()
+
+    def free(self) -> None:
+        self.pending = None
+
+
+class Plan:
+    """A blocking collective call compiled against fixed buffers (see the module docstring).
+
+    :meth:`run` is the whole per-call path of a call whose plan is known: every
+    attribute it needs is resolved here, once.
+    """
+
+    __slots__ = ("comm", "ops", "op0", "step0", "tagbase", "seq_mask", "seq_shift", "collective", "algorithm",
+                 "choice", "signature", "dtype", "keep", "result", "finish", "prologue", "recorder", "append",
+                 "lock", "steps")
+
+    def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
+                 finish=None, prologue=None):
+        self.comm = comm
+        self.ops = tuple(op for _, op, _ in ops)
+        self.steps = tuple(step for _, _, step in ops)
+        # A plan of one operation (a 2-rank exchange, a library call) runs it without a loop.
+        self.op0 = self.ops[0] if len(self.ops) == 1 else None
+        self.step0 = self.steps[0] if self.steps else None
+        self.tagbase = tagbase
+        self.seq_mask = comm._layout.seq_mask
+        self.seq_shift = comm._layout.seq_shift
+        self.collective = collective
+        self.algorithm = algorithm
+        self.choice = choice
+        self.signature = signature
+        self.dtype = dtype
+        self.keep = keep          # the caller's arrays: their identity is this plan's key
+        self.result = result      # what the call returns
+        self.finish = finish      # a callable for calls whose result needs work (exscan on rank 0)
+        self.prologue = prologue  # a local op run first (saving the input of an in-place call)
+        self.recorder = comm._recorder
+        self.append = comm._recorder.calls.append
+        self.lock = comm._entry
+
+    def ready(self, x) -> bool:
+        """Whether this plan may run now: same element type, and nothing that needs the general path."""
+        return (x is None or x.dtype is self.dtype) and self.comm._plain and not _trace_active
+
+    def run(self):
+        """Run the call once (blocking) and return its result."""
+        comm = self.comm
+        lock = self.lock
+        if not lock.acquire(False):
+            raise comm._concurrent(self.collective)
+        seq = comm._seq
+        comm._seq = seq + 1
+        tag = ((seq & self.seq_mask) << self.seq_shift) | self.tagbase
+        rec = [seq, self.collective, self.algorithm, self.signature, 0.0, None, 0, self.step0, "running"]
+        self.append(rec)
+        comm.last_algorithm = self.algorithm
+        comm.last_choice = self.choice
+        recorder = self.recorder
+        try:
+            if self.prologue is not None:
+                self.prologue(tag)
+            recorder.active = rec
+            op0 = self.op0
+            if op0 is not None:
+                op0(tag)
+            else:
+                steps = self.steps
+                for index, op in enumerate(self.ops):
+                    rec[6] = index
+                    rec[7] = steps[index]
+                    op(tag)
+        except InvalidBuffer as exc:
+            rec[8] = "failed"
+            raise _transfer_error((self.collective, self.algorithm, seq, comm.rank, None), rec[6], rec[7],
+                                  exc) from None
+        finally:
+            recorder.active = None
+            lock.release()
+        rec[8] = "done"
+        if self.finish is not None:
+            return self.finish()
+        return self.result
+
+
+class PersistentRequest:
+    """A persistent collective (MPI-4 ``MPI_Allreduce_init`` and friends): start, wait, restart, free.
+
+    Made by the communicator's ``*_init`` methods. The call shape, buffers and
+    tag are fixed when it is made; ``start()`` begins one run of the
+    collective (it does not block), ``test()``/``wait()`` advance and complete
+    it, and it may be started again once complete. ``free()`` releases it.
+    Like every request, an outstanding run is also advanced by any blocking
+    call or wait on its communicator.
+
+    Every rank must create its persistent collectives in the same order, and
+    start them in the same order, as MPI requires.
+    """
+
+    def __init__(self, comm, ops, tag, collective, algorithm, signature, result, finish=None, prologue=None,
+                 timeout=None, native=None):
+        self._comm = comm
+        self._ops = ops
+        self._tag = tag
+        self._collective = collective
+        self._algorithm = algorithm
+        self._signature = signature
+        self._result_value = result
+        self._finish = finish
+        self._prologue = prologue
+        self._timeout = timeout
+        self._native = native  # a library persistent request (native algorithm), if any
+        self._index = len(ops)
+        self._pending = None
+        self._active = False
+        self._freed = False
+        self._rec = None
+        self._seq = None
+        self._result = None
+
+    # -- the request interface --------------------------------------------------------------------------
+
+    def start(self) -> "PersistentRequest":
+        """Begin one run of the collective (never blocks). Returns the request."""
+        if self._freed:
+            raise InvalidArgument(f"this persistent {self._collective} was freed; create a new one.")
+        if self._active:
+            raise InvalidArgument(f"this persistent {self._collective} is still running: wait() for it before "
+                                  "starting it again.")
+        comm = self._comm
+        comm._check_open()
+        seq = comm._seq
+        comm._seq = seq + 1
+        self._seq = seq
+        self._rec = comm._recorder.start(seq, self._collective, self._algorithm, self._signature)
+        self._active = True
+        self._index = 0
+        self._pending = None
+        if self._prologue is not None:
+            self._prologue(self._tag)
+        comm._progress.add(self)
+        if self._native is not None:
+            self._native.Start()
+        self._advance()
+        return self
+
+    def _advance(self) -> bool:
+        """Run local ops and start transfers until one is in flight or the run is complete."""
+        if self._native is not None:
+            if self._native.Test():
+                self._complete()
+                return True
+            return False
+        ops = self._ops
+        try:
+            while True:
+                if self._pending is not None:
+                    if not self._pending.test():
+                        return False
+                    self._pending = None
+                    self._index += 1
+                if self._index >= len(ops):
+                    self._complete()
+                    return True
+                kind, op, step = ops[self._index]
+                if kind == TRANSFER:
+                    self._rec[6] = self._index
+                    self._rec[7] = step
+                    op.start()
+                    self._pending = op
+                else:
+                    op(self._tag)
+                    self._index += 1
+        except InvalidBuffer as exc:
+            self._stop("failed")
+            raise _transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
+                                  self._index, self._rec[7], exc) from None
+
+    def _advance_once(self) -> bool:
+        if not self._active:
+            return False
+        before = self._index
+        return self._advance() or self._index != before
+
+    def _complete(self) -> None:
+        self._stop("done")
+        self._result = self._finish() if self._finish is not None else self._result_value
+
+    def _stop(self, state: str) -> None:
+        self._active = False
+        self._comm._progress.discard(self)
+        self._rec[5] = time.monotonic()
+        self._rec[8] = state
+
+    def test(self) -> bool:
+        """Advance without blocking; True once the current run is complete (or none was started)."""
+        if not self._active:
+            return True
+        if self._advance():
+            return True
+        self._comm._progress.drive(skip=self)
+        return False
+
+    def wait(self, timeout: float | None = None):
+        """Block until the current run completes; return its result (the output array, or None)."""
+        if not self._active:
+            return self._result
+        timeout = self._timeout if timeout is None else timeout
+        comm = self._comm
+        comm._recorder.active = self._rec
+        try:
+            while self._active:
+                if self._advance():
+                    break
+                waitable = self._native if self._native is not None else self._pending
+                test = waitable.Test if self._native is not None else waitable.test
+                if len(comm._progress.requests) > 1 or self._native is not None or timeout is not None:
+                    if not comm._progress.wait(test, timeout, skip=self):
+                        self._timed_out(timeout)
+                else:
+                    waitable.wait(None)
+        finally:
+            comm._recorder.active = None
+        return self._result
+
+    def _timed_out(self, timeout):
+        from .watchdog import recent_summary
+
+        step = self._rec[7]
+        peers = sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends}) if step is not None else []
+        if self._pending is not None:
+            self._pending.abandon()
+        self._stop("timed out")
+        error = _timeout_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
+                               self._index, step, peers, timeout, recent_summary(self._comm._recorder))
+        self._comm._break(f"persistent {self._collective} #{self._seq} timed out on rank {self._comm.rank}.")
+        raise error
+
+    @property
+    def done(self) -> bool:
+        """Whether no run is in progress (without making progress)."""
+        return not self._active
+
+    @property
+    def result(self):
+        """The result of the last completed run (None before the first one)."""
+        return self._result
+
+    @property
+    def status(self):
+        """Collectives have no status (for the common request interface)."""
+        return None
+
+    def free(self) -> None:
+        """Release the request (and the transport's persistent requests behind it)."""
+        if self._active:
+            raise InvalidArgument(f"this persistent {self._collective} is running: wait() for it before free().")
+        if self._freed:
+            return
+        self._freed = True
+        for kind, op, _ in self._ops:
+            if kind == TRANSFER:
+                op.free()
+        if self._native is not None:
+            self._native.Free()
+        self._ops = ()
+
+    def __enter__(self) -> "PersistentRequest":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._active and exc[0] is None:
+            self.wait()
+        if not self._active:
+            self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else ("running" if self._active else "inactive")
+        return f"<commkit.PersistentRequest {self._collective} ({self._algorithm}): {state}>"
+
