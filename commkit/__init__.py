@@ -13,7 +13,9 @@ from __future__ import annotations
 from . import cost
 from ._launch import launch, launcher
 from ._world import init, local_world, run_local
-from .communicator import Communicator, Request, wait_all
+from .communicator import Communicator, PointToPointRequest
+from .plan import PersistentRequest
+from .requests import Request, wait_all, wait_any
 from .mesh import Mesh, MeshLayout, mesh_layout
 from .errors import (
     AlgorithmNotApplicable,
@@ -40,7 +42,8 @@ from .transports.base import ANY_SOURCE, ANY_TAG, Status
 __version__ = "0.1.0"
 
 __all__ = [
-    "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "ScheduleRequest", "wait_all", "trace", "dump_flight_records",
+    "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "PointToPointRequest", "ScheduleRequest",
+    "PersistentRequest", "wait_all", "wait_any", "trace", "dump_flight_records",
     "Op", "SUM", "PROD", "MAX", "MIN", "LAND", "LOR", "LXOR", "BAND", "BOR", "BXOR",
     "ANY_SOURCE", "ANY_TAG", "Status",
     "CommError", "InvalidArgument", "InvalidBuffer", "UnsupportedOp", "AlgorithmNotApplicable", "CommClosed", "CommBroken", "MessageTruncated",

@@ -38,10 +38,11 @@ from .identity import TagLayout
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .ops import MAX, get_op
 from .plan import Plan, PersistentRequest, compile_ops
+from .requests import Request, wait_all, wait_any
 from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, run_schedule
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
-__all__ = ["Communicator", "Request", "wait_all"]
+__all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
 
 log = logging.getLogger("commkit")
 
@@ -78,7 +79,7 @@ def _env_check() -> bool:
     return os.environ.get("COMMKIT_DEBUG", "").lower() in ("check", "1", "true")
 
 
-class Request:
+class PointToPointRequest(Request):
     """A nonblocking point-to-point operation (``isend``/``irecv``).
 
     ``wait()`` returns the received array for ``irecv`` (None for ``isend``);
@@ -134,7 +135,7 @@ class Request:
         return getattr(self._pending, "status", None) if self._done else None
 
 
-class _RecvRequest(Request):
+class _RecvRequest(PointToPointRequest):
     """An ``irecv``: also refuses a message that was a Python object sent with ``send_object``."""
 
     def _check_kind(self) -> None:
@@ -155,11 +156,6 @@ class _RecvRequest(Request):
         result = super().wait(timeout)
         self._check_kind()
         return result
-
-
-def wait_all(requests, timeout: float | None = None) -> list:
-    """Wait for every request (point-to-point or collective); return their results in order."""
-    return [r.wait(timeout) for r in requests]
 
 
 class _Call:
@@ -389,7 +385,7 @@ class Communicator:
             # The message goes out of a copy commkit made (a list, a strided view ...): keep it
             # alive until the send completes, even if the caller drops the request.
             self._sends.append((pending, flat))
-        return Request(pending, None, self.timeout, f"rank {self.rank}: send to rank {dest}", keep=flat,
+        return PointToPointRequest(pending, None, self.timeout, f"rank {self.rank}: send to rank {dest}", keep=flat,
                        comm=self, peers=(dest,))
 
     def recv(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, *, out=None, shape=None, dtype=None,
@@ -936,7 +932,7 @@ class Communicator:
             return plan.run()
         return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
 
-    def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allreduce`; ``wait()`` returns the result."""
         return self._reduction("allreduce", x, op, out, algorithm, timeout, True)
 
@@ -966,7 +962,7 @@ class Communicator:
             return plan.run()
         return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
 
-    def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`reduce`."""
         return self._reduction("reduce", x, op, out, algorithm, timeout, True, root, rooted=True)
 
@@ -982,7 +978,7 @@ class Communicator:
             return plan.run()
         return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
 
-    def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`scan`."""
         return self._reduction("scan", x, op, out, algorithm, timeout, True)
 
@@ -1002,7 +998,7 @@ class Communicator:
             return plan.run()
         return self._reduction("exscan", x, op, out, algorithm, timeout, False, key=key)
 
-    def iexscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def iexscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`exscan`."""
         return self._reduction("exscan", x, op, out, algorithm, timeout, True)
 
@@ -1023,7 +1019,7 @@ class Communicator:
             return plan.run()
         return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
-    def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`broadcast`."""
         return self._broadcast(x, root, out, algorithm, timeout, True)
 
@@ -1059,7 +1055,7 @@ class Communicator:
             return plan.run()
         return self._gather(x, root, out, algorithm, timeout, False, key=key)
 
-    def igather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def igather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`gather`."""
         return self._gather(x, root, out, algorithm, timeout, True)
 
@@ -1098,7 +1094,7 @@ class Communicator:
             return plan.run()
         return self._scatter(x, root, out, algorithm, timeout, False, key=key)
 
-    def iscatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def iscatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`scatter`."""
         return self._scatter(x, root, out, algorithm, timeout, True)
 
@@ -1146,7 +1142,7 @@ class Communicator:
             return plan.run()
         return self._allgather(x, out, algorithm, timeout, False, key=key)
 
-    def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allgather`."""
         return self._allgather(x, out, algorithm, timeout, True)
 
@@ -1179,7 +1175,7 @@ class Communicator:
             return plan.run()
         return self._alltoall(x, out, algorithm, timeout, False, key=key)
 
-    def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`alltoall`."""
         return self._alltoall(x, out, algorithm, timeout, True)
 
@@ -1220,7 +1216,7 @@ class Communicator:
             return plan.run()
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False, key=key)
 
-    def ireduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None) -> ScheduleRequest:
+    def ireduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`reduce_scatter`."""
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, True)
 
@@ -1274,7 +1270,7 @@ class Communicator:
             return
         self._barrier(algorithm, timeout, False)
 
-    def ibarrier(self, *, algorithm=None, timeout=None) -> ScheduleRequest:
+    def ibarrier(self, *, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`barrier`."""
         return self._barrier(algorithm, timeout, True)
 
@@ -1320,7 +1316,7 @@ class _NativeRestart:
         self._pending = None
 
 
-class _NativeRequest:
+class _NativeRequest(Request):
     """A nonblocking native collective: one library request, then the result."""
 
     def __init__(self, pending, finish, timeout, info, comm, rec):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import time
 
 from .errors import InvalidArgument, InvalidBuffer
+from .requests import Request
 from .schedule import COPY, REDUCE, TRANSFER, _transfer_error, _timeout_error
 from . import tracing as _trace
 
@@ -205,7 +206,7 @@ class Plan:
         return self.result
 
 
-class PersistentRequest:
+class PersistentRequest(Request):
     """A persistent collective (MPI-4 ``MPI_Allreduce_init`` and friends): start, wait, restart, free.
 
     Made by the communicator's ``*_init`` methods. The call shape, buffers and

@@ -29,6 +29,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from .errors import CommTimeout, InvalidBuffer, MessageTruncated
+from .requests import Request
 
 __all__ = [
     "Transfer",
@@ -373,7 +374,7 @@ class Progress:
                 self.relax()
 
 
-class ScheduleRequest:
+class ScheduleRequest(Request):
     """A nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
 
     Returned by the ``i``-forms (``iallreduce`` ...). ``wait()`` returns the

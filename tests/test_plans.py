@@ -1,0 +1,253 @@
+"""Compiled plans, persistent collectives and the one request interface.
+
+A plan replays a call shape compiled against fixed arrays, so the tests change
+the data between calls (a plan that captured values instead of views would
+fail), swap arrays, reinterpret dtypes, and mix plans with the general path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import commkit as ck
+
+from conftest import requires_mpi, run_mpi
+
+COLLECTIVE_INITS = ["allreduce", "reduce", "scan", "exscan", "broadcast", "gather", "scatter", "allgather",
+                    "alltoall", "reduce_scatter", "barrier"]
+
+
+def _expected(name, inputs, rank, root=0):
+    """NumPy's answer for ``rank`` given every rank's input of this round."""
+    p = len(inputs)
+    if name == "allreduce":
+        return np.sum(inputs, axis=0)
+    if name == "reduce":
+        return np.sum(inputs, axis=0) if rank == root else None
+    if name == "scan":
+        return np.sum(inputs[: rank + 1], axis=0)
+    if name == "exscan":
+        return np.sum(inputs[:rank], axis=0) if rank else np.zeros_like(inputs[0])
+    if name == "broadcast":
+        return inputs[root]
+    if name == "gather":
+        return np.stack(inputs) if rank == root else None
+    if name == "scatter":
+        return inputs[root].reshape(p, -1)[rank]
+    if name == "allgather":
+        return np.stack(inputs)
+    if name == "alltoall":
+        return np.stack([inputs[j].reshape(p, -1)[rank] for j in range(p)])
+    if name == "reduce_scatter":
+        return np.sum(inputs, axis=0).reshape(p, -1)[rank]
+    return None
+
+
+def _setup(comm, name, n, root=0):
+    """Arrays for one collective on this rank: (x, out, start(request) -> None, call(**kw) -> result)."""
+    p, r = comm.size, comm.rank
+    if name in ("scatter", "alltoall", "reduce_scatter"):
+        x = np.zeros(p * n)
+        shape = (p, n) if name == "alltoall" else (n,)
+        out = np.empty(shape)
+        xx = x.reshape(p, n) if name in ("alltoall", "scatter") else x
+    else:
+        x = np.zeros(n)
+        xx = x
+        out = np.empty((p, n)) if name in ("gather", "allgather") else np.empty(n)
+    if name in ("reduce", "gather") and r != root:
+        out = None
+    kwargs = {"out": out}
+    if name in ("reduce", "gather", "scatter", "broadcast"):
+        kwargs["root"] = root
+    if name == "scatter" and r != root:
+        xx = None
+    return x, xx, out, kwargs
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_INITS)
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_persistent_collectives_restart_with_new_data(name, size):
+    rounds, n = 4, 6
+
+    def body(comm):
+        x, xx, out, kwargs = _setup(comm, name, n)
+        if name == "barrier":
+            req = comm.barrier_init()
+        else:
+            req = getattr(comm, f"{name}_init")(xx, **kwargs)
+        assert isinstance(req, ck.Request) and req.done
+        got = []
+        for k in range(rounds):
+            x[...] = np.random.default_rng(100 * k + comm.rank).integers(-9, 9, x.size)
+            req.start()
+            result = req.wait()
+            assert req.done and req.result is result
+            got.append((x.copy(), None if result is None else np.array(result, copy=True)))
+            comm.barrier()  # a regular call between runs must not disturb the request
+        req.start()
+        if not req.done:
+            with pytest.raises(ck.InvalidArgument, match="still running"):
+                req.start()
+        req.wait()
+        req.free()
+        with pytest.raises(ck.InvalidArgument, match="freed"):
+            req.start()
+        return got
+
+    per_rank = ck.run_local(body, size)
+    if name == "barrier":
+        return
+    for k in range(rounds):
+        inputs = [per_rank[r][k][0] for r in range(size)]
+        for r in range(size):
+            want = _expected(name, inputs, r)
+            result = per_rank[r][k][1]
+            if want is None:
+                assert result is None
+            else:
+                np.testing.assert_array_equal(result.reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("algorithm", ["naive", "ring", "recursive_doubling", "rabenseifner"])
+def test_persistent_allreduce_in_place_and_two_requests_interleaved(algorithm):
+    def body(comm):
+        a = np.zeros(7)
+        b = np.zeros(7, np.int64)
+        ra = comm.allreduce_init(a, out=a, algorithm=algorithm)
+        rb = comm.allreduce_init(b, "max", algorithm=algorithm)
+        results = []
+        for k in range(3):
+            a[...] = comm.rank + k
+            b[...] = comm.rank * (k + 1)
+            ra.start()
+            rb.start()
+            # Waited in opposite orders on odd and even ranks: the requests drive each other.
+            if comm.rank % 2:
+                vb, va = rb.wait(timeout=10), ra.wait(timeout=10)
+            else:
+                va, vb = ra.wait(timeout=10), rb.wait(timeout=10)
+            assert va is a  # in place: the result is the array itself
+            results.append((va.copy(), vb.copy()))
+        return results
+
+    p = 4
+    for rank_results in ck.run_local(body, p):
+        for k, (va, vb) in enumerate(rank_results):
+            np.testing.assert_array_equal(va, np.full(7, sum(range(p)) + p * k, float))
+            np.testing.assert_array_equal(vb, np.full(7, (p - 1) * (k + 1)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(size=st.integers(1, 6), n=st.integers(0, 9), calls=st.integers(2, 5),
+       algorithm=st.sampled_from([None, "naive", "ring", "recursive_doubling", "rabenseifner"]))
+def test_repeated_calls_on_the_same_arrays_use_a_plan_and_stay_right(size, n, calls, algorithm):
+    def body(comm):
+        x, out = np.zeros(n, np.float32), np.empty(n, np.float32)
+        seen = []
+        for k in range(calls):
+            x[...] = np.arange(n) * (comm.rank + 1) + k
+            result = comm.allreduce(x, out=out, algorithm=algorithm)
+            assert result is out
+            seen.append(out.copy())
+            comm.allreduce(x, out=x, algorithm=algorithm)  # in place on the same array, its own plan
+            np.testing.assert_array_equal(x, out)
+        return seen, len(comm._fast)
+
+    results = ck.run_local(body, size)
+    for seen, plans in results:
+        for k, got in enumerate(seen):
+            np.testing.assert_array_equal(got, np.arange(n) * sum(range(1, size + 1)) + size * k)
+        assert plans >= 1 or n * 4 > ck.Communicator._FAST_MAX_BYTES
+
+
+def test_plan_is_not_used_when_the_call_changes():
+    def body(comm):
+        x, out = np.ones(4), np.empty(4)
+        for _ in range(3):
+            comm.allreduce(x, out=out)
+        assert len(comm._fast) == 1
+        # The same array object, reinterpreted: the plan must not run on the new dtype.
+        x.dtype = np.int64
+        x[...] = comm.rank + 1
+        with pytest.raises(ck.InvalidBuffer, match="dtype"):
+            comm.allreduce(x, out=out)
+        y = np.empty(4, np.int64)
+        comm.allreduce(x, out=y)
+        assert y.tolist() == [sum(range(1, comm.size + 1))] * 4
+        # A timeout set on the communicator takes the general path (it can give up).
+        comm.timeout = 5
+        x2 = np.ones(4)
+        comm.allreduce(x2, out=out)
+        comm.allreduce(x2, out=out)
+        assert ("allreduce", id(x2), id(out), "sum", None) not in comm._fast
+        return out.tolist()
+
+    assert ck.run_local(body, 3) == [[3.0] * 4] * 3
+
+
+def test_wait_any_and_wait_all_over_any_mix_of_requests():
+    def body(comm):
+        peer_right, peer_left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        persistent = comm.allreduce_init(np.ones(3))
+        persistent.start()
+        requests = [
+            comm.irecv(peer_left, tag=5, shape=2, dtype=np.int64),
+            comm.iallgather(np.array([comm.rank])),
+            comm.ibarrier(),
+            persistent,
+        ]
+        assert all(isinstance(r, ck.Request) for r in requests)
+        comm.send(np.array([comm.rank, 7]), peer_right, tag=5)
+        index, value = ck.wait_any(requests, timeout=10)
+        assert requests[index].done
+        results = ck.wait_all(requests, timeout=10)
+        assert requests[0].status.source == peer_left
+        assert all(r.status is None for r in requests[1:])
+        return results[0].tolist(), results[1].ravel().tolist(), results[3].tolist()
+
+    for rank, (got, gathered, total) in enumerate(ck.run_local(body, 3)):
+        assert got == [(rank - 1) % 3, 7]
+        assert gathered == [0, 1, 2]
+        assert total == [3.0] * 3
+    with pytest.raises(ck.InvalidArgument):
+        ck.wait_any([])
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_plans_and_persistent_collectives_under_mpiexec():
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    for algorithm in (None, "native", "ring", "recursive_doubling", "naive"):
+        x, out = np.zeros(5, np.int64), np.empty(5, np.int64)
+        req = c.allreduce_init(x, out=out, algorithm=algorithm)
+        for k in range(4):
+            x[...] = r * 10 + k
+            assert c.allreduce(x, out=out, algorithm=algorithm) is out   # plans after the 2nd call
+            assert out.tolist() == [sum(q * 10 + k for q in range(p))] * 5, (algorithm, out)
+            out[...] = -1
+            req.start(); req.wait()
+            assert out.tolist() == [sum(q * 10 + k for q in range(p))] * 5, (algorithm, out)
+        req.free()
+    # broadcast in place with plans and persistently, native and not
+    for algorithm in (None, "native", "binomial"):
+        b = np.zeros(3)
+        breq = c.broadcast_init(b, root=p - 1, out=b, algorithm=algorithm)
+        for k in range(3):
+            b[...] = k if r == p - 1 else -5
+            c.broadcast(b, root=p - 1, out=b, algorithm=algorithm)
+            assert b.tolist() == [k] * 3
+            b[...] = k + 1 if r == p - 1 else -5
+            breq.start(); breq.wait()
+            assert b.tolist() == [k + 1] * 3
+    print(f"ok {r}", flush=True)
+    """
+    for nprocs in (2, 3):
+        result = run_mpi(nprocs, code, timeout=120)
+        assert result.stdout.count("ok") == nprocs
