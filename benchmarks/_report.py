@@ -490,7 +490,7 @@ def page(results, analysis: str | None, figures: dict) -> str:
          "(1 KiB is in \"up to 1 KiB\", 64 KiB in \"1 KiB – 64 KiB\", 4 MiB in \"64 KiB – 4 MiB\"). A cell "
          "passes when the median ratio of *every* size in it meets the target; it shows the worst size."),
         ("- **Ranks.** The targets are for 2 ranks on 2 cores. 3 and 4 ranks oversubscribe the cores, "
-         "so those numbers show correctness and the shape of the curves, not speed (DESIGN.md: quote speed "
+         "so those numbers show correctness and the shape of the curves, not speed (docs/architecture.md: quote speed "
          "only for ranks <= cores)."),
         "## Targets",
         (f"2 ranks, ratio = commkit auto / native, median over {sweeps} sweeps (worst size of each band; "

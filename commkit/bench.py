@@ -1,6 +1,6 @@
 """The benchmark engine behind ``commkit bench`` and ``commkit tune`` (and importable by benchmarks/).
 
-What it measures, and why this way (DESIGN.md, "Measuring"):
+What it measures, and why this way (docs/architecture.md, "Measuring"):
 
 * every algorithm of a collective, ``native`` (the library's own) included, on
   the *same* input and output buffers: on a 2-core machine the very same

@@ -278,7 +278,7 @@ def _machine(comm) -> dict:
     from . import __version__
 
     info["commkit"] = __version__
-    # DESIGN.md: more ranks than cores is for correctness; quote speed only for ranks <= cores.
+    # docs/architecture.md, Measuring: more ranks than cores is for correctness; quote speed only for ranks <= cores.
     info["oversubscribed"] = busiest > (os.cpu_count() or 1)
     if comm.transport_name == "mpi":
         try:
