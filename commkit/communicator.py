@@ -734,7 +734,7 @@ class Communicator:
                 def run(tag, coll=self._coll):
                     coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
                                 inplace=inplace)
-            return [(TRANSFER, run, None)], prologue
+            return [(TRANSFER, run, None, ())], prologue
         src = call.src
         if call.aliased:
             if inplace_safe:

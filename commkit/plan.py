@@ -68,36 +68,59 @@ def _generic_transfer(chan, sends, recvs):
     return run
 
 
-def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
-    """The steps of a schedule as a list of ``(kind, op)``, views sliced and calls bound.
+def _overlapped_transfer(chan, sends, recvs, local):
+    def run(tag):
+        pending = chan.post(sends, recvs, tag)
+        for op in local:
+            op(tag)
+        pending.wait(None)
+    return run
 
-    ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
-    ops are the transport's persistent transfers for that tag (``start()``,
-    ``test()``, ``wait()``), else callables ``op(tag)`` that move the data and
-    return when done. Empty ranges and copies of a range onto itself are dropped.
-    """
+
+def _local_ops(steps, bufs) -> list:
     ops = []
     for step in steps:
-        kind = step.kind
-        if kind == TRANSFER:
-            sends = [(peer, _view(bufs, ref)) for peer, ref in step.sends]
-            recvs = [(peer, _view(bufs, ref)) for peer, ref in step.recvs]
-            if persistent_tag is not None:
-                make = getattr(chan, "persistent_transfer", None)
-                op = make(sends, recvs, persistent_tag) if make is not None else _Reposted(chan, sends, recvs,
-                                                                                          persistent_tag)
-            else:
-                bind = getattr(chan, "bind_transfer", None)
-                op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
-            ops.append((TRANSFER, op, step))
-        elif kind == REDUCE:
+        if step.kind == REDUCE:
             if step.into[2] > step.into[1]:
-                ops.append((REDUCE, _reduce_op(step, bufs), step))
+                ops.append((REDUCE, _reduce_op(step, bufs), step, ()))
         else:
             dst, src = _view(bufs, step.dst), _view(bufs, step.src)
             same = bufs[step.dst[0]] is bufs[step.src[0]] and step.dst[1] == step.src[1]
             if step.dst[2] > step.dst[1] and not same:
-                ops.append((COPY, _copy_op(dst, src), step))
+                ops.append((COPY, _copy_op(dst, src), step, ()))
+    return ops
+
+
+def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
+    """The steps of a schedule as a list of ``(kind, op, step, overlapped)``, views sliced and calls bound.
+
+    ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
+    ops are the transport's persistent transfers for that tag (``start()``,
+    ``test()``, ``wait()``) and ``overlapped`` the local ops to run once one is
+    started; else transfers are callables ``op(tag)`` that move the data (running
+    their overlapped local ops while it is in flight) and return when done.
+    Empty ranges and copies of a range onto itself are dropped.
+    """
+    ops = []
+    for step in steps:
+        if step.kind != TRANSFER:
+            ops.extend(_local_ops((step,), bufs))
+            continue
+        sends = [(peer, _view(bufs, ref)) for peer, ref in step.sends]
+        recvs = [(peer, _view(bufs, ref)) for peer, ref in step.recvs]
+        local = tuple(op for _, op, _, _ in _local_ops(step.overlap, bufs))
+        if persistent_tag is not None:
+            make = getattr(chan, "persistent_transfer", None)
+            op = make(sends, recvs, persistent_tag) if make is not None else _Reposted(chan, sends, recvs,
+                                                                                      persistent_tag)
+            ops.append((TRANSFER, op, step, local))
+            continue
+        if local:
+            op = _overlapped_transfer(chan, sends, recvs, local)
+        else:
+            bind = getattr(chan, "bind_transfer", None)
+            op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
+        ops.append((TRANSFER, op, step, ()))
     return ops
 
 
@@ -141,8 +164,8 @@ class Plan:
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None):
         self.comm = comm
-        self.ops = tuple(op for _, op, _ in ops)
-        self.steps = tuple(step for _, _, step in ops)
+        self.ops = tuple(entry[1] for entry in ops)
+        self.steps = tuple(entry[2] for entry in ops)
         # A plan of one operation (a 2-rank exchange, a library call) runs it without a loop.
         self.op0 = self.ops[0] if len(self.ops) == 1 else None
         self.step0 = self.steps[0] if self.steps else None
@@ -285,12 +308,14 @@ class PersistentRequest(Request):
                 if self._index >= len(ops):
                     self._complete()
                     return True
-                kind, op, step = ops[self._index]
+                kind, op, step, overlapped = ops[self._index]
                 if kind == TRANSFER:
                     self._rec[6] = self._index
                     self._rec[7] = step
                     op.start()
                     self._pending = op
+                    for local in overlapped:
+                        local(self._tag)
                 else:
                     op(self._tag)
                     self._index += 1
@@ -381,7 +406,7 @@ class PersistentRequest(Request):
         if self._freed:
             return
         self._freed = True
-        for kind, op, _ in self._ops:
+        for kind, op, _, _ in self._ops:
             if kind == TRANSFER:
                 op.free()
         if self._native is not None:

@@ -38,6 +38,7 @@ __all__ = [
     "Exchange",
     "Reduce",
     "Copy",
+    "check_overlap",
     "partition",
     "run_schedule",
     "ScheduleRequest",
@@ -52,25 +53,27 @@ class Transfer:
 
     ``sends`` and ``recvs`` are tuples of ``(peer, (name, lo, hi))``. Messages
     between one pair of ranks are matched in the order they are posted.
+
+    ``overlap`` holds local steps (:class:`Reduce`, :class:`Copy`) to run while
+    the transfer is in flight: after it is posted, before it is waited for. This
+    is how a schedule keeps the link and the core busy at once -- a root copies
+    its input while sending it, a pipelined ring reduces segment k while segment
+    k+1 travels. The overlapped steps must not touch the ranges this transfer
+    moves (:func:`check_overlap` says whether they do).
     """
 
-    __slots__ = ("sends", "recvs")
+    __slots__ = ("sends", "recvs", "overlap")
     kind = TRANSFER
 
-    def __init__(self, sends=(), recvs=()):
+    def __init__(self, sends=(), recvs=(), overlap=()):
         self.sends = tuple(sends)
         self.recvs = tuple(recvs)
-
-    @property
-    def pair(self):
-        """``(dest, name, lo, hi, source, name, lo, hi)`` for one send plus one receive, else None."""
-        if len(self.sends) == 1 and len(self.recvs) == 1:
-            (dest, sbuf), (source, rbuf) = self.sends[0], self.recvs[0]
-            return (dest, *sbuf, source, *rbuf)
-        return None
+        self.overlap = tuple(overlap)
 
     def __repr__(self) -> str:
         parts = [f"send {b} to {p}" for p, b in self.sends] + [f"recv {b} from {p}" for p, b in self.recvs]
+        if self.overlap:
+            parts.append("while " + ", ".join(map(repr, self.overlap)))
         return f"{type(self).__name__}({'; '.join(parts)})"
 
 
@@ -79,9 +82,10 @@ class Send(Transfer):
 
     __slots__ = ()
 
-    def __init__(self, to: int, buf: tuple):
+    def __init__(self, to: int, buf: tuple, overlap=()):
         self.sends = ((to, buf),)
         self.recvs = ()
+        self.overlap = tuple(overlap)
 
 
 class Recv(Transfer):
@@ -89,9 +93,10 @@ class Recv(Transfer):
 
     __slots__ = ()
 
-    def __init__(self, frm: int, buf: tuple):
+    def __init__(self, frm: int, buf: tuple, overlap=()):
         self.sends = ()
         self.recvs = ((frm, buf),)
+        self.overlap = tuple(overlap)
 
 
 class Exchange(Transfer):
@@ -99,11 +104,39 @@ class Exchange(Transfer):
 
     __slots__ = ("pair",)
 
-    def __init__(self, send_to: int, send: tuple, recv_from: int, recv: tuple):
+    def __init__(self, send_to: int, send: tuple, recv_from: int, recv: tuple, overlap=()):
         self.sends = ((send_to, send),)
         self.recvs = ((recv_from, recv),)
+        self.overlap = tuple(overlap)
         # Flattened once here so the executor's hot loop does no unpacking of nested tuples.
         self.pair = (send_to, *send, recv_from, *recv)
+
+
+def _ranges_meet(a: tuple, b: tuple) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2] and a[2] > a[1] and b[2] > b[1]
+
+
+def check_overlap(step: Transfer) -> list:
+    """The conflicts between a transfer and its overlapped local steps (empty when it is safe).
+
+    A local step may not write a range the transfer sends or receives, nor read
+    a range it receives into: both would race with the data on the wire.
+    """
+    moved = [buf for _, buf in step.sends]
+    landing = [buf for _, buf in step.recvs]
+    conflicts = []
+    for local in step.overlap:
+        writes = [local.into] if local.kind == REDUCE else [local.dst]
+        reads = [local.operand, local.src] if local.kind == REDUCE else [local.src]
+        for w in writes:
+            for t in moved + landing:
+                if _ranges_meet(w, t):
+                    conflicts.append(f"{local!r} writes {w} while the transfer moves {t}")
+        for r in reads:
+            for t in landing:
+                if _ranges_meet(r, t):
+                    conflicts.append(f"{local!r} reads {r} while the transfer receives into {t}")
+    return conflicts
 
 
 class Reduce:
@@ -260,6 +293,9 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
             if kind == TRANSFER:
                 rec[6] = index
                 rec[7] = step
+                if step.overlap:
+                    _overlapped(step, bufs, chan, tag, timeout, info, index)
+                    continue
                 if type(step) is Exchange:
                     d, sn, slo, shi, s, rn, rlo, rhi = step.pair
                     if sendrecv is not None:
@@ -285,6 +321,19 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
         raise _transfer_error(info, index, step, exc) from None
 
 
+def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
+    """Post a transfer, run its overlapped local steps while it is in flight, then wait for it."""
+    pending = chan.post(_views(bufs, step.sends), _views(bufs, step.recvs), tag)
+    for local in step.overlap:
+        _do_local(local, bufs)
+    stuck = pending.wait(timeout)
+    if stuck:
+        abandon = getattr(pending, "abandon", None)
+        if abandon is not None:
+            abandon()
+        raise _timeout_error(info, index, step, stuck, timeout)
+
+
 def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None:
     if rec is None:
         rec = [None] * 9
@@ -294,11 +343,14 @@ def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None
             rec[6] = index
             rec[7] = step
             try:
-                pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
+                if step.overlap:
+                    _overlapped(step, bufs, chan, tag, timeout, info, index)
+                else:
+                    pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
+                    if pending:
+                        raise _timeout_error(info, index, step, pending, timeout)
             except InvalidBuffer as exc:
                 raise _transfer_error(info, index, step, exc) from None
-            if pending:
-                raise _timeout_error(info, index, step, pending, timeout)
         else:
             _do_local(step, bufs)
         tracer.record(info, index, step, t0, time.perf_counter(), bufs)
@@ -438,6 +490,8 @@ class ScheduleRequest(Request):
                 self._rec[7] = step
                 self._t0 = time.perf_counter()
                 self._pending = self._chan.post(_views(self._bufs, step.sends), _views(self._bufs, step.recvs), self._tag)
+                for local in step.overlap:
+                    _do_local(local, self._bufs)
             else:
                 t0 = time.perf_counter()
                 _do_local(step, self._bufs)

@@ -251,3 +251,74 @@ def test_plans_and_persistent_collectives_under_mpiexec():
     for nprocs in (2, 3):
         result = run_mpi(nprocs, code, timeout=120)
         assert result.stdout.count("ok") == nprocs
+
+
+# -- overlap: local steps while a transfer is in flight ------------------------------------------------------
+
+
+def _all_schedules(p, count=13, root=1):
+    from commkit import algorithms
+    from commkit.ops import SUM
+
+    for collective in algorithms.COLLECTIVES:
+        for name, alg in algorithms.for_collective(collective).items():
+            if alg.schedule is None or (alg.power_of_two and p & (p - 1)):
+                continue
+            for rank in range(p):
+                r = root % p
+                if collective == "barrier":
+                    steps = alg.schedule(rank, p)
+                elif collective in ("broadcast", "gather", "scatter"):
+                    steps = alg.schedule(rank, p, count, r)
+                elif collective == "reduce":
+                    steps = alg.schedule(rank, p, count, SUM, r)
+                elif collective in ("allgather", "alltoall"):
+                    steps = alg.schedule(rank, p, count)
+                elif collective == "reduce_scatter":
+                    steps = alg.schedule(rank, p, tuple([count] * p), SUM)
+                elif collective in ("allreduce", "scan", "exscan"):
+                    steps = alg.schedule(rank, p, count, SUM)
+                else:
+                    continue
+                yield collective, name, rank, list(steps)
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 8, 13, 16])
+def test_overlapped_local_steps_never_race_with_their_transfer(p):
+    from commkit.schedule import TRANSFER, check_overlap
+
+    for collective, name, rank, steps in _all_schedules(p):
+        for step in steps:
+            if step.kind == TRANSFER and step.overlap:
+                assert not check_overlap(step), (collective, name, rank, check_overlap(step))
+
+
+def test_check_overlap_finds_a_race():
+    from commkit.schedule import Copy, Exchange, Reduce, check_overlap
+    from commkit.ops import SUM
+
+    racy = Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4),
+                    overlap=(Copy(("out", 2, 6), ("in", 2, 6)), Reduce(("out", 8, 9), ("tmp", 3, 4), SUM)))
+    problems = check_overlap(racy)
+    assert len(problems) == 2
+    assert "writes ('out', 2, 6)" in problems[0] and "reads ('tmp', 3, 4)" in problems[1]
+    assert not check_overlap(Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4), overlap=(Copy(("out", 4, 8), ("in", 4, 8)),)))
+
+
+def test_broadcast_root_sends_from_its_input_and_copies_meanwhile():
+    from commkit.algorithms.tree import broadcast_binomial
+    from commkit.schedule import COPY, TRANSFER
+
+    steps = list(broadcast_binomial(0, 4, 10, 0))
+    assert steps[0].kind == TRANSFER and steps[0].sends[0][1] == ("in", 0, 10)
+    assert [s.kind for s in steps[0].overlap] == [COPY]  # the copy rides along the first send
+    assert all(s.kind == TRANSFER for s in steps)
+
+    def body(comm):
+        x = np.arange(6.0) * (comm.rank == 2)
+        out = comm.broadcast(x, root=2, algorithm="binomial")
+        same = comm.broadcast(x, root=2, out=x, algorithm="binomial")  # in place: nothing to copy
+        return out.tolist(), same is x, x.tolist()
+
+    for out, same, x in ck.run_local(body, 5):
+        assert out == list(np.arange(6.0)) and same and x == out

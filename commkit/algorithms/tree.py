@@ -25,22 +25,31 @@ def broadcast_binomial(rank, size, count, root):
     """Binomial broadcast: receive the vector from the parent, forward it to each child.
 
     Restrictions: none. Cost: ⌈log p⌉(α + nβ). Best for small messages.
+
+    The root sends straight from its input and copies the input into its output
+    while the first message is on the wire (nothing to copy in place), so the
+    copy never delays the broadcast.
     """
     whole = ("out", 0, count)
-    if rank == root:
-        yield Copy(whole, ("in", 0, count))
     rel = (rank - root) % size
     mask = 1
     while mask < size:
         if rel & mask:
+            # Wait for the parent: relative rank rel with its lowest set bit cleared.
             yield Recv((rel - mask + root) % size, whole)
             break
         mask <<= 1
     mask >>= 1
+    src = ("in", 0, count) if rank == root else whole
+    pending_copy = (Copy(whole, src),) if rank == root else ()
     while mask > 0:
+        # Forward to each child, the farthest subtree first.
         if rel + mask < size:
-            yield Send((rel + mask + root) % size, whole)
+            yield Send((rel + mask + root) % size, src, overlap=pending_copy)
+            pending_copy = ()
         mask >>= 1
+    if pending_copy:  # a root without children (p = 1)
+        yield from pending_copy
 
 
 def _binomial_reduce(rank, size, count, op, root):
