@@ -41,14 +41,14 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from . import algorithms
+from . import algorithms, collectives
 from .errors import AlgorithmNotApplicable, InvalidArgument, TransportUnavailable
 from .ops import get_op
 
 __all__ = ["Row", "parse_size", "parse_sizes", "size_range", "format_size", "busbw_factor", "candidates",
            "measure", "run", "format_table", "to_csv", "to_json", "plot", "Progress"]
 
-_REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+_REDUCING = collectives.REDUCING
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 

@@ -28,12 +28,13 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from . import algorithms, selection
+from . import algorithms, collectives, selection
 from . import tracing as _trace
 from . import watchdog as _watchdog
 from ._checks import array_module, as_input, check_alias, check_out, check_rank, check_tag, check_timeout, same_memory
 from .errors import (CollectiveMismatch, CommBroken, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument,
                      InvalidBuffer)
+from ._vector import VectorCollectives
 from .identity import TagLayout
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .ops import MAX, get_op
@@ -62,7 +63,7 @@ _INPLACE_SAFE = frozenset({
     ("exscan", "recursive_doubling"),
     ("broadcast", "naive"), ("broadcast", "binomial"), ("broadcast", "ring"),
 })
-_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "gatherv", "scatterv"})
+_ROOTED = collectives.ROOTED
 
 
 def _env_timeout():
@@ -184,7 +185,7 @@ class _Call:
         self.keep = None    # the caller's arrays that key names by identity
 
 
-class Communicator:
+class Communicator(VectorCollectives):
     """A group of ranks that exchange messages and run collectives.
 
     Build one with :func:`commkit.init` (or :func:`commkit.run_local`); derive
@@ -213,7 +214,7 @@ class Communicator:
         self._check = _env_check() if check is None else bool(check)
         self._plain = False  # no timeout, no check mode, usable: compiled plans may run (see _update_plain)
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
-        self._seen: dict = {}  # keys seen once: a plan is compiled the second time (temporaries never pay)
+        self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
         self.last_algorithm: str | None = None
         self.last_choice = None
         self._seq = 0
@@ -711,11 +712,17 @@ class Communicator:
         nbytes = sum(a.nbytes for a in call.keep if a is not None) if call.keep else 0
         if nbytes > self._FAST_MAX_BYTES or not self._plain or _trace_active or self._progress.requests:
             return
+        # A key names arrays by identity, and an identity is reused once its array is gone: the
+        # first sighting keeps weak references, so a fresh view per call never looks "seen".
         seen = self._seen
-        if call.key not in seen:
+        refs = seen.get(call.key)
+        if refs is None or any(ref is not None and ref() is not a for ref, a in zip(refs, call.keep)):
             if len(seen) >= 4 * self._FAST_ENTRIES:
                 seen.clear()
-            seen[call.key] = None
+            try:
+                seen[call.key] = tuple(None if a is None else weakref.ref(a) for a in call.keep)
+            except TypeError:  # an array type without weak references: no plan for it
+                pass
             return
         if len(self._fast) >= self._FAST_ENTRIES:
             self._fast.clear()
@@ -794,18 +801,7 @@ class Communicator:
         self._break(reason.split(". ")[0] + ".")
 
     def _steps(self, alg, call: _Call):
-        rank, size, c = self.rank, self.size, call.collective
-        if c == "barrier":
-            return alg.schedule(rank, size)
-        if c in ("broadcast", "gather", "scatter", "gatherv", "scatterv"):
-            return alg.schedule(rank, size, call.arg, call.root)
-        if c in ("allgatherv", "alltoallv"):
-            return alg.schedule(rank, size, call.arg)
-        if c == "reduce":
-            return alg.schedule(rank, size, call.arg, call.op, call.root)
-        if c in ("allgather", "alltoall"):
-            return alg.schedule(rank, size, call.arg)
-        return alg.schedule(rank, size, call.arg, call.op)  # allreduce, reduce_scatter, scan, exscan
+        return collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op, call.root)
 
     def _native_args(self, call: _Call):
         """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.

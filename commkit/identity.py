@@ -102,7 +102,8 @@ class TagLayout:
         text = repr((collective, None if dtype is None else dtype.str, signature)).encode()
         digest = zlib.crc32(text)
         if self.exact:
-            return (kind << (DTYPE_BITS + self.hash_bits)) | (code << self.hash_bits) | (digest & ((1 << self.hash_bits) - 1))
+            hashed = digest & ((1 << self.hash_bits) - 1)
+            return (kind << (DTYPE_BITS + self.hash_bits)) | (code << self.hash_bits) | hashed
         return digest & ((1 << self.hash_bits) - 1)
 
     def tag(self, base: int, seq: int) -> int:

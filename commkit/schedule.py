@@ -489,7 +489,8 @@ class ScheduleRequest(Request):
                 self._rec[6] = self._index
                 self._rec[7] = step
                 self._t0 = time.perf_counter()
-                self._pending = self._chan.post(_views(self._bufs, step.sends), _views(self._bufs, step.recvs), self._tag)
+                bufs = self._bufs
+                self._pending = self._chan.post(_views(bufs, step.sends), _views(bufs, step.recvs), self._tag)
                 for local in step.overlap:
                     _do_local(local, self._bufs)
             else:

@@ -33,14 +33,14 @@ import time
 
 import numpy as np
 
-from . import algorithms, bench, cost
+from . import algorithms, bench, collectives, cost
 from .errors import InvalidArgument
 from .ops import get_op
 from .schedule import CallInfo, Exchange, run_schedule
 
 __all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary"]
 
-_REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+_REDUCING = collectives.REDUCING
 
 
 def _fmt(seconds: float) -> str:

@@ -162,7 +162,8 @@ def format_report(report: dict) -> str:
         lines.append("  last calls on this rank (oldest first):")
         for c in recent:
             sig = ", ".join(f"{k}={v}" for k, v in c.get("signature", {}).items())
-            lines.append(f"    #{c['seq']} {c['collective']} ({c['algorithm']}{', ' + sig if sig else ''}): {c['state']}")
+            detail = f"{c['algorithm']}{', ' + sig if sig else ''}"
+            lines.append(f"    #{c['seq']} {c['collective']} ({detail}): {c['state']}")
     lines.append("  Likely causes: a peer called a different collective (or with another root, count, dtype or op), "
                  "skipped a call, or is blocked elsewhere. Run `commkit doctor LOG` on the job's stderr to compare "
                  "all ranks; COMMKIT_DEBUG=check names the mismatch as it happens.")

@@ -17,7 +17,8 @@ import sys
 import pytest
 
 import commkit as ck
-from commkit import algorithms, bench, selection
+from commkit import bench, selection
+from commkit.collectives import FIXED
 from commkit.cli import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,16 +48,16 @@ def parse_table(text):
 @pytest.mark.mpi
 def test_bench_starts_its_own_job_and_every_result_is_right(mpi, tmp_path):
     out_json, out_csv = tmp_path / "r.json", tmp_path / "r.csv"
-    result = run_commkit(["bench", "-n", "2", "-c", ",".join(algorithms.COLLECTIVES), "--sizes", "8,1K,12345",
+    result = run_commkit(["bench", "-n", "2", "-c", ",".join(FIXED), "--sizes", "8,1K,12345",
                           "-i", "3", "-w", "1", "-r", "1", "--json", str(out_json), "--csv", str(out_csv)])
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     rows = json.loads(out_json.read_text())["rows"]
     meta = json.loads(out_json.read_text())["meta"]
     assert meta["nprocs"] == 2 and meta["transport"] == "mpi"
-    assert {r["collective"] for r in rows} == set(algorithms.COLLECTIVES)
+    assert {r["collective"] for r in rows} == set(FIXED)
     assert all(r["wrong"] == 0 for r in rows)
-    for collective in algorithms.COLLECTIVES:
+    for collective in FIXED:
         names = {r["algorithm"] for r in rows if r["collective"] == collective}
         assert names == set(bench.candidates(collective, 2)), collective
     native = [r for r in rows if r["algorithm"] == "native"]
@@ -123,7 +124,7 @@ def test_an_algorithm_that_writes_nothing_is_caught(monkeypatch):
     assert {r.algorithm: r.wrong for r in rows} == {"naive": 0, "ring": 6}
 
 
-@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+@pytest.mark.parametrize("collective", FIXED)
 def test_every_collective_checks_out_on_threads(collective):
     rows = ck.run_local(lambda comm: bench.run(comm, [collective], [0, 40, 1000], dtype="int16", op="bxor",
                                                root=2, iters=2, warmup=1), 3)[0]

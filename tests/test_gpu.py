@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import algorithms
+from commkit.collectives import FIXED
 from commkit.transports import _cuda
 from commkit.transports.nccl import choose_device, nccl_reduction, nccl_supports
 
@@ -254,7 +254,7 @@ def names_for(comm, case):
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU_OK, reason=GPU_WHY)
 @pytest.mark.parametrize("size", range(1, 9))
-@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+@pytest.mark.parametrize("collective", FIXED)
 def test_threads_world_on_one_gpu_matches_numpy(collective, size):
     dtypes = [DTYPES[size % len(DTYPES)], DTYPES[(size + 3) % len(DTYPES)]]
 
@@ -302,7 +302,7 @@ def nccl_comm():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("collective", algorithms.COLLECTIVES)
+@pytest.mark.parametrize("collective", FIXED)
 def test_nccl_one_rank_every_algorithm_and_native(nccl_comm, collective):
     assert nccl_comm.transport_name == "nccl" and nccl_comm.size == 1
     for seed, dtype in enumerate(DTYPES):
@@ -565,10 +565,10 @@ def _mpi_patched() -> bool:
 
 MPI_GPU_CODE = """
 import numpy as np, cupy, commkit as ck
-from commkit import algorithms
+from commkit.collectives import FIXED
 from test_gpu import gpu_case, check_gpu_case, names_for
 comm = ck.init("mpi")
-for seed, collective in enumerate(algorithms.COLLECTIVES):
+for seed, collective in enumerate(FIXED):
     for dtype in ("float32", "bool", "complex128", "int16"):
         case = gpu_case(collective, comm.size, dtype, seed)
         for name in names_for(comm, case):
@@ -593,12 +593,12 @@ def test_mpi_transport_moves_cupy_arrays_through_host_memory(mpi):
 
 NCCL_JOB = """
 import numpy as np, cupy, commkit as ck
-from commkit import algorithms
+from commkit.collectives import FIXED
 from test_gpu import gpu_case, check_gpu_case, names_for
 comm = ck.init("nccl")
 assert comm.transport_name == "nccl"
 assert cupy.cuda.runtime.getDevice() == comm._base.device
-for seed, collective in enumerate(algorithms.COLLECTIVES):
+for seed, collective in enumerate(FIXED):
     for dtype in ("float32", "bool", "complex64", "int16", "float16", "int64"):
         case = gpu_case(collective, comm.size, dtype, seed)
         for name in names_for(comm, case):

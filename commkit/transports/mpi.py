@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from ..errors import InvalidBuffer, MessageTruncated, TransportUnavailable
+from ..errors import MessageTruncated, TransportUnavailable
 from . import _cuda
 from .base import ANY_SOURCE, ANY_TAG, Status
 
@@ -438,7 +438,8 @@ class MPITransport:
 
             req = native_vector(self.comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
             return _Pending([req], [-1]) if nonblocking else None
-        fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, "I" if nonblocking else "")
+        form = "I" if nonblocking else ""
+        fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, form)
         req = fn(*args)
         if nonblocking:
             return _Pending([req], [-1])
@@ -476,7 +477,7 @@ class MPITransport:
         if collective == "reduce":
             return call("Reduce"), (send, recv, mpi_op, root)
         if collective in ("gather", "scatter", "allgather", "alltoall"):
-            name = {"gather": "Gather", "scatter": "Scatter", "allgather": "Allgather", "alltoall": "Alltoall"}[collective]
+            name = collective.capitalize()
             return call(name), (send, recv) + ((root,) if collective in ("gather", "scatter") else ())
         if collective == "reduce_scatter":
             return call("Reduce_scatter"), (send, typed(recvbuf), list(counts), mpi_op)

@@ -91,7 +91,7 @@ _NCCL_TYPES = {("i", 1): "int8", ("u", 1): "uint8", ("i", 4): "int32", ("u", 4):
 _BOOL_OPS = {"sum": "max", "lor": "max", "max": "max", "bor": "max",
              "prod": "min", "land": "min", "min": "min", "band": "min"}
 _DATA_MOVING = frozenset({"broadcast", "allgather", "gather", "scatter", "alltoall"})
-_REDUCING = frozenset({"allreduce", "reduce", "reduce_scatter"})
+_NCCL_REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter"})  # the reductions NCCL runs itself
 
 
 def nccl_reduction(dtype, op: str):
@@ -126,7 +126,7 @@ def nccl_supports(collective: str, dtype, op) -> bool:
         return True
     if collective in _DATA_MOVING:
         return op is None
-    if collective not in _REDUCING or op is None:
+    if collective not in _NCCL_REDUCTIONS or op is None:
         return False  # scan, exscan: NCCL has none
     from ..ops import OPS
 
@@ -916,7 +916,7 @@ class NcclTransport:
                 return _Enqueued(self, event, s, [-1], host=True)
             self._wait_event(event, None, [-1])
             return None
-        if collective in _REDUCING:
+        if collective in _NCCL_REDUCTIONS:
             self._native_reduction(comm, collective, sendbuf, recvbuf, op, root, counts, inplace, s)
         elif collective == "broadcast":
             ptr = self._ptr(recvbuf, "broadcast buffer")
