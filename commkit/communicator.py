@@ -709,18 +709,19 @@ class Communicator(VectorCollectives):
 
     def _remember(self, call: _Call, plan) -> None:
         """Compile a plan for this blocking call's arrays the second time they come (see plan.py)."""
-        nbytes = sum(a.nbytes for a in call.keep if a is not None) if call.keep else 0
+        keep = call.keep or ()
+        nbytes = sum(a.nbytes for a in keep if a is not None)
         if nbytes > self._FAST_MAX_BYTES or not self._plain or _trace_active or self._progress.requests:
             return
         # A key names arrays by identity, and an identity is reused once its array is gone: the
         # first sighting keeps weak references, so a fresh view per call never looks "seen".
         seen = self._seen
         refs = seen.get(call.key)
-        if refs is None or any(ref is not None and ref() is not a for ref, a in zip(refs, call.keep)):
+        if refs is None or any(ref is not None and ref() is not a for ref, a in zip(refs, keep)):
             if len(seen) >= 4 * self._FAST_ENTRIES:
                 seen.clear()
             try:
-                seen[call.key] = tuple(None if a is None else weakref.ref(a) for a in call.keep)
+                seen[call.key] = tuple(None if a is None else weakref.ref(a) for a in keep)
             except TypeError:  # an array type without weak references: no plan for it
                 pass
             return

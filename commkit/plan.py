@@ -30,7 +30,7 @@ import time
 
 from .errors import InvalidArgument, InvalidBuffer
 from .requests import Request
-from .schedule import COPY, REDUCE, TRANSFER, _transfer_error, _timeout_error
+from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
 from . import tracing as _trace
 
 __all__ = ["Plan", "PersistentRequest", "compile_ops"]
@@ -77,6 +77,25 @@ def _overlapped_transfer(chan, sends, recvs, local):
     return run
 
 
+def _then(first, rest):
+    """One callable for a transfer and the local ops that follow it (a plan's unit of work)."""
+    if not rest:
+        return first
+    if len(rest) == 1:
+        second = rest[0]
+
+        def run(tag):
+            first(tag)
+            second(tag)
+        return run
+
+    def run(tag):
+        first(tag)
+        for op in rest:
+            op(tag)
+    return run
+
+
 def _local_ops(steps, bufs) -> list:
     ops = []
     for step in steps:
@@ -115,13 +134,36 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
                                                                                       persistent_tag)
             ops.append((TRANSFER, op, step, local))
             continue
-        if local:
+        if local and wire_bytes(sends, recvs) >= OVERLAP_MIN_BYTES:
             op = _overlapped_transfer(chan, sends, recvs, local)
         else:
             bind = getattr(chan, "bind_transfer", None)
             op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
+            op = _then(op, local)
         ops.append((TRANSFER, op, step, ()))
     return ops
+
+
+def fuse(ops) -> list:
+    """Blocking ops grouped as units of work: each transfer with the local ops after it.
+
+    A 2-rank recursive-doubling allreduce (an exchange, then a reduce) becomes one
+    callable, which :class:`Plan` runs without a loop. Returns ``(op, step)`` pairs,
+    ``step`` being the unit's transfer (None for local ops before the first one).
+    """
+    units = []
+    pending_first, pending_step, rest = None, None, []
+    for kind, op, step, _ in ops:
+        if kind == TRANSFER:
+            if pending_first is not None or rest:
+                units.append((_then(pending_first, rest) if pending_first else _then(rest[0], rest[1:]),
+                              pending_step))
+            pending_first, pending_step, rest = op, step, []
+        else:
+            rest.append(op)
+    if pending_first is not None or rest:
+        units.append((_then(pending_first, rest) if pending_first else _then(rest[0], rest[1:]), pending_step))
+    return units
 
 
 class _Reposted:
@@ -164,8 +206,9 @@ class Plan:
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None):
         self.comm = comm
-        self.ops = tuple(entry[1] for entry in ops)
-        self.steps = tuple(entry[2] for entry in ops)
+        units = fuse(ops)
+        self.ops = tuple(op for op, _ in units)
+        self.steps = tuple(step for _, step in units)
         # A plan of one operation (a 2-rank exchange, a library call) runs it without a loop.
         self.op0 = self.ops[0] if len(self.ops) == 1 else None
         self.step0 = self.steps[0] if self.steps else None

@@ -321,9 +321,28 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
         raise _transfer_error(info, index, step, exc) from None
 
 
+# Below this many bytes on the wire, posting a transfer and waiting for it later costs more
+# Python than the local work it would hide: such a transfer runs first and its overlapped
+# steps after (they never touch the ranges it moves, so either order is right).
+OVERLAP_MIN_BYTES = 64 * 1024
+
+
+def wire_bytes(sends, recvs) -> int:
+    """Bytes a transfer's views move (sends and receives)."""
+    return sum(buf.nbytes for _, buf in sends) + sum(buf.nbytes for _, buf in recvs)
+
+
 def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
     """Post a transfer, run its overlapped local steps while it is in flight, then wait for it."""
-    pending = chan.post(_views(bufs, step.sends), _views(bufs, step.recvs), tag)
+    sends, recvs = _views(bufs, step.sends), _views(bufs, step.recvs)
+    if wire_bytes(sends, recvs) < OVERLAP_MIN_BYTES:
+        stuck = chan.transfer(sends, recvs, tag, timeout)
+        if stuck:
+            raise _timeout_error(info, index, step, stuck, timeout)
+        for local in step.overlap:
+            _do_local(local, bufs)
+        return
+    pending = chan.post(sends, recvs, tag)
     for local in step.overlap:
         _do_local(local, bufs)
     stuck = pending.wait(timeout)
