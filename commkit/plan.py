@@ -401,6 +401,18 @@ class PersistentRequest(Request):
         comm._recorder.active = self._rec
         try:
             while self._active:
+                if (self._pending is not None and timeout is None and self._native is None
+                        and len(comm._progress.requests) == 1):
+                    # Nothing else to drive and no timeout: block in the transport at once
+                    # (no test first), then run what follows the transfer.
+                    try:
+                        self._pending.wait(None)
+                    except InvalidBuffer as exc:
+                        self._stop("failed")
+                        raise _transfer_error((self._collective, self._algorithm, self._seq, comm.rank, None),
+                                              self._index, self._rec[7], exc) from None
+                    self._pending = None
+                    self._index += 1
                 if self._advance():
                     break
                 waitable = self._native if self._native is not None else self._pending
