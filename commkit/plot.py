@@ -595,7 +595,8 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
     a, b, g = (cost.ALPHA if alpha is None else alpha, cost.BETA if beta is None else beta,
                cost.GAMMA if gamma is None else gamma)
     if title is None:
-        title = (f"{collective} on {nprocs} ranks: measured and predicted\n"
+        what = "measured and predicted" if data else "predicted by the model (no measurements)"
+        title = (f"{collective} on {nprocs} ranks: {what}\n"
                  f"α = {a * 1e6:.3g} us, β = {b * 1e9:.3g} ns/B, γ = {g * 1e9:.3g} ns/B")
     ax.set_title(title, fontsize=10)
     return fig

@@ -24,20 +24,71 @@ scan, exscan       ``(rank, size, count, op)``                in[count] -> out[c
 =================  =========================================  ==========================
 
 For reduce, every rank has an ``out`` buffer (scratch on non-roots).
+
+Why the registry is strict. A name is how a user forces an algorithm and how
+the tuning tables and the selector find one, so registering under a name that
+is taken raises :class:`~commkit.errors.InvalidArgument` unless the caller
+says ``replace=True`` (a student's broken ``"ring"`` once silently replaced the
+real one for forced *and* automatic selection). Redefining the same function
+(re-running a notebook cell, reloading its module) is not a clash. Every
+check raises a real error, never an ``assert``, so ``python -O`` keeps them.
+
+Why user algorithms load by module path. Ranks started by ``commkit launch``
+or ``mpiexec`` are fresh interpreters that never ran the notebook cell or
+script that registered an algorithm. A module path travels: :func:`load`
+imports modules and records them in ``COMMKIT_ALGORITHMS``, which every rank
+inherits and reads when its registry is first used; installed packages can
+advertise modules under the entry-point group ``commkit.algorithms``.
+
+Why costs say how exact they are. ``commkit.cost`` ranks algorithms by their
+formulas and :mod:`commkit.sim` runs the schedules under the same model.
+Each registration states whether its formula is the simulated time for every
+p and every count (``cost_exact="always"``) or only when the vector splits into
+equal blocks (``cost_exact="even"``, see :func:`even_blocks`), and, where not
+exact, which way it errs (``cost_bound``). ``tests/test_sim.py`` and
+:func:`commkit.testing.check_algorithm` hold every algorithm to its word.
+Likewise ``symmetry`` says that every rank's schedule is rank 0's with its
+peers moved, which lets :mod:`commkit.sim` run rank 0 alone for all p ranks.
 """
 
 from __future__ import annotations
 
 import importlib
+import keyword
+import os
+import re
+import threading
+import types
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
-__all__ = ["Algorithm", "algorithm", "REGISTRY", "COLLECTIVES", "get", "for_collective", "log2ceil", "is_pow2"]
+from ..errors import InvalidArgument
+
+__all__ = ["Algorithm", "algorithm", "unregister", "load", "loaded_modules", "REGISTRY", "COLLECTIVES", "get",
+           "for_collective", "even_blocks", "log2ceil", "is_pow2", "ENV_VARIABLE", "ENTRY_POINT_GROUP",
+           "COST_EXACT", "COST_BOUNDS", "SYMMETRIES"]
 
 COLLECTIVES = (
     "barrier", "broadcast", "reduce", "allreduce", "gather", "scatter",
     "allgather", "reduce_scatter", "alltoall", "scan", "exscan",
+    "allgatherv", "gatherv", "scatterv", "alltoallv",
 )
+
+ENV_VARIABLE = "COMMKIT_ALGORITHMS"
+"""Comma-separated modules whose import registers algorithms, loaded when the registry is first used."""
+ENTRY_POINT_GROUP = "commkit.algorithms"
+"""Entry-point group of installed packages that register algorithms (the value names a module)."""
+
+COST_EXACT = ("always", "even")
+"""When a formula equals the simulated time: for every count, or when :func:`even_blocks` holds."""
+COST_BOUNDS = ("lower", "upper", "either")
+"""How a formula errs where it is not exact: never above the simulated time, never below, or either way."""
+SYMMETRIES = ("rotation", "xor")
+"""How every rank's schedule follows from rank 0's: peers shifted by the rank (mod p), or XORed with it."""
+
+_RESERVED = {"auto": "means 'no override' to the selector", "native": "is the transport's own collective"}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def log2ceil(p: int) -> int:
@@ -46,7 +97,39 @@ def log2ceil(p: int) -> int:
 
 
 def is_pow2(p: int) -> bool:
+    """Whether ``p`` is a power of two (1 included)."""
     return p > 0 and p & (p - 1) == 0
+
+
+def even_blocks(collective: str, p: int, count) -> bool:
+    """Whether a call splits into equal blocks for every algorithm, so ``cost_exact="even"`` formulas are exact.
+
+    The vectors that algorithms cut into blocks are cut into p blocks (rings,
+    pairwise) or into 2^⌊log p⌋ blocks (recursive halving), so ``count`` must be
+    a multiple of both. Per-rank blocks (gather, scatter, allgather, alltoall)
+    are always equal; where the count argument lists counts (reduce_scatter and
+    the vector collectives), the blocks are equal when all those counts are.
+
+    Args:
+        collective: the collective.
+        p: number of ranks.
+        count: the schedule's count argument (per-rank counts for reduce_scatter, a
+            tuple or a matrix of counts for the vector collectives).
+
+    Returns:
+        True if every block any algorithm forms has the same number of elements.
+    """
+    if isinstance(count, (tuple, list)):
+        flat = [c for row in count for c in (row if isinstance(row, (tuple, list)) else (row,))]
+        return len(set(flat)) <= 1
+    if collective in ("barrier", "gather", "scatter", "allgather", "alltoall"):
+        return True
+    pof2 = 1 << (p.bit_length() - 1)
+    return count % p == 0 and count % pof2 == 0
+
+
+def _default_scratch(rank, size, count):
+    return 0
 
 
 @dataclass(frozen=True)
@@ -61,9 +144,19 @@ class Algorithm:
         power_of_two: it needs a power-of-two number of ranks.
         scratch: ``scratch(rank, size, count) -> elements`` of the ``tmp`` buffer
             (for reduce_scatter, ``count`` is the tuple of per-rank counts).
-        cost: ``cost(p, n, alpha, beta, gamma) -> seconds``, the textbook
-            alpha-beta-gamma model, ``n`` in bytes as :func:`message_bytes` defines it.
+        cost: ``cost(p, n, alpha, beta, gamma) -> seconds``, the alpha-beta-gamma
+            model, ``n`` in bytes as the selector counts a message (see :mod:`commkit.cost`).
         formula: the cost as text, for docs and ``commkit.cost``.
+        cost_exact: ``"always"`` if ``cost`` is the simulated time for every p and
+            count; ``"even"`` if only when :func:`even_blocks` holds.
+        cost_bound: where the formula is not exact, ``"lower"`` (it never exceeds
+            the simulated time), ``"upper"`` (never below it) or ``"either"``;
+            None when it is always exact.
+        symmetry: ``"rotation"`` if, whenever :func:`even_blocks` holds, rank r's
+            schedule is rank 0's with every peer shifted by r (mod p) and every range
+            of the same length; ``"xor"`` the same with peers XORed with r, for p a
+            power of two; None otherwise. :mod:`commkit.sim` then runs rank 0 alone
+            (``tests/test_sim.py`` checks the result equals running every rank).
     """
 
     collective: str
@@ -71,9 +164,12 @@ class Algorithm:
     schedule: Callable | None
     commutative: bool = False
     power_of_two: bool = False
-    scratch: Callable[[int, int, object], int] = field(default=lambda rank, size, count: 0)
+    scratch: Callable[[int, int, object], int] = field(default=_default_scratch)
     cost: Callable | None = None
     formula: str = ""
+    cost_exact: str = "always"
+    cost_bound: str | None = None
+    symmetry: str | None = None
 
     @property
     def qualname(self) -> str:
@@ -87,6 +183,10 @@ class Algorithm:
             return f"{self.qualname} needs a power-of-two number of ranks, got {size}"
         return None
 
+    def cost_is_exact(self, p: int, count) -> bool:
+        """Whether :attr:`cost` promises the simulated time for this call exactly."""
+        return self.cost_exact == "always" or even_blocks(self.collective, p, count)
+
     @property
     def doc(self) -> str:
         return (self.schedule.__doc__ or "").strip() if self.schedule else ""
@@ -95,31 +195,259 @@ class Algorithm:
 REGISTRY: dict[tuple[str, str], Algorithm] = {}
 
 
-def algorithm(collective: str, name: str, *, commutative=False, power_of_two=False, scratch=None,
-              cost=None, formula=""):
-    """Register the decorated schedule generator as ``collective``'s algorithm ``name``."""
-    assert collective in COLLECTIVES, collective
+def _where(fn) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}.{getattr(fn, '__qualname__', None) or type(fn).__name__}"
+
+
+def _is_builtin(fn) -> bool:
+    return (getattr(fn, "__module__", None) or "").startswith(__name__ + ".")
+
+
+def _check_registration(collective, name, commutative, power_of_two, scratch, cost, formula, cost_exact,
+                        cost_bound, symmetry) -> None:
+    what = f"algorithm({collective!r}, {name!r})"
+    if collective not in COLLECTIVES:
+        raise InvalidArgument(f"{what}: unknown collective {collective!r}; expected one of {list(COLLECTIVES)}.")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
+        raise InvalidArgument(
+            f"{what}: the name must be a Python identifier such as 'my_ring' (it appears in algorithm=, "
+            f"environment variables and tuning files), got {name!r}.")
+    if name in _RESERVED:
+        raise InvalidArgument(f"{what}: the name {name!r} is reserved: it {_RESERVED[name]}. Choose another name.")
+    for flag, value in (("commutative", commutative), ("power_of_two", power_of_two)):
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{what}: {flag} must be True or False, got {value!r}.")
+    for arg, value, shape in (("scratch", scratch, "scratch(rank, size, count) -> elements"),
+                              ("cost", cost, "cost(p, n, alpha, beta, gamma) -> seconds")):
+        if value is not None and not callable(value):
+            raise InvalidArgument(f"{what}: {arg} must be a function {shape} or None, got {value!r}.")
+    if not isinstance(formula, str):
+        raise InvalidArgument(f"{what}: formula must be the cost as text, got {type(formula).__name__}.")
+    if cost is not None and not formula.strip():
+        raise InvalidArgument(
+            f"{what}: a cost function needs its formula as text (formula='...'), for the docs and "
+            "commkit.cost.formula; got none.")
+    if cost_exact not in COST_EXACT:
+        raise InvalidArgument(f"{what}: cost_exact must be one of {list(COST_EXACT)}, got {cost_exact!r}.")
+    if cost_exact == "always" and cost_bound is not None:
+        raise InvalidArgument(
+            f"{what}: cost_bound={cost_bound!r} describes where the formula is not exact, but cost_exact='always' "
+            "says it always is; use cost_exact='even' or leave cost_bound out.")
+    if cost_exact != "always" and cost_bound not in COST_BOUNDS:
+        raise InvalidArgument(
+            f"{what}: cost_exact={cost_exact!r} needs cost_bound, one of {list(COST_BOUNDS)}, saying how the "
+            f"formula errs for uneven blocks; got {cost_bound!r}.")
+    if symmetry is not None and symmetry not in SYMMETRIES:
+        raise InvalidArgument(f"{what}: symmetry must be one of {list(SYMMETRIES)} or None, got {symmetry!r}.")
+
+
+def algorithm(collective: str, name: str, *, commutative: bool = False, power_of_two: bool = False,
+              scratch: Callable | None = None, cost: Callable | None = None, formula: str = "",
+              cost_exact: str = "always", cost_bound: str | None = None, symmetry: str | None = None,
+              replace: bool = False):
+    """Register the decorated schedule generator as ``collective``'s algorithm ``name``.
+
+    Example::
+
+        @algorithm("allreduce", "my_ring", commutative=True, scratch=lambda r, p, n: n)
+        def allreduce_my_ring(rank, size, count, op):
+            ...
+
+    Args:
+        collective: one of :data:`COLLECTIVES`.
+        name: a Python identifier, not ``auto`` or ``native``.
+        commutative: the algorithm reorders contributions (needs a commutative op).
+        power_of_two: the algorithm needs a power-of-two number of ranks.
+        scratch: ``scratch(rank, size, count) -> elements`` of the ``tmp`` buffer (default none).
+        cost: ``cost(p, n, alpha, beta, gamma) -> seconds`` (n in bytes as the selector counts them).
+        formula: the cost as text; required with ``cost``.
+        cost_exact: ``"always"`` or ``"even"``; see :class:`Algorithm`.
+        cost_bound: ``"lower"``, ``"upper"`` or ``"either"`` when ``cost_exact="even"``.
+        symmetry: ``"rotation"`` or ``"xor"`` if every rank's schedule is rank 0's with peers
+            moved (see :class:`Algorithm`): the simulator then runs one rank for all.
+        replace: replace an algorithm already registered under this name (built-ins included).
+
+    Returns:
+        The decorator, which registers the function and returns it unchanged.
+
+    Raises:
+        InvalidArgument: a bad argument (raised at once), or, from the decorator, a
+            name already taken by another function without ``replace=True``, or a
+            decorated object that is not callable.
+    """
+    _check_registration(collective, name, commutative, power_of_two, scratch, cost, formula, cost_exact, cost_bound,
+                        symmetry)
+    if not isinstance(replace, bool):
+        raise InvalidArgument(f"algorithm({collective!r}, {name!r}): replace must be True or False, got {replace!r}.")
 
     def register(fn):
+        if not callable(fn):
+            raise InvalidArgument(
+                f"algorithm({collective!r}, {name!r}) decorates a schedule generator function; got {fn!r}.")
+        if not _is_builtin(fn):
+            _load_builtins()  # so that a clash with a built-in is seen now, not when the built-ins load later
+        old = REGISTRY.get((collective, name))
+        if old is not None and not replace and not _same_function(old.schedule, fn):
+            raise InvalidArgument(
+                f"{collective} algorithm {name!r} is already registered (by {_where(old.schedule)}); registering "
+                f"{_where(fn)} under the same name would replace it for forced and automatic selection. "
+                f"Choose another name, or pass replace=True to replace it on purpose."
+            )
         REGISTRY[(collective, name)] = Algorithm(
-            collective, name, fn, commutative, power_of_two,
-            scratch or (lambda rank, size, count: 0), cost, formula,
+            collective, name, fn, commutative, power_of_two, scratch or _default_scratch, cost, formula,
+            cost_exact, cost_bound, symmetry,
         )
         return fn
 
     return register
 
 
-_MODULES = ("naive", "ring", "recursive_halving", "tree", "bruck", "pairwise", "dissemination", "native")
-_loaded = False
+def _same_function(old, new) -> bool:
+    """The same top-level function defined again: a re-run notebook cell or a reloaded module."""
+    if old is new:
+        return True
+    if old is None:
+        return False
+    where = _where(new)
+    # Functions made inside other functions share a name but may differ: those never count as the same.
+    return where == _where(old) and "<lambda>" not in where and "<locals>" not in where
+
+
+def unregister(collective: str, name: str) -> Algorithm:
+    """Remove an algorithm from the registry (e.g. one registered only for a check) and return it.
+
+    Raises:
+        InvalidArgument: no algorithm ``name`` is registered for ``collective``.
+    """
+    _load()
+    alg = REGISTRY.pop((collective, name), None)
+    if alg is None:
+        raise InvalidArgument(
+            f"cannot unregister {collective} algorithm {name!r}: it is not registered; "
+            f"{collective} has {sorted(n for c, n in REGISTRY if c == collective)}.")
+    return alg
+
+
+_MODULES = ("naive", "ring", "recursive_halving", "tree", "bruck", "pairwise", "dissemination", "vector", "native")
+# Loading is guarded by one re-entrant lock: rank threads of a threads world ask the registry at
+# the same moment, and must wait for a load in progress; the thread that loads re-enters it when
+# the modules it imports register their algorithms (or a plugin asks the registry for one).
+_lock = threading.RLock()
+_builtins_loaded = False
+_loading_builtins = False
+_loading_plugins = False
+_ready = False  # built-ins and plugins loaded: the lock-free fast path
+_user_modules: list[str] = []
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded, _loading_builtins
+    if _builtins_loaded:
+        return
+    with _lock:
+        if _builtins_loaded or _loading_builtins:
+            return
+        _loading_builtins = True
+        try:
+            for module in _MODULES:
+                importlib.import_module(f"{__name__}.{module}")
+            _builtins_loaded = True
+        finally:
+            _loading_builtins = False
 
 
 def _load() -> None:
-    global _loaded
-    if not _loaded:
-        for module in _MODULES:
-            importlib.import_module(f"{__name__}.{module}")
-        _loaded = True
+    """Load the built-in algorithms, then, once, those ``COMMKIT_ALGORITHMS`` and entry points name."""
+    global _loading_plugins, _ready
+    if _ready:
+        return
+    with _lock:
+        _load_builtins()
+        if _ready or _loading_plugins or _loading_builtins:
+            return
+        _loading_plugins = True
+        try:
+            _import(_split(os.environ.get(ENV_VARIABLE, "")), f"from the environment variable {ENV_VARIABLE}")
+            _load_entry_points()
+            _ready = True  # not set on failure: the next use fails again, rather than silently lacking them
+        finally:
+            _loading_plugins = False
+
+
+def _split(text: str) -> list[str]:
+    return [m.strip() for m in text.split(",") if m.strip()]
+
+
+def _import(modules, source: str) -> None:
+    for module in modules:
+        if not isinstance(module, str) or not all(_NAME.fullmatch(part) for part in module.split(".")):
+            raise InvalidArgument(
+                f"cannot load algorithms {source}: expected a dotted module path such as 'mypkg.myalgs', "
+                f"got {module!r}.")
+        try:
+            importlib.import_module(module)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"loading algorithms from module {module!r} ({source}) failed: {exc}") from exc
+        except Exception as exc:
+            raise InvalidArgument(
+                f"cannot load algorithms from module {module!r} ({source}): {type(exc).__name__}: {exc}. "
+                "The module must be importable from sys.path in this process (and in every rank)."
+            ) from exc
+        if module not in _user_modules:
+            _user_modules.append(module)
+
+
+def _load_entry_points() -> None:
+    try:
+        from importlib.metadata import entry_points
+
+        found = entry_points(group=ENTRY_POINT_GROUP)
+    except Exception:  # noqa: BLE001 - broken metadata must not stop the built-in algorithms
+        return
+    for ep in found:
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, types.ModuleType):
+                obj()
+        except Exception as exc:  # noqa: BLE001 - an installed plugin must not break every collective
+            warnings.warn(
+                f"commkit: the algorithms of entry point {ep.name!r} ({ep.value}, group {ENTRY_POINT_GROUP!r}) "
+                f"were not loaded: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
+
+
+def load(*modules: str) -> list[Algorithm]:
+    """Import modules that register algorithms, here and in every process started from here.
+
+    The modules are also added to the environment variable ``COMMKIT_ALGORITHMS``
+    of this process, so ranks started by :func:`commkit.launch`, ``commkit ... -n``
+    or ``mpiexec`` from it (which inherit the environment) load them when their
+    registry is first used. A module already imported registers nothing new.
+
+    Args:
+        modules: dotted module paths, e.g. ``"mypkg.myalgs"``; each must be importable.
+
+    Returns:
+        The algorithms registered by functions of those modules (new or not).
+
+    Raises:
+        InvalidArgument: a module path is malformed, the import fails, or the module
+            registers a name that is taken (the message says which).
+    """
+    _load()
+    with _lock:
+        _import(modules, "given to commkit.algorithms.load")
+    current = _split(os.environ.get(ENV_VARIABLE, ""))
+    merged = current + [m for m in modules if m not in current]
+    if merged != current:
+        os.environ[ENV_VARIABLE] = ",".join(merged)
+    wanted = set(modules)
+    return [alg for alg in REGISTRY.values()
+            if alg.schedule is not None and getattr(alg.schedule, "__module__", None) in wanted]
+
+
+def loaded_modules() -> tuple[str, ...]:
+    """Modules loaded through :func:`load` or ``COMMKIT_ALGORITHMS``, in load order."""
+    return tuple(_user_modules)
 
 
 def get(collective: str, name: str) -> Algorithm | None:

@@ -15,7 +15,7 @@ from . import algorithm, log2ceil
 
 @algorithm("allgather", "bruck", scratch=lambda r, p, n: p * n,
            cost=lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b,
-           formula="⌈log p⌉α + ((p-1)/p)nβ")
+           formula="⌈log p⌉α + ((p-1)/p)nβ", symmetry="rotation")
 def allgather_bruck(rank, size, count):
     """Bruck allgather: tmp block i holds rank (rank + i)'s block; round k doubles what is held.
 
@@ -40,13 +40,28 @@ def _alltoall_bruck_scratch(rank, size, count):
     return size * count + 2 * ((size + 1) // 2) * count
 
 
+def _one_bits(p):
+    """Number of 1 bits in the binary forms of 0, 1, ..., p-1: the blocks Bruck's alltoall sends in all."""
+    total, bit = 0, 1
+    while bit < p:
+        period = bit << 1
+        total += (p // period) * bit + max(0, p % period - bit)
+        bit = period
+    return total
+
+
 @algorithm("alltoall", "bruck", scratch=_alltoall_bruck_scratch,
-           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n / 2 * b), formula="⌈log p⌉(α + (n/2)β)")
+           cost=lambda p, n, a, b, g: log2ceil(p) * a + _one_bits(p) * n * b,
+           formula="⌈log p⌉α + b(p)nβ, b(p) = number of 1 bits in 0, 1, ..., p-1 "
+                   "((p/2)log p for p a power of two)",
+           symmetry="rotation")
 def alltoall_bruck(rank, size, count):
     """Bruck all-to-all: rotate, then in round k forward every block whose index has bit k set.
 
-    Restrictions: none. Cost: ⌈log p⌉(α + (n/2)β), n = bytes each rank sends in all:
-    fewer messages than pairwise, more bytes, so it wins only for small blocks.
+    Restrictions: none. Cost: ⌈log p⌉α + b(p)nβ, n = bytes of one block, b(p) = the number of
+    1 bits in 0, 1, ..., p-1 (round k forwards the b_k blocks whose index has bit k set;
+    b(p) = (p/2)log p for p a power of two): fewer messages than pairwise, more bytes, so it
+    wins only for small blocks.
     Scratch: the rotated vector plus a pack and an unpack area.
     """
     data = 0

@@ -13,7 +13,8 @@ from . import algorithm, log2ceil
 EMPTY = ("tmp", 0, 0)
 
 
-@algorithm("barrier", "dissemination", cost=lambda p, n, a, b, g: log2ceil(p) * a, formula="⌈log p⌉α")
+@algorithm("barrier", "dissemination", cost=lambda p, n, a, b, g: log2ceil(p) * a, formula="⌈log p⌉α",
+           symmetry="rotation")
 def barrier_dissemination(rank, size):
     """Dissemination barrier: round k signals rank + 2**k and waits for rank - 2**k.
 

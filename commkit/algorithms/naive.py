@@ -138,12 +138,13 @@ def _offsets(counts):
 
 @algorithm("reduce_scatter", "naive", scratch=lambda r, p, counts: 2 * sum(counts) if r == 0 else 0,
            cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g) + (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)(α+nβ+nγ) + (p-1)α + ((p-1)/p)nβ")
+           formula="(p-1)(α+nβ+nγ) + (p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
 def reduce_scatter_naive(rank, size, counts, op):
     """Naive reduce-scatter: linear reduce of the whole vector to rank 0, then rank 0 sends each block.
 
     Restrictions: none (rank order kept). Cost: (p-1)(α + nβ + nγ) + (p-1)α + ((p-1)/p)nβ,
-    n = bytes of the whole vector.
+    n = bytes of the whole vector; exact when all counts are equal, otherwise off by the
+    difference between rank 0's block and an average one (either way).
     """
     offsets = _offsets(counts)
     total = offsets[-1]
@@ -162,12 +163,12 @@ def reduce_scatter_naive(rank, size, counts, op):
     yield Copy(("out", 0, counts[0]), ("tmp", 0, counts[0]))
 
 
-@algorithm("alltoall", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ")
+@algorithm("alltoall", "naive", cost=lambda p, n, a, b, g: (p - 1) * (a + n * b), formula="(p-1)(α+nβ)",
+           symmetry="rotation")
 def alltoall_naive(rank, size, count):
     """Naive all-to-all: post every send and every receive at once, then wait for all.
 
-    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes each rank sends in all.
+    Restrictions: none. Cost: (p-1)(α + nβ), n = bytes of one block (what a rank sends each peer).
     """
     yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     peers = [peer for peer in range(size) if peer != rank]

@@ -11,12 +11,12 @@ from ..schedule import Copy, Exchange
 from . import algorithm
 
 
-@algorithm("alltoall", "pairwise", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ")
+@algorithm("alltoall", "pairwise", cost=lambda p, n, a, b, g: (p - 1) * (a + n * b), formula="(p-1)(α+nβ)",
+           symmetry="rotation")
 def alltoall_pairwise(rank, size, count):
     """Pairwise all-to-all: in round i, send to rank + i and receive from rank - i.
 
-    Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes each rank sends in all.
+    Restrictions: none. Cost: (p-1)(α + nβ), n = bytes of one block (what a rank sends each peer).
     """
     yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     for i in range(1, size):

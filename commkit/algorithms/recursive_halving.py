@@ -39,10 +39,46 @@ def _lg(p):
     return p.bit_length() - 1
 
 
+# -- cost helpers (the closed forms of what the schedules below do; tests/test_sim.py checks them) --
+
+
+def _fold_blocks(p):
+    """Blocks (of n/p bytes) on the critical path of a folded recursive doubling or halving.
+
+    With p' = 2^⌊log p⌋ and r = p - p', new rank i < r stands for two ranks. New rank 0
+    holds the largest group in every round: 2^k + min(r, 2^k) blocks in the round of
+    distance 2^k, so the rounds move p' - 1 + R blocks, R = Σₖ min(r, 2^k).
+    """
+    r = p - (1 << _lg(p))
+    return sum((1 << k) + min(r, 1 << k) for k in range(_lg(p)))
+
+
+def _scan_cost(p, n, a, b, g, inclusive):
+    """The longer of the two critical paths of the recursive-doubling scan.
+
+    With q = ⌈log p⌉ and t = p - 2^(q-1), the longest path through all q rounds
+    reduces q + 1 + ⌊log t⌋ times (inclusive; one fewer for exscan, whose first
+    contribution to the result is a copy), and the path inside the first 2^(q-1)
+    ranks reduces twice in each of its q - 1 rounds. For p a power of two the
+    first is q(α + nβ + 2nγ).
+    """
+    if p == 1:
+        return 0.0
+    q = log2ceil(p)
+    t = p - (1 << (q - 1))
+    skip = 0 if inclusive else 1
+    full = q * (a + n * b) + (q + 1 + _lg(t) - skip) * n * g
+    inner = (q - 1) * (a + n * b) + max(2 * (q - 1) - skip, 0) * n * g
+    return max(full, inner)
+
+
+_FOLD = "p' = 2^⌊log p⌋, R = Σₖ min(p-p', 2ᵏ)"
+
+
 @algorithm("allreduce", "recursive_doubling", scratch=lambda r, p, n: n,
            cost=lambda p, n, a, b, g: _lg(p) * (a + n * b + n * g)
            + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
-           formula="⌊log p⌋(α+nβ+nγ) (+ 2(α+nβ)+nγ when p is not a power of two)")
+           formula="⌊log p⌋(α+nβ+nγ) (+ 2(α+nβ)+nγ when p is not a power of two)", symmetry="xor")
 def allreduce_recursive_doubling(rank, size, count, op):
     """Recursive-doubling allreduce: each round, swap whole vectors with rank XOR mask and reduce.
 
@@ -130,13 +166,15 @@ def _doubling_allgather(new, pof2, rem, ranges, buf):
            cost=lambda p, n, a, b, g: 2 * _lg(p) * a + 2 * ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * b
            + ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * g
            + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
-           formula="2⌊log p⌋α + 2((p-1)/p)nβ + ((p-1)/p)nγ (+ 2(α+nβ)+nγ when p is not a power of two)")
+           formula="2⌊log p⌋α + 2((p'-1)/p')nβ + ((p'-1)/p')nγ (+ 2(α+nβ)+nγ when p ≠ p'); p' = 2^⌊log p⌋",
+           cost_exact="even", cost_bound="lower", symmetry="xor")
 def allreduce_rabenseifner(rank, size, count, op):
     """Rabenseifner's allreduce: recursive-halving reduce-scatter, then recursive-doubling allgather.
 
     Restrictions: commutative op. Non-powers of two are folded.
-    Cost: 2⌊log p⌋α + 2((p-1)/p)nβ + ((p-1)/p)nγ (p a power of two). Best for large messages
-    at larger p: the ring's bandwidth with a logarithmic latency term.
+    Cost: 2⌊log p⌋α + 2((p'-1)/p')nβ + ((p'-1)/p')nγ, plus 2(α + nβ) + nγ for the fold when
+    p ≠ p' = 2^⌊log p⌋; exact when count is a multiple of p', a lower bound otherwise.
+    Best for large messages at larger p: the ring's bandwidth with a logarithmic latency term.
     """
     whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
     if size == 1:
@@ -174,14 +212,18 @@ def _new_rank_ranges(size, rem, offsets):
 
 @algorithm("reduce_scatter", "recursive_halving", commutative=True,
            scratch=lambda r, p, counts: 2 * sum(counts),
-           cost=lambda p, n, a, b, g: _lg(p) * a + ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * (b + g)
-           + (0 if p & (p - 1) == 0 else 2 * a + n * (b + g)),
-           formula="⌊log p⌋α + ((p-1)/p)n(β+γ) (+ fold when p is not a power of two)")
+           cost=lambda p, n, a, b, g: _lg(p) * a + _fold_blocks(p) / p * n * (b + g)
+           + (0 if p & (p - 1) == 0 else 2 * a + (p + 1) / p * n * b + n * g),
+           formula="⌊log p⌋α + ((p'-1+R)/p)n(β+γ) (+ 2α + ((p+1)/p)nβ + nγ when p ≠ p'); " + _FOLD,
+           cost_exact="even", cost_bound="either", symmetry="xor")
 def reduce_scatter_recursive_halving(rank, size, counts, op):
     """Recursive-halving reduce-scatter: halve the vector each round, keeping the half my side owns.
 
     Restrictions: commutative op. Per-rank counts may differ. Non-powers of two are folded.
-    Cost: ⌊log p⌋α + ((p-1)/p)n(β + γ) (p a power of two), n = bytes of the whole vector.
+    Cost: ⌊log p⌋α + ((p'-1+R)/p)n(β + γ), plus 2α + ((p+1)/p)nβ + nγ for the fold when
+    p ≠ p' = 2^⌊log p⌋ (R = Σₖ min(p - p', 2ᵏ); ((p-1)/p)n(β + γ) for p a power of two),
+    n = bytes of the whole vector; exact when all counts are equal, otherwise an estimate
+    (the fold's pairs may then hold more or less than two average blocks).
     Scratch: a working copy of the vector, plus room for the halves received.
     """
     offsets = [0]
@@ -211,14 +253,15 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
 
 
 @algorithm("allgather", "recursive_doubling",
-           cost=lambda p, n, a, b, g: _lg(p) * a + (p - 1) / p * n * b
-           + (0 if p & (p - 1) == 0 else 2 * a + n * b),
-           formula="⌊log p⌋α + ((p-1)/p)nβ (+ fold when p is not a power of two)")
+           cost=lambda p, n, a, b, g: _lg(p) * a + _fold_blocks(p) / p * n * b
+           + (0 if p & (p - 1) == 0 else 2 * a + (p + 1) / p * n * b),
+           formula="⌊log p⌋α + ((p'-1+R)/p)nβ (+ 2α + ((p+1)/p)nβ when p ≠ p'); " + _FOLD, symmetry="xor")
 def allgather_recursive_doubling(rank, size, count):
     """Recursive-doubling allgather: each round, swap everything gathered so far with rank XOR mask.
 
-    Restrictions: none; non-powers of two are folded. Cost: ⌊log p⌋α + ((p-1)/p)nβ
-    (p a power of two), n = bytes gathered.
+    Restrictions: none; non-powers of two are folded. Cost: ⌊log p⌋α + ((p'-1+R)/p)nβ, plus
+    2α + ((p+1)/p)nβ for the fold when p ≠ p' = 2^⌊log p⌋ (R = Σₖ min(p - p', 2ᵏ);
+    ((p-1)/p)nβ for p a power of two), n = bytes gathered.
     """
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
@@ -237,23 +280,29 @@ def allgather_recursive_doubling(rank, size, count):
 
 
 @algorithm("scan", "recursive_doubling", scratch=lambda r, p, n: 2 * n,
-           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b + 2 * n * g), formula="⌈log p⌉(α+nβ+2nγ)")
+           cost=lambda p, n, a, b, g: _scan_cost(p, n, a, b, g, inclusive=True),
+           formula="max(q(α+nβ) + (q+1+⌊log t⌋)nγ, (q-1)(α+nβ+2nγ)); q = ⌈log p⌉, t = p - 2^(q-1) "
+                   "(q(α+nβ+2nγ) for p a power of two)")
 def scan_recursive_doubling(rank, size, count, op):
     """Recursive-doubling inclusive scan: swap partial sums with rank XOR mask; keep those from below.
 
-    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ).
+    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ) for p a power of two;
+    otherwise max(q(α + nβ) + (q + 1 + ⌊log t⌋)nγ, (q - 1)(α + nβ + 2nγ)), q = ⌈log p⌉,
+    t = p - 2^(q-1): some ranks skip rounds whose partner does not exist.
     """
     yield from _scan(rank, size, count, op, inclusive=True)
 
 
 @algorithm("exscan", "recursive_doubling", scratch=lambda r, p, n: 2 * n,
-           cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b) + max(2 * log2ceil(p) - 1, 0) * n * g,
-           formula="⌈log p⌉(α+nβ) + (2⌈log p⌉-1)nγ")
+           cost=lambda p, n, a, b, g: _scan_cost(p, n, a, b, g, inclusive=False),
+           formula="max(q(α+nβ) + (q+⌊log t⌋)nγ, (q-1)(α+nβ) + (2q-3)nγ); q = ⌈log p⌉, t = p - 2^(q-1) "
+                   "(q(α+nβ) + (2q-1)nγ for p a power of two; 0 for p = 1)")
 def exscan_recursive_doubling(rank, size, count, op):
     """Recursive-doubling exclusive scan; rank 0's result is the op's identity.
 
-    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ) + (2⌈log p⌉ - 1)nγ
-    (exact for p a power of two; each rank's first contribution is a copy, not a reduction).
+    Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ) + (2⌈log p⌉ - 1)nγ for p a
+    power of two (each rank's first contribution is a copy, not a reduction); otherwise
+    max(q(α + nβ) + (q + ⌊log t⌋)nγ, (q - 1)(α + nβ) + (2q - 3)nγ), q = ⌈log p⌉, t = p - 2^(q-1).
     """
     yield from _scan(rank, size, count, op, inclusive=False)
 

@@ -30,13 +30,14 @@ def _max_block(count, size):
 
 @algorithm("allreduce", "ring", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
            cost=lambda p, n, a, b, g: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g,
-           formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ")
+           formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even", cost_bound="lower",
+           symmetry="rotation")
 def allreduce_ring(rank, size, count, op):
     """Ring allreduce: a ring reduce-scatter, then a ring allgather of the reduced blocks.
 
     Restrictions: commutative op (each block is reduced starting at a different rank).
-    Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ. Sends 2(p-1) messages per rank, only
-    to its right neighbour.
+    Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ, exact when count is a multiple of p (uneven
+    blocks take longer: a lower bound). Sends 2(p-1) messages per rank, only to its right neighbour.
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -59,12 +60,13 @@ def allreduce_ring(rank, size, count, op):
 
 @algorithm("reduce_scatter", "ring", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
            cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * (b + g),
-           formula="(p-1)α + ((p-1)/p)n(β+γ)")
+           formula="(p-1)α + ((p-1)/p)n(β+γ)", cost_exact="even", cost_bound="lower", symmetry="rotation")
 def reduce_scatter_ring(rank, size, counts, op):
     """Ring reduce-scatter: partial sums of block b travel the ring and end, complete, at rank b.
 
     Restrictions: commutative op. Per-rank counts may differ (and be zero).
-    Cost: (p-1)α + ((p-1)/p)n(β + γ), n = bytes of the whole vector.
+    Cost: (p-1)α + ((p-1)/p)n(β + γ), n = bytes of the whole vector; exact when all counts
+    are equal, a lower bound otherwise.
     Scratch: two blocks, used alternately as the receive buffer and the next send.
     """
     offsets = [0]
@@ -95,7 +97,7 @@ def reduce_scatter_ring(rank, size, counts, op):
 
 
 @algorithm("allgather", "ring", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ")
+           formula="(p-1)α + ((p-1)/p)nβ", symmetry="rotation")
 def allgather_ring(rank, size, count):
     """Ring allgather: each step passes the block received last step to the right.
 
@@ -137,12 +139,13 @@ def binomial_scatter_blocks(rank, size, blocks, buf, root):
 
 @algorithm("broadcast", "ring",
            cost=lambda p, n, a, b, g: (log2ceil(p) + p - 1) * a + 2 * (p - 1) / p * n * b,
-           formula="(⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ")
+           formula="(⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ", cost_exact="even", cost_bound="lower")
 def broadcast_ring(rank, size, count, root):
     """Broadcast by binomial scatter then ring allgather (van de Geijn).
 
     Restrictions: none (count < p leaves some blocks empty).
-    Cost: (⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ: about twice the bandwidth term's minimum,
+    Cost: (⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ (exact when count is a multiple of p, else a lower
+    bound): about twice the bandwidth term's minimum,
     independent of p, which beats the binomial tree's ⌈log p⌉nβ for large n.
     """
     if rank == root:
