@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         description="commkit: collective algorithms written once as schedules. Benchmark them, tune the "
                     "selection thresholds for this machine, or simulate them for any number of ranks.",
     )
+    parser.add_argument("--load", metavar="MODULES", default="",
+                        help="comma-separated modules that register algorithms (like COMMKIT_ALGORITHMS)")
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune,sim,doctor}")
     sub.required = True
 
@@ -431,9 +433,10 @@ def _sim(args, argv) -> int:
     model = {"alpha": args.alpha, "beta": args.beta, "gamma": args.gamma}
     if args.algorithm:
         res = sim.simulate(args.collective, args.algorithm, args.procs, size, **model)
-        predicted = cost.predict(args.collective, args.algorithm, args.procs, res.nbytes, **model)
         print(res.summary())
-        print(f"  formula          {cost.formula(args.collective, args.algorithm)} = {predicted:.4g} s")
+        if algorithms.get(args.collective, args.algorithm).cost is not None:  # a user algorithm may have none
+            predicted = cost.predict(args.collective, args.algorithm, args.procs, res.nbytes, **model)
+            print(f"  formula          {cost.formula(args.collective, args.algorithm)} = {predicted:.4g} s")
         return 1 if res.deadlocked else 0
     print(cost.table(args.collective, args.procs, size, simulate=True, **model))
     if args.crossovers:
@@ -453,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.load:
+            algorithms.load(*[m for m in args.load.split(",") if m])
         return args.func(args, argv)
     except BrokenPipeError:
         # The reader went away (``commkit sim ... | head``): stop quietly, as Unix tools do.

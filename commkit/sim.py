@@ -8,7 +8,7 @@ critical path, how long the alpha-beta-gamma model says the call takes, and
 whether the schedules deadlock.
 
 How it runs. A naive simulator that rescans every rank each round took 287 s
-for ring allreduce at p = 4096 (DESIGN.md), so this one is event-driven, after
+for ring allreduce at p = 4096 (a prototype before this module), so this one is event-driven, after
 LogGOPSim's single event queue: a rank runs until it posts a transfer that
 cannot complete yet, and is put back on a work list only when the last of its
 peers posts the matching operation. Total cost is proportional to the number

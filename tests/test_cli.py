@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import commkit as ck
-from commkit import bench, selection
+from commkit import algorithms, bench, selection
 from commkit.collectives import FIXED
 from commkit.cli import main
 
@@ -272,3 +272,23 @@ def test_tune_needs_two_processes():
     assert result.returncode == 2
     assert "needs at least 2 processes" in result.stderr and "Traceback" not in result.stderr
 
+
+
+def test_load_registers_user_algorithms_for_sim(tmp_path, monkeypatch, capsys):
+    (tmp_path / "my_cli_algs.py").write_text(
+        "from commkit.algorithms import algorithm\n"
+        "from commkit.algorithms.naive import allreduce_naive\n"
+        "@algorithm('allreduce', 'cli_student', commutative=True, scratch=lambda rank, size, count: count)\n"
+        "def allreduce_cli_student(rank, size, count, op):\n"
+        "    yield from allreduce_naive(rank, size, count, op)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # load() records the module in COMMKIT_ALGORITHMS for child processes; set it here so that
+    # monkeypatch puts the environment back afterwards.
+    monkeypatch.setenv("COMMKIT_ALGORITHMS", "")
+    try:
+        assert main(["--load", "my_cli_algs", "sim", "allreduce", "-p", "4", "-s", "1K", "-a", "cli_student"]) == 0
+        out = capsys.readouterr().out
+        assert "cli_student" in out and "formula" not in out  # no cost formula declared: none printed
+    finally:
+        algorithms.unregister("allreduce", "cli_student")
