@@ -130,8 +130,9 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
         local = tuple(op for _, op, _, _ in _local_ops(step.overlap, bufs))
         if persistent_tag is not None:
             make = getattr(chan, "persistent_transfer", None)
-            op = make(sends, recvs, persistent_tag) if make is not None else _Reposted(chan, sends, recvs,
-                                                                                      persistent_tag)
+            op = make(sends, recvs, persistent_tag) if make is not None else None
+            if op is None:  # no persistent requests on this transport (or for these buffers)
+                op = _Reposted(chan, sends, recvs, persistent_tag)
             ops.append((TRANSFER, op, step, local))
             continue
         if local and wire_bytes(sends, recvs) >= OVERLAP_MIN_BYTES:

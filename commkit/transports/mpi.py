@@ -174,31 +174,6 @@ class _PersistentTransfer(_Pending):
                 req.Free()
 
 
-class _RepostedTransfer:
-    """A persistent transfer of device arrays: staged, so posted anew at each start."""
-
-    __slots__ = ("transport", "sends", "recvs", "tag", "pending")
-
-    def __init__(self, transport, sends, recvs, tag):
-        self.transport, self.sends, self.recvs, self.tag, self.pending = transport, sends, recvs, tag, None
-
-    def start(self) -> None:
-        self.pending = self.transport.post(self.sends, self.recvs, self.tag)
-
-    def test(self) -> bool:
-        return self.pending.test()
-
-    def wait(self, timeout):
-        return self.pending.wait(timeout)
-
-    def abandon(self) -> None:
-        if hasattr(self.pending, "abandon"):
-            self.pending.abandon()
-
-    def free(self) -> None:
-        self.pending = None
-
-
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "land": MPI.LAND,
         "lor": MPI.LOR, "lxor": MPI.LXOR, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
 # Which dtype kinds MPI defines each op for (MPI-4.1 section 6.9.2): arithmetic on
@@ -294,10 +269,13 @@ class MPITransport:
             self.transfer(sends, recvs, tag, None)
         return run
 
-    def persistent_transfer(self, sends, recvs, tag: int) -> "_PersistentTransfer":
-        """One transfer bound once as MPI persistent requests (``Recv_init``/``Send_init``), for restarts."""
+    def persistent_transfer(self, sends, recvs, tag: int) -> "_PersistentTransfer | None":
+        """One transfer bound once as MPI persistent requests (``Recv_init``/``Send_init``), for restarts.
+
+        None for device arrays, which are staged through host memory at each post.
+        """
         if _on_device(sends) or _on_device(recvs):
-            return _RepostedTransfer(self, sends, recvs, tag)
+            return None
         comm = self.comm
         requests = [comm.Recv_init([buf, BYTE], peer, tag) for peer, buf in recvs]
         requests += [comm.Send_init([buf, BYTE], peer, tag) for peer, buf in sends]
