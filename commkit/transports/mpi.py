@@ -35,7 +35,7 @@ except ImportError as exc:  # pragma: no cover
         "`pip install 'commkit[mpi]'` (mpi4py plus the mpich wheels)."
     ) from exc
 
-__all__ = ["MPITransport", "MPI", "world_size_from_env"]
+__all__ = ["MPITransport", "MPI"]
 
 BYTE = MPI.BYTE
 # Transfers that timed out: their requests (and the buffers mpi4py keeps with them) stay
@@ -187,7 +187,10 @@ def _mpi_type(dtype: np.dtype):
     """The predefined MPI datatype for a NumPy dtype (predefined ones are what MPI ops accept)."""
     if dtype.byteorder not in "=|":
         return None
-    return MPI._typedict.get(dtype.char)
+    try:
+        return MPI.Datatype.fromcode(dtype.char)
+    except (KeyError, ValueError):
+        return None
 
 
 class MPITransport:
@@ -548,16 +551,3 @@ def install_abort_on_exception() -> None:
 
     exit_hook._commkit = True
     sys.exit = exit_hook
-
-
-def world_size_from_env() -> int | None:
-    """The world size a process manager announced, or None when not under one."""
-    import os
-
-    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE", "SLURM_NTASKS"):
-        if var in os.environ:
-            try:
-                return int(os.environ[var])
-            except ValueError:
-                return None
-    return None
