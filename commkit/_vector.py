@@ -21,6 +21,16 @@ Validation order: communicator open, then local arguments (arrays, counts,
 root, ``out``), then the exchange, then what the exchange tells (the same
 check on every rank), all before any data moves.
 
+Persistent forms (``allgatherv_init`` ...) are the same calls compiled once,
+MPI-4 style (:class:`commkit.PersistentRequest`): the counts are fixed when
+the request is made -- given, or exchanged then, so ``*_init`` with
+``counts=None`` blocks until every rank has made it -- and every ``start()``
+moves whatever ``x`` holds at that moment into the same ``out``. So ``x`` must
+be an array the request can read in place: a C-contiguous NumPy or CuPy
+array (a list, or an array NumPy would have to copy, raises
+:class:`~commkit.errors.InvalidBuffer` instead of silently sending a stale
+copy).
+
 In place is not offered (no ``out=x``): for allgatherv and gatherv the output
 is larger than the input, and for alltoallv blocks move between ranks, so an
 overlapping ``out`` raises :class:`~commkit.errors.InvalidBuffer`.
@@ -120,7 +130,9 @@ class VectorCollectives:
     """The vector collectives, mixed into :class:`~commkit.Communicator`.
 
     Uses the communicator's ``rank``, ``size``, ``_check_open``, ``_output``,
-    ``_run`` and ``allgather_object``.
+    ``_run`` and ``allgather_object``. Each worker's ``nonblocking`` is what
+    ``_run`` takes: False (blocking), True (the ``i``-form) or ``"init"`` (the
+    persistent form).
     """
 
     # -- allgatherv ---------------------------------------------------------------------------------------------
@@ -163,9 +175,35 @@ class VectorCollectives:
         """
         return self._allgatherv(x, counts, out, algorithm, timeout, True)
 
+    def allgatherv_init(self, x, counts=None, *, out=None, algorithm=None, timeout=None):
+        """Persistent :meth:`allgatherv` (MPI-4 ``MPI_Allgatherv_init``): made once, then started as often as needed.
+
+        ``req.start()`` begins one run (it never blocks) with whatever ``x`` holds
+        then, and ``req.wait()`` completes it and returns the concatenation (always
+        the same array: ``out``, or one allocated here). Every rank makes its
+        persistent collectives, and starts them, in the same order. ``req.free()``
+        releases it.
+
+        Args:
+            x: this rank's rows, a C-contiguous array that the request reads at every
+                start (refill it in place between runs).
+            counts: rows of every rank, the same sequence on every rank; None
+                exchanges them now (this call then blocks until every rank has made it).
+            out, algorithm, timeout: as for :meth:`allgatherv`.
+
+        Returns:
+            A :class:`commkit.PersistentRequest`.
+
+        Raises:
+            InvalidArgument, InvalidBuffer, AlgorithmNotApplicable: as for
+                :meth:`allgatherv`; InvalidBuffer also for an ``x`` the request
+                cannot read in place (a list, a non-contiguous array).
+        """
+        return self._allgatherv(x, counts, out, algorithm, timeout, "init")
+
     def _allgatherv(self, x, counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = as_input(x, "x")
+        x = _fixed(x, "allgatherv_init") if nonblocking == "init" else as_input(x, "x")
         rows, trailing = _rows(x, "allgatherv")
         rank, size = self.rank, self.size
         if counts is not None:
@@ -221,9 +259,29 @@ class VectorCollectives:
         """
         return self._gatherv(x, root, counts, out, algorithm, timeout, True)
 
+    def gatherv_init(self, x, root: int = 0, counts=None, *, out=None, algorithm=None, timeout=None):
+        """Persistent :meth:`gatherv` (MPI-4 ``MPI_Gatherv_init``); see :meth:`allgatherv_init`.
+
+        Args:
+            x: this rank's rows, a C-contiguous array read at every start.
+            root: the rank that receives the result.
+            counts: rows of every rank, the same sequence on every rank; None
+                exchanges them now (this call then blocks until every rank has made it).
+            out, algorithm, timeout: as for :meth:`gatherv`.
+
+        Returns:
+            A :class:`commkit.PersistentRequest` whose ``wait()`` returns the
+            concatenation on ``root`` and None elsewhere.
+
+        Raises:
+            InvalidArgument, InvalidBuffer, AlgorithmNotApplicable: as for
+                :meth:`gatherv` and :meth:`allgatherv_init`.
+        """
+        return self._gatherv(x, root, counts, out, algorithm, timeout, "init")
+
     def _gatherv(self, x, root, counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = as_input(x, "x")
+        x = _fixed(x, "gatherv_init") if nonblocking == "init" else as_input(x, "x")
         rows, trailing = _rows(x, "gatherv")
         rank, size = self.rank, self.size
         root = check_rank(root, size, "root")
@@ -287,13 +345,35 @@ class VectorCollectives:
         """Nonblocking :meth:`scatterv`; ``wait()`` returns this rank's block."""
         return self._scatterv(x, counts, root, out, algorithm, timeout, True)
 
+    def scatterv_init(self, x, counts, root: int = 0, *, out=None, algorithm=None, timeout=None):
+        """Persistent :meth:`scatterv` (MPI-4 ``MPI_Scatterv_init``); see :meth:`allgatherv_init`.
+
+        ``counts`` are required, as for :meth:`scatterv`: nothing is exchanged.
+
+        Args:
+            x: on the root, the C-contiguous rows to split, read at every start;
+                ignored elsewhere (pass None).
+            counts: rows for every rank, the same sequence on every rank.
+            root: the rank whose ``x`` is split.
+            out, algorithm, timeout: as for :meth:`scatterv` (``out`` is required
+                on every rank but the root).
+
+        Returns:
+            A :class:`commkit.PersistentRequest` whose ``wait()`` returns this rank's block.
+
+        Raises:
+            InvalidArgument, InvalidBuffer, AlgorithmNotApplicable: as for
+                :meth:`scatterv` and :meth:`allgatherv_init`.
+        """
+        return self._scatterv(x, counts, root, out, algorithm, timeout, "init")
+
     def _scatterv(self, x, counts, root, out, algorithm, timeout, nonblocking):
         self._check_open()
         rank, size = self.rank, self.size
         root = check_rank(root, size, "root")
         counts = _counts(counts, size, "counts")
         if rank == root:
-            x = as_input(x, "x")
+            x = _fixed(x, "scatterv_init") if nonblocking == "init" else as_input(x, "x")
             rows, trailing = _rows(x, "scatterv")
             if rows != sum(counts):
                 raise InvalidArgument(
@@ -370,9 +450,28 @@ class VectorCollectives:
         """
         return self._alltoallv(x, send_counts, recv_counts, out, algorithm, timeout, True)
 
+    def alltoallv_init(self, x, send_counts, recv_counts=None, *, out=None, algorithm=None, timeout=None):
+        """Persistent :meth:`alltoallv` (MPI-4 ``MPI_Alltoallv_init``); see :meth:`allgatherv_init`.
+
+        Args:
+            x: this rank's rows, a C-contiguous array read at every start.
+            send_counts: the whole p x p matrix (nothing is exchanged), or this rank's
+                row (the rows are exchanged now: this call then blocks until every
+                rank has made it).
+            recv_counts, out, algorithm, timeout: as for :meth:`alltoallv`.
+
+        Returns:
+            A :class:`commkit.PersistentRequest` whose ``wait()`` returns the received rows.
+
+        Raises:
+            InvalidArgument, InvalidBuffer, AlgorithmNotApplicable: as for
+                :meth:`alltoallv` and :meth:`allgatherv_init`.
+        """
+        return self._alltoallv(x, send_counts, recv_counts, out, algorithm, timeout, "init")
+
     def _alltoallv(self, x, send_counts, recv_counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = as_input(x, "x")
+        x = _fixed(x, "alltoallv_init") if nonblocking == "init" else as_input(x, "x")
         rows, trailing = _rows(x, "alltoallv")
         rank, size = self.rank, self.size
         matrix = None
@@ -413,6 +512,23 @@ class VectorCollectives:
                      array_module(x), False, shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
+
+
+def _fixed(x, collective: str):
+    """``x`` as the array a persistent request reads at every start: the caller's own memory, never a copy.
+
+    Raises:
+        InvalidBuffer: ``x`` is not an array, or only a copy of it would be
+            C-contiguous (the request would then send the copy's stale values).
+    """
+    if type(x) is np.ndarray and x.flags.c_contiguous:
+        return x  # the common case
+    arr = as_input(x, "x")
+    if arr is not x and not (hasattr(x, "nbytes") and arr.nbytes == x.nbytes and same_memory(arr, x)):
+        raise InvalidBuffer(
+            f"{collective}'s x must be a C-contiguous array: the request reads it again at every start(), "
+            f"and the copy a {type(x).__name__} would need could not see what you write into it later.")
+    return arr
 
 
 def _own_rows(counts, rank, rows, name, what) -> None:

@@ -9,11 +9,16 @@ integers, in every dtype, so that sums in any order are exact.
 * ``TABLE`` crosses every collective the face implements with every buffer
   form mpi4py accepts for it and every kind of buffer, rotating dtype, count
   (0 included), in-place (``MPI.IN_PLACE`` and ``None``), blocking or not, and
-  ranks that describe their buffers differently; then the calls the face must
-  pack (derived datatypes, ``MPI.BOTTOM``) or hand to mpi4py (MAXLOC, user ops,
-  reductions over derived types, v-collectives, persistent collectives,
-  intercommunicators). It also checks which road each call took. One job per
-  process count, 1 to 4.
+  ranks that describe their buffers differently; the vector collectives the
+  same way, in every vector form (counts inferred, one count, a stride,
+  counts, (counts, displs) ...) with blocks back to back, with gaps, in
+  reverse order or from an offset (on each rank its own layout, where ranks
+  mix); every collective's persistent ``*_init`` form, started several times
+  with fresh data in its buffers before each run; then the calls the face must
+  pack (derived datatypes, ``MPI.BOTTOM``, in vector forms too) or hand to
+  mpi4py (MAXLOC, user ops, reductions over derived types, intercommunicators),
+  in blocking, nonblocking and persistent form. It also checks which road each
+  call took. One job per process count, 1 to 4.
 * ``PROGRAM`` is an mpi4py program using point-to-point, requests and
   communicator management alongside the collectives.
 * The examples run with and without their one wrapping line.
@@ -68,7 +73,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-from commkit.compat.mpi4py import wrap
+from commkit.compat.mpi4py import Request, wrap
 
 # COMMKIT_FACE_TRACE=1 prints each case before it runs: the last line shows a case that hangs.
 TRACE = os.environ.get("COMMKIT_FACE_TRACE")
@@ -112,56 +117,88 @@ if HAVE_CUPY:
     TYPED_KINDS.append("cupy")
 KINDS = TYPED_KINDS + ["bytearray"]
 FORMS = ["bare", "typed", "tuple", "code", "count", "displ", "four"]
+# Vector specs: counts inferred, one count for all, a stride, counts, the datatype from the buffer,
+# (counts, displs), four items, displs None. Only the last five take any counts, so only they mix.
+VFORMS = ["bare", "typed", "uniform", "strided", "counts", "listonly", "tuple", "four", "nodispls"]
+FREE_VFORMS = ["counts", "listonly", "tuple", "four", "nodispls"]
+LAYOUTS = ["prefix", "gaps", "reversed", "offset"]  # where explicit displacements put the blocks
+CYCLES = 3  # runs of each persistent request
 OPS = {"iu": ["SUM", "PROD", "MAX", "MIN", "BAND", "BOR", "BXOR", "LAND", "LOR", "LXOR"],
        "f": ["SUM", "PROD", "MAX", "MIN"], "c": ["SUM", "PROD"]}
 
 
 def make(kind, a):
-    """The object of ``kind`` over ``a``'s values, and how to read its contents back (as bytes)."""
+    """The object of ``kind`` over ``a``'s values, how to read its contents back (as bytes), and how to write entries.
+
+    The writer ``write(start, values)`` puts ``values`` at entry ``start`` of the
+    object's memory (a persistent case refills its buffers between runs).
+    """
+    def write_a(start, values):
+        a[start:start + len(values)] = values
+
     if kind == "cupy" and ON_FACE:
         d = cupy.asarray(a)
-        return d, lambda: cupy.asnumpy(d).tobytes()
-    if kind == "array" and a.dtype.str[1:] in ARRAY_CODES:
-        obj = array.array(ARRAY_CODES[a.dtype.str[1:]], a.tobytes())
-        return obj, lambda: bytes(obj)
-    if kind == "bytearray":
-        obj = bytearray(a.tobytes())
-        return obj, lambda: bytes(obj)
+
+        def write_d(start, values):
+            d[start:start + len(values)] = cupy.asarray(values)
+        return d, lambda: cupy.asnumpy(d).tobytes(), write_d
+    if kind in ("array", "bytearray") and (kind == "bytearray" or a.dtype.str[1:] in ARRAY_CODES):
+        obj = array.array(ARRAY_CODES[a.dtype.str[1:]], a.tobytes()) if kind == "array" else bytearray(a.tobytes())
+
+        def write_obj(start, values):
+            memoryview(obj).cast("B")[start * a.itemsize:(start + len(values)) * a.itemsize] = values.tobytes()
+        return obj, lambda: bytes(obj), write_obj
     if kind == "memoryview":
-        return memoryview(a), a.tobytes
+        return memoryview(a), a.tobytes, write_a
     if kind == "dlpack":
-        return Versioned(a), a.tobytes
+        return Versioned(a), a.tobytes, write_a
     if kind == "legacy":
-        return Legacy(a), a.tobytes
+        return Legacy(a), a.tobytes, write_a
     if kind == "fortran" and a.size % 2 == 0 and a.size:
-        f = np.asfortranarray(a.reshape(2, -1, order="F"))  # the same bytes, in Fortran order
-        return f, lambda: f.tobytes(order="A")
-    return a, a.tobytes
+        f = np.asfortranarray(a.reshape(2, -1, order="F"))  # the same bytes, in Fortran order (and memory)
+        return f, lambda: f.tobytes(order="A"), write_a
+    return a, a.tobytes, write_a
 
 
 class Case:
-    """One collective call, described by the columns of the table."""
+    """One collective call, described by the columns of the table.
 
-    def __init__(self, index, collective, form, kind, dtype, count, inplace, mix, nb):
+    With ``persistent`` the call runs as its ``*_init`` form: made once, then
+    started ``CYCLES`` times; before every run but the first, the buffers that
+    hold data get fresh values, and after every run every buffer is read.
+    """
+
+    def __init__(self, index, collective, form, kind, dtype, count, inplace, mix, nb, forms=None,
+                 persistent=False):
         self.index, self.collective, self.dtype, self.count = index, collective, dtype, count
         self.inplace = inplace  # False, or the object meaning in place: MPI.IN_PLACE or None
         self.nb = nb
+        self.persistent = persistent
         # Mixed cases give each rank its own buffer form and kind: MPI only asks the type
         # signatures to match, so ranks may describe their buffers differently.
-        self.form = FORMS[(FORMS.index(form) + rank) % len(FORMS)] if mix else form
+        forms = forms or FORMS
+        self.form = forms[(forms.index(form) + rank) % len(forms)] if mix else form
         kinds = TYPED_KINDS if mix else KINDS
         self.kind = kinds[(kinds.index(kind) + 2 * rank) % len(kinds)] if mix else kind
         if self.kind == "bytearray" and self.form == "bare" and collective in REDUCTIONS:
             self.kind = "numpy"  # a bare bytearray holds bytes, but the case's counts are entries of dtype
+        # The plain side of a v-collective (its sendbuf or recvbuf of one block) takes its own form.
+        self.simple = FORMS[(index + 3 + (rank if mix else 0)) % len(FORMS)]
         ops = OPS["iu" if dtype.kind in "iu" else dtype.kind]
         self.opname = ops[index % len(ops)]
         self.op = getattr(MPI, self.opname)
         self.root = index % size
         self.mix = mix
+        self.reset()
+
+    def reset(self):
+        """Forget the buffers of a run: each communicator's run makes its own."""
+        self.refills, self.reads, self.log = [], [], []
 
     def __repr__(self):
-        return (f"#{self.index} {self.collective} form={self.form} kind={self.kind} dtype={self.dtype} "
-                f"count={self.count} inplace={self.inplace!r} op={self.opname} root={self.root} nb={self.nb}")
+        return (f"#{self.index} {self.collective}{'_init' if self.persistent else ''} form={self.form} "
+                f"kind={self.kind} dtype={self.dtype} count={self.count} inplace={self.inplace!r} "
+                f"op={self.opname} root={self.root} nb={self.nb}")
 
     def values(self, rng, n):
         if self.opname == "PROD":
@@ -172,42 +209,129 @@ class Case:
             v = rng.integers(-60, 61, n)
         return v.astype(self.dtype)
 
-    def buf(self, rng, blocks=1, fill="sentinel", count=None, own=None, undefined=None):
+    def _object(self, rng, a, kind, data, undefined=None, offset=0):
+        """``a`` as an object of ``kind``, its reader, and (for a persistent case) its refill of ``data`` ranges."""
+        obj, raw_read, write = make(kind, a)
+
+        def read():
+            values = np.frombuffer(raw_read(), self.dtype).copy()
+            if undefined is not None:
+                values[offset + undefined[0]:offset + undefined[1]] = 0
+            return (values + 0).tobytes()  # + 0 turns -0.0 into 0.0: its sign depends on the reduction order
+
+        if self.persistent:
+            self.reads.append(read)
+            for lo, hi in data:
+                self.refills.append(lambda lo=lo, hi=hi: write(lo, self.values(rng, hi - lo)))
+        return obj, read
+
+    def buf(self, rng, blocks=1, fill="sentinel", count=None, own=None, undefined=None, form=None):
         """A buffer spec of this case's form and kind with room for ``blocks`` blocks, and its reader.
 
         ``fill``: "data" (fresh values everywhere) or "sentinel"; ``own``: a block
         index to fill with data in a sentinel buffer (the in-place block);
         ``undefined``: a range of entries of the message that MPI leaves undefined
-        (the reader blanks them).
+        (the reader blanks them); ``form``: another form than the case's.
         """
+        form = form or self.form
         count = self.count if count is None else count
         n = count * max(blocks, 1)
-        exact = self.form in ("bare", "typed", "tuple", "code")
-        displ = 0 if exact or self.form == "count" else 2
+        exact = form in ("bare", "typed", "tuple", "code")
+        displ = 0 if exact or form == "count" else 2
         pad = 0 if exact else 3
         a = np.full(displ + n + pad, 7, self.dtype)
+        data = []
         if fill == "data":
-            a[displ:displ + n] = self.values(rng, n)
+            data.append((displ, displ + n))
         if own is not None:
-            a[displ + own * count:displ + (own + 1) * count] = self.values(rng, count)
-        obj, raw_read = make(self.kind, a)
-
-        def read():
-            values = np.frombuffer(raw_read(), self.dtype).copy()
-            if undefined is not None:
-                values[displ + undefined[0]:displ + undefined[1]] = 0
-            return (values + 0).tobytes()  # + 0 turns -0.0 into 0.0: its sign depends on the reduction order
-
+            data.append((displ + own * count, displ + (own + 1) * count))
+        for lo, hi in data:
+            a[lo:hi] = self.values(rng, hi - lo)
+        kind = self.kind
+        if kind == "bytearray" and form == "bare" and self.collective in VECTORS:
+            kind = "numpy"  # the other side counts entries of dtype, not bytes
+        obj, read = self._object(rng, a, kind, data, undefined, displ)
         t = MPI._typedict[self.dtype.char]
         spec = {"bare": obj, "typed": [obj, t], "tuple": (obj, t), "code": [obj, self.dtype.str[1:]],
                 "count": [obj, count, t], "displ": [obj, (count, displ), t], "four": (obj, count, displ, t)}
-        return spec[self.form], read
+        return spec[form], read
+
+    def vbuf(self, rng, counts, fill="sentinel", own=None):
+        """A vector buffer spec (one block per rank, ``counts[r]`` entries for rank r) of this case's form and kind.
+
+        The form also decides where the blocks lie: back to back from the start,
+        at a stride, with a gap before each, in reverse rank order, or from an
+        offset. Returns the spec and its reader (the whole buffer, gaps included).
+        """
+        # Displacements are each rank's own: a mixed case lays its blocks out differently on each rank.
+        form, layout = self.form, LAYOUTS[(self.index + (rank if self.mix else 0)) % len(LAYOUTS)]
+        at, displs = 0, []
+        for c in counts:
+            displs.append(at)
+            at += c
+        if form == "strided":
+            stride = counts[0] + 1
+            displs = [stride * i for i in range(size)]
+        elif form in ("tuple", "four") and layout == "gaps":
+            displs = [d + i for i, d in enumerate(displs)]
+        elif form in ("tuple", "four") and layout == "reversed":
+            displs = [sum(counts[i + 1:]) for i in range(size)]
+        elif form in ("tuple", "four") and layout == "offset":
+            displs = [d + 2 for d in displs]
+        exact = form in ("bare", "typed")
+        length = max([d + c for d, c in zip(displs, counts)] + [0]) + (0 if exact else 2)
+        a = np.full(length, 7, self.dtype)
+        data = [(d, d + c) for d, c in zip(displs, counts)] if fill == "data" else []
+        if own is not None:
+            data.append((displs[own], displs[own] + counts[own]))
+        for lo, hi in data:
+            a[lo:hi] = self.values(rng, hi - lo)
+        kind = "numpy" if self.kind == "bytearray" and form in ("bare", "listonly") else self.kind
+        obj, read = self._object(rng, a, kind, data)
+        t = MPI._typedict[self.dtype.char]
+        spec = {"bare": obj, "typed": [obj, t], "uniform": [obj, counts[0], t],
+                "strided": [obj, (counts[0], displs[1] if size > 1 else 0), t], "counts": [obj, counts, t],
+                "listonly": [obj, counts], "tuple": (obj, (counts, displs), t), "four": [obj, counts, displs, t],
+                "nodispls": [obj, counts, None, t]}
+        return spec[form], read
+
+    def counts(self):
+        """The block counts of a v-collective (for Alltoallv, the matrix [sender][receiver]) its form can say."""
+        if self.form in ("bare", "typed"):  # inferred from the buffer: its entries split as evenly as they go
+            uniform = self.collective == "Alltoallv" and self.inplace is not False  # what i sends j, j sends i
+            n = 2 * size + (0 if uniform else self.index % (size + 1))
+            row = [n // size + (i < n % size) for i in range(size)]
+            return [row] * size if self.collective == "Alltoallv" else row
+        if self.form in ("uniform", "strided"):
+            c = self.index % 3
+            return [[c] * size] * size if self.collective == "Alltoallv" else [c] * size
+        if self.collective == "Alltoallv":
+            if self.inplace is not False:  # in place, what i sends j is what j sends i
+                return [[(self.index + i + j) % 3 for j in range(size)] for i in range(size)]
+            return [[(self.index + i + 2 * j) % 3 for j in range(size)] for i in range(size)]
+        return [(self.index + 3 * i) % 4 for i in range(size)]
 
     def call(self, comm, name, *args, **kwargs):
-        if self.nb:
-            getattr(comm, "I" + name.lower())(*args, **kwargs).Wait()
-        else:
-            getattr(comm, name)(*args, **kwargs)
+        if not self.persistent:
+            if self.nb:
+                getattr(comm, "I" + name.lower())(*args, **kwargs).Wait()
+            else:
+                getattr(comm, name)(*args, **kwargs)
+            return
+        request = getattr(comm, name + "_init")(*args, **kwargs)
+        for cycle in range(CYCLES):
+            if cycle:
+                for refill in self.refills:
+                    refill()
+            if self.nb:  # the face's helpers, which take any mix (on raw mpi4py, MPI's own calls)
+                Request.Startall([request])
+                while not Request.Testall([request]):
+                    pass
+            else:
+                request.Start()
+                request.Wait()
+            self.log.append([read() for read in self.reads])
+        request.Free()
 
 
 def bcast(comm, c, rng):
@@ -301,6 +425,57 @@ def reduce_scatter(comm, c, rng):
     return [read()]
 
 
+def barrier(comm, c, rng):
+    c.call(comm, "Barrier")
+    return []
+
+
+def allgatherv(comm, c, rng):
+    counts = c.counts()
+    in_place = c.inplace is not False
+    recv, read = c.vbuf(rng, counts, own=rank if in_place else None)
+    send = c.inplace if in_place else c.buf(rng, fill="data", count=counts[rank], form=c.simple)[0]
+    c.call(comm, "Allgatherv", send, recv)
+    return [read()]
+
+
+def gatherv(comm, c, rng):
+    counts = c.counts()
+    if rank != c.root:
+        send, _ = c.buf(rng, fill="data", count=counts[rank], form=c.simple)
+        c.call(comm, "Gatherv", send, None if c.index % 2 else c.vbuf(rng, counts)[0], root=c.root)
+        return []
+    in_place = c.inplace is not False
+    recv, read = c.vbuf(rng, counts, own=rank if in_place else None)
+    send = c.inplace if in_place else c.buf(rng, fill="data", count=counts[rank], form=c.simple)[0]
+    c.call(comm, "Gatherv", send, recv, root=c.root)
+    return [read()]
+
+
+def scatterv(comm, c, rng):
+    counts = c.counts()
+    if rank != c.root:
+        recv, read = c.buf(rng, count=counts[rank], form=c.simple)
+        c.call(comm, "Scatterv", None if c.index % 2 else c.vbuf(rng, counts)[0], recv, root=c.root)
+        return [read()]
+    send, read_send = c.vbuf(rng, counts, fill="data")
+    if c.inplace is not False:
+        c.call(comm, "Scatterv", send, c.inplace, root=c.root)
+        return [read_send()]
+    recv, read = c.buf(rng, count=counts[rank], form=c.simple)
+    c.call(comm, "Scatterv", send, recv, root=c.root)
+    return [read(), read_send()]
+
+
+def alltoallv(comm, c, rng):
+    matrix = c.counts()
+    in_place = c.inplace is not False
+    recv, read = c.vbuf(rng, [row[rank] for row in matrix], fill="data" if in_place else "sentinel")
+    send = c.inplace if in_place else c.vbuf(rng, matrix[rank], fill="data")[0]
+    c.call(comm, "Alltoallv", send, recv)
+    return [read()]
+
+
 COLLECTIVES = {
     "Bcast": (bcast, False), "Reduce": (rooted_reduce, "root"), "Allreduce": (reduction("Allreduce"), True),
     "Scan": (reduction("Scan"), True), "Exscan": (reduction("Exscan"), True), "Gather": (gather, "root"),
@@ -308,6 +483,8 @@ COLLECTIVES = {
     "Reduce_scatter_block": (reduce_scatter_block, True), "Reduce_scatter": (reduce_scatter, True),
 }
 REDUCTIONS = {"Reduce", "Allreduce", "Scan", "Exscan", "Reduce_scatter_block", "Reduce_scatter"}
+VECTORS = {"Allgatherv": (allgatherv, True), "Gatherv": (gatherv, "root"), "Scatterv": (scatterv, "root"),
+           "Alltoallv": (alltoallv, True)}
 
 
 def table():
@@ -326,6 +503,42 @@ def table():
                 mix = (f * len(KINDS) + k) % 3 == 0 and kind != "bytearray"
                 cases.append((run, Case(i, collective, form, kind, dtype, counts[i % len(counts)], inplace, mix,
                                         nb=i % 3 == 1), False))
+    # The v-collectives: every vector form x buffer kind, the same rotations.
+    for collective, (run, in_place_ok) in VECTORS.items():
+        for f, form in enumerate(VFORMS):
+            for k, kind in enumerate(KINDS):
+                i = len(cases)
+                dtype = DTYPES[(f + k + i) % len(DTYPES)]
+                inplace = False
+                if in_place_ok and (f + k) % 2:
+                    inplace = MPI.IN_PLACE if (f + k) % 4 == 1 else None
+                mix = form in FREE_VFORMS and (f + k) % 3 == 0 and kind != "bytearray"
+                cases.append((run, Case(i, collective, form, kind, dtype, 1, inplace, mix, nb=i % 3 == 1,
+                                        forms=FREE_VFORMS if mix else None), False))
+    return cases
+
+
+def persistent_table():
+    """Every collective's ``*_init`` form in half of the buffer forms (the other half for the next
+    collective, so every form meets both halves), kinds, dtypes and in-place rotating."""
+    cases = []
+    counts = [3, 1, 0, 2]
+    collectives = dict(COLLECTIVES, Barrier=(barrier, False), **VECTORS)
+    for c, (collective, (run, in_place_ok)) in enumerate(collectives.items()):
+        forms = VFORMS if collective in VECTORS else FORMS[:1] if collective == "Barrier" else FORMS
+        for f, form in enumerate(forms):
+            if (f + c) % 2 and collective != "Barrier":
+                continue
+            i = 2000 + len(cases)
+            kind = KINDS[(3 * f + i) % len(KINDS)]
+            dtype = DTYPES[(f + i) % len(DTYPES)]
+            inplace = False
+            if in_place_ok and f % 2:
+                inplace = MPI.IN_PLACE if f % 4 == 1 else None
+            mix = f == 4 and kind != "bytearray"
+            cases.append((run, Case(i, collective, form, kind, dtype, counts[i % len(counts)], inplace, mix,
+                                    nb=i % 2 == 1, forms=FREE_VFORMS if mix and collective in VECTORS else None,
+                                    persistent=True), False))
     return cases
 
 
@@ -474,25 +687,6 @@ def float_logical(comm, c, rng):
     return [out.tobytes()]
 
 
-def persistent(comm, c, rng):
-    x = rng.integers(-9, 9, 4)
-    out = np.zeros(4, np.int64)
-    b = rng.integers(0, 9, 3) if rank == c.root else np.zeros(3, np.int64)
-    try:
-        requests = [comm.Allreduce_init(x, out, op=MPI.SUM), comm.Bcast_init(b, root=c.root)]
-    except NotImplementedError:  # an MPI library older than MPI-4
-        return [b"no persistent collectives"]
-    results = []
-    for _ in range(2):
-        MPI.Prequest.Startall(requests)
-        MPI.Request.Waitall(requests)
-        results += [out.tobytes(), b.tobytes()]
-        x += 1
-    for r in requests:
-        r.Free()
-    return results
-
-
 def intercomm(comm, c, rng):
     """Two halves joined by an intercommunicator: the wrapped one runs MPI's collectives."""
     if size < 2:
@@ -514,83 +708,119 @@ def intercomm(comm, c, rng):
     return [out.tobytes(), b.tobytes()]
 
 
-def vector(name):
-    """A v-collective (passed to mpi4py) in every buffer form mpi4py takes for it."""
-    def run(comm, c, rng):
-        counts = [1 + (i + c.index) % 3 for i in range(size)]
-        displs = [sum(counts[:i]) + i for i in range(size)]  # a gap before each block
-        span = displs[-1] + counts[-1] + 1
-        form = c.form
-        if form in ("typed", "bare"):  # inferred counts: mpi4py splits the buffer evenly
-            counts = [2] * size
-            displs = [2 * i for i in range(size)]
-            span = 2 * size
+def persistent(comm, c, rng):
+    """One list of persistent requests -- commkit's, MPI's own (MAXLOC) and point-to-point -- started and
+    waited together by the face's helpers, which take any mix (on mpi4py's, they call MPI.Prequest.Startall
+    and MPI.Request.Waitall)."""
+    x = rng.integers(-9, 9, 4)
+    out = np.zeros(4, np.int64)
+    b = rng.integers(0, 9, 3) if rank == c.root else np.zeros(3, np.int64)
+    pairs = np.zeros(2, dtype=np.dtype([("value", "f8"), ("index", "i4")], align=True))
+    best = np.zeros_like(pairs)
+    got, sent = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    try:
+        requests = [comm.Allreduce_init(x, out, op=MPI.SUM), comm.Bcast_init(b, root=c.root),
+                    comm.Allreduce_init([pairs, MPI.DOUBLE_INT], [best, MPI.DOUBLE_INT], op=MPI.MAXLOC),
+                    comm.Recv_init(got, (rank - 1) % size, 4), comm.Send_init(sent, (rank + 1) % size, 4)]
+    except NotImplementedError:  # an MPI library older than MPI-4
+        return [b"no persistent collectives"]
+    results = []
+    for k in range(CYCLES):
+        x[...] = rng.integers(-9, 9, 4)
+        if rank == c.root:
+            b[...] = rng.integers(0, 9, 3)
+        pairs["value"], pairs["index"] = rng.integers(0, 5, 2), rank
+        sent[...] = [rank, k]
+        Request.Startall(requests)
+        Request.Waitall(requests)
+        results += [out.tobytes(), b.tobytes(), best["value"].tobytes(), best["index"].tobytes(), got.tobytes()]
+    for r in requests:
+        r.Free()
+    return results
 
-        def vspec(a):
-            t = MPI.INT64_T
-            return {"four": [a, counts, displs, t], "displ": [a, (counts, displs), t], "count": [a, counts, t],
-                    "typed": [a, t], "bare": a, "tuple": (a, (counts, displs), t)}[form]
 
-        if form == "count":
-            displs = [sum(counts[:i]) for i in range(size)]
-            span = sum(counts)
-        mine = counts[rank]
-        own = rng.integers(0, 99, mine)
-        if name == "Allgatherv":
-            out = np.full(span, -1, np.int64)
-            c.call(comm, "Allgatherv", own, vspec(out))
-            return [out.tobytes()]
-        if name == "Gatherv":
-            out = np.full(span, -1, np.int64)
-            c.call(comm, "Gatherv", own, vspec(out) if rank == c.root else None, root=c.root)
-            return [out.tobytes()]
-        if name == "Scatterv":
-            data = rng.integers(0, 99, span)
-            got = np.full(mine, -1, np.int64)
-            c.call(comm, "Scatterv", vspec(data) if rank == c.root else None, got, root=c.root)
-            return [got.tobytes()]
-        # Alltoallv: rank r sends counts[j] + r % 2 ... keep it symmetric: everyone sends counts[j] to j
-        # and receives counts[rank] from everyone.
-        scounts = counts
-        sdispls = displs
-        rcounts = [mine] * size
-        rdispls = [mine * j for j in range(size)]
-        data = rng.integers(0, 99, span)
-        out = np.full(mine * size, -1, np.int64)
-        send = vspec(data)
-        c.call(comm, "Alltoallv", send, [out, rcounts, rdispls, MPI.INT64_T])
-        return [out.tobytes()]
-    return run
+def vector_columns(comm, c, rng):
+    """The textbook v-pattern: the root gathers, then scatters, columns of a matrix through a vector type,
+    at displacements in column order shifted by one; the others send plain doubles."""
+    rows = 3
+    col = rng.integers(-9, 9, rows).astype(np.float64)
+    counts, displs = [1] * size, [(i + 1) % (size + 1) for i in range(size)]
+    t = column_type(rows, size + 1) if rank == c.root else None
+    try:
+        matrix = np.full((rows, size + 1), -1.0)
+        c.call(comm, "Gatherv", [col, rows, MPI.DOUBLE], [matrix, counts, displs, t] if rank == c.root else None,
+               root=c.root)
+        if rank == c.root:
+            matrix[...] = rng.integers(-9, 9, matrix.shape)
+        part = np.full(rows, -1.0)
+        c.call(comm, "Scatterv", [matrix, (counts, displs[::-1]), t] if rank == c.root else None,
+               [part, rows, MPI.DOUBLE], root=c.root)
+    finally:
+        if t is not None:
+            t.Free()
+    return [matrix.tobytes(), part.tobytes()]
+
+
+def vector_mixed_types(comm, c, rng):
+    """Even ranks count their blocks in pairs of int64 (a contiguous type), odd ranks in int64s: the same
+    bytes, described differently on each rank, in Allgatherv and Alltoallv."""
+    pair = MPI.INT64_T.Create_contiguous(2).Commit()
+    try:
+        mine = 2 * (rank % 2 + 1)
+        x = rng.integers(0, 99, mine)
+        counts = [2 * (q % 2 + 1) for q in range(size)]
+        out = np.full(sum(counts) + 2, -1, np.int64)
+        if rank % 2 == 0:
+            recv = [out, [n // 2 for n in counts], [1 + sum(counts[:q]) // 2 for q in range(size)], pair]
+            send = [x, mine // 2, pair]
+        else:
+            recv = [out, (counts, [2 + sum(counts[:q]) for q in range(size)]), MPI.INT64_T]
+            send = x
+        c.call(comm, "Allgatherv", send, recv)
+        y = rng.integers(0, 99, 2 * size)
+        z = np.full(2 * size, -1, np.int64)
+        if rank % 2 == 0:
+            c.call(comm, "Alltoallv", [y, [1] * size, [size - 1 - q for q in range(size)], pair],
+                   [z, 2, MPI.INT64_T])
+        else:
+            c.call(comm, "Alltoallv", [y, 2, MPI.INT64_T], [z, (1, 1), pair])
+    finally:
+        pair.Free()
+    return [out.tobytes(), z.tobytes()]
+
+
+def allgatherv_bottom(comm, c, rng):
+    """MPI.BOTTOM with absolute displacements (in entries): the blocks land at addresses, in reverse rank order."""
+    r = np.full(2 * size + 3, -1, np.int64)
+    base = MPI.Get_address(r) // r.itemsize
+    displs = [base + 2 * (size - 1 - q) + 1 for q in range(size)]
+    c.call(comm, "Allgatherv", rng.integers(0, 50, 2), [MPI.BOTTOM, [2] * size, displs, MPI.INT64_T])
+    return [r.tobytes()]
 
 
 def specials():
     cases = []
     rows = [
         (derived_bcast, False), (gather_columns, False), (scatter_columns, False), (allgather_mixed_types, False),
-        (alltoall_derived, False), (bcast_bottom, False), (maxloc, True), (user_op, True),
-        (derived_reduction, True), (float_logical, True), (persistent, None), (intercomm, None),
+        (alltoall_derived, False), (bcast_bottom, False), (vector_columns, False), (vector_mixed_types, False),
+        (allgatherv_bottom, False), (maxloc, True), (user_op, True), (derived_reduction, True),
+        (float_logical, True), (persistent, None), (intercomm, None),
     ]
     for run, passes_through in rows:
-        for nb in (False, True):
-            if passes_through is None and nb:
+        for mode in ("blocking", "nonblocking", "persistent"):
+            if passes_through is None and mode != "blocking":
                 continue
             i = 1000 + len(cases)
-            case = Case(i, run.__name__, "bare", "numpy", np.dtype("i8"), 1, False, False, nb)
+            case = Case(i, run.__name__, "bare", "numpy", np.dtype("i8"), 1, False, False, mode == "nonblocking",
+                        persistent=mode == "persistent")
             cases.append((run, case, passes_through))
-    for name in ("Allgatherv", "Gatherv", "Scatterv", "Alltoallv"):
-        for form in ("four", "displ", "count", "typed", "bare", "tuple"):
-            if name == "Alltoallv" and form in ("typed", "bare"):
-                continue  # the send side's counts cannot be inferred to match the receive side's
-            i = 1000 + len(cases)
-            cases.append((vector(name), Case(i, name, form, "numpy", np.dtype("i8"), 1, False, False,
-                                             nb=i % 2 == 1), None))
     return cases
 
 
 def main(seed):
     global ON_FACE
     failures, ran = [], 0
-    for run, case, passes_through in table() + specials():
+    for run, case, passes_through in table() + persistent_table() + specials():
         results = []
         if TRACE:
             print(f"rank {rank} {case}", flush=True)
@@ -598,7 +828,8 @@ def main(seed):
             ON_FACE = comm is face
             before = passes.count
             rng = np.random.default_rng([seed, case.index, rank])
-            results.append(run(comm, case, rng))
+            case.reset()
+            results.append(run(comm, case, rng) + case.log)
         passed = passes.count - before
         ran += 1
         if results[0] != results[1]:
@@ -946,8 +1177,9 @@ def test_unknown_attributes_fall_through_to_mpi4py(face):
     assert comm.Get_name() == MPI.COMM_SELF.Get_name()
     assert comm.allreduce(3) == 3  # mpi4py's pickle-based method
     assert re.search("rank 0 of 1", repr(comm))
-    out = np.zeros(3, np.int64)
-    comm.Allgatherv(np.arange(3), [out, [3], [0], MPI.INT64_T])  # a v-collective: MPI's own
+    x, out = np.arange(3), np.zeros(3, np.int64)
+    types = [MPI.INT64_T]
+    comm.Alltoallw([x, [3], [0], types], [out, [3], [0], types])  # commkit has no Alltoallw: MPI's own
     assert out.tolist() == [0, 1, 2]
 
 
@@ -983,19 +1215,127 @@ def test_legacy_dlpack_receive_buffers_are_written_as_mpi4py_writes_them(face):
         comm.Allreduce(x, Versioned(readonly), op=MPI.SUM)
 
 
-def test_persistent_collectives_are_mpi4pys(face):
+def test_persistent_collectives_run_commkit_and_start_again(face, debug_log):
+    from commkit.compat.mpi4py import Prequest, Request
+
     MPI, comm = face
-    if not hasattr(MPI.Comm, "Allreduce_init"):
-        pytest.skip("mpi4py without persistent collectives")
     x, out = np.arange(3), np.zeros(3, np.int64)
-    try:
-        request = comm.Allreduce_init(x, out, op=MPI.SUM)
-    except NotImplementedError:
-        pytest.skip("an MPI library without persistent collectives")
-    assert isinstance(request, MPI.Prequest)
-    for shift in (0, 10):
+    request = comm.Allreduce_init(x, out, op=MPI.SUM)
+    assert isinstance(request, Prequest) and request
+    assert request.Test()  # inactive: nothing to wait for, as in MPI
+    for shift in (0, 10, 5):
         x += shift
         request.Start()
         request.Wait()
         assert out.tolist() == x.tolist()
     request.Free()
+    assert not request  # like a freed MPI.Request
+    assert "runs mpi4py's" not in debug_log.text
+
+    # MAXLOC has no commkit equivalent: MPI's own persistent request, decided at init.
+    pairs = np.zeros(2, dtype=np.dtype([("value", "f8"), ("index", "i4")], align=True))
+    best = np.zeros_like(pairs)
+    theirs = comm.Allreduce_init([pairs, MPI.DOUBLE_INT], [best, MPI.DOUBLE_INT], op=MPI.MAXLOC)
+    assert isinstance(theirs, MPI.Prequest) and "runs mpi4py's Allreduce_init" in debug_log.text
+    ours = comm.Bcast_init(x, root=0)
+    # MPI's Startall hands MPI the requests' handles, and a commkit collective has none: the face's helpers
+    # take the mix.
+    with pytest.raises(TypeError):
+        MPI.Prequest.Startall([theirs, ours])
+    for k in range(2):
+        pairs["value"] = [k, 3]
+        Request.Startall([theirs, ours])
+        Request.Waitall([theirs, ours])
+        assert best["value"].tolist() == [k, 3]
+    theirs.Free()
+    ours.Free()
+
+
+def test_vector_collectives_run_commkit_in_every_layout(face, debug_log):
+    MPI, comm = face
+    own = np.arange(4, dtype=np.int64)
+    for spec, expected in [
+        (lambda out: [out, [4], [0], MPI.INT64_T], [0, 1, 2, 3, -1, -1]),
+        (lambda out: [out, ([4], [2]), MPI.INT64_T], [-1, -1, 0, 1, 2, 3]),
+        (lambda out: [out, 4, MPI.INT64_T], [0, 1, 2, 3, -1, -1]),
+        (lambda out: [out, [4]], [0, 1, 2, 3, -1, -1]),
+    ]:
+        for call in (lambda s: comm.Allgatherv(own, s), lambda s: comm.Gatherv(own, s, root=0),
+                     lambda s: comm.Iallgatherv(own, s).Wait(),
+                     lambda s: comm.Alltoallv([own, (4, 0), MPI.INT64_T], s)):
+            out = np.full(6, -1, np.int64)
+            call(spec(out))
+            assert out.tolist() == expected, (spec(out)[1:], out)
+    got = np.zeros(3, np.int64)
+    comm.Scatterv([np.arange(6), ([3], [3]), MPI.INT64_T], got, root=0)
+    assert got.tolist() == [3, 4, 5]
+    inplace = np.arange(5, dtype=np.int64)
+    comm.Allgatherv(MPI.IN_PLACE, [inplace, ([3], [1]), MPI.INT64_T])
+    comm.Alltoallv(None, [inplace, [5], [0], MPI.INT64_T])
+    assert inplace.tolist() == [0, 1, 2, 3, 4]
+    assert "runs mpi4py's" not in debug_log.text
+
+
+def test_vector_spec_errors_are_raised_before_anything_is_sent(face):
+    from commkit.errors import InvalidBuffer
+
+    MPI, comm = face
+    x, out = np.arange(4, dtype=np.int64), np.zeros(4, np.int64)
+    with pytest.raises(InvalidBuffer, match=r"block 0 \(5 entries at displacement 0\) does not lie inside"):
+        comm.Allgatherv(x[:1], [out, [5], [0], MPI.INT64_T])
+    with pytest.raises(InvalidBuffer, match=r"block 0 \(2 entries at displacement 3\)"):
+        comm.Gatherv(x[:2], [out, ([2], [3]), MPI.INT64_T], root=0)
+    with pytest.raises(InvalidBuffer, match="counts must have 1 entries, one per rank; got 2"):
+        comm.Allgatherv(x, [out, [2, 2], MPI.INT64_T])
+    with pytest.raises(InvalidBuffer, match="sendbuf holds 16 bytes but this rank's block of recvbuf"):
+        comm.Allgatherv(x[:2], [out, [3], MPI.INT64_T])
+    with pytest.raises(InvalidBuffer, match="must be \\(counts, displs\\), got 3 items"):
+        comm.Alltoallv(x, [out, ([1], [0], [0]), MPI.INT64_T])
+    with pytest.raises(InvalidBuffer, match="read-only"):
+        comm.Allgatherv(x, [_readonly(4), [4], MPI.INT64_T])
+    with pytest.raises(InvalidBuffer, match="cannot infer the counts"):
+        comm.Allgatherv(x, [bytearray(7), MPI.INT64_T])
+    column = MPI.INT64_T.Create_vector(2, 1, 3).Commit()
+    try:  # a derived type that reaches past the buffer: MPI would write past its end, the face refuses
+        with pytest.raises(InvalidBuffer, match="its blocks span bytes 0 to 32 but the buffer holds 24"):
+            comm.Allgatherv(x[:2], [np.zeros(3, np.int64), [1], [0], column])
+    finally:
+        column.Free()
+    comm.Allgatherv(x, [out, [4], MPI.INT64_T])  # nothing was sent before: the next call still matches
+    assert out.tolist() == x.tolist()
+
+
+VECTOR_MISMATCH = r'''
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+from commkit.errors import InvalidBuffer
+
+comm = wrap(MPI.COMM_WORLD)
+rank, size = comm.Get_rank(), comm.Get_size()
+errors = []
+# The root's recvcounts say 2 entries from rank 1, which sends 3: found by the count exchange, on every rank.
+counts = [2] * size
+try:
+    comm.Gatherv(np.zeros(3 if rank == 1 else 2), [np.zeros(2 * size), counts, MPI.DOUBLE] if rank == 0 else None)
+except InvalidBuffer as exc:
+    errors.append(str(exc))
+try:  # rank 0 expects 1 entry from everyone; everyone sends 2 to rank 0
+    comm.Alltoallv(np.zeros(2 * size), [np.zeros(2 * size), [1 if rank == 0 else 2] * size, MPI.DOUBLE])
+except InvalidBuffer as exc:
+    errors.append(str(exc))
+everyone = comm.mpi.allgather(errors)
+assert all(e == everyone[0] for e in everyone) and len(everyone[0]) == 2, everyone
+out = np.zeros(size)
+comm.Allgatherv(np.full(1, rank, float), [out, [1] * size, MPI.DOUBLE])  # and the ranks are still together
+assert out.tolist() == list(range(size))
+if rank == 0:  # every rank checked above that it raised the very same errors
+    print(" | ".join(errors), flush=True)
+'''
+
+
+@pytest.mark.mpi
+def test_vector_count_mismatch_raises_the_same_error_on_every_rank(mpi):
+    result = mpi(3, VECTOR_MISMATCH, timeout=60)
+    assert "Gatherv: rank 1 sends 24 bytes but the root's recvcounts give its block 16 bytes" in result.stdout
+    assert "Alltoallv: rank 0 expects 8 bytes from rank 0, which sends it 16" in result.stdout

@@ -9,7 +9,9 @@ for bit. The schedules alone are driven for p = 1..16 by the simulator: they
 must finish, match every message with a receive of its length, stay inside
 their buffers, send no empty message, and cost what their formulas say for
 equal blocks. Under ``mpiexec`` (2, 3 and 4 processes) every algorithm and
-MPI's own collective run the same derandomized examples on every rank.
+MPI's own collective run the same derandomized examples on every rank. The
+persistent forms (``*_init``) are started again and again on inputs refilled
+in place, p = 1..5 on threads, and under ``mpiexec`` with MPI's own collective.
 
 Each rank's input is a pure function of (case, rank), so every rank (and every
 process) computes the NumPy reference for all ranks locally.
@@ -449,16 +451,20 @@ import test_vector as tv
 
 comm = ck.init(timeout=60)
 examples = int(sys.argv[1])
-ran = {"cases": 0}
+ran = {"cases": 0, "examples": 0}
 
 
 @settings(derandomize=True, database=None, max_examples=examples, deadline=None)
 @given(case=tv.vector_cases(comm.size))
 def vector(case):
     error = None
+    turn = ran["examples"] % 2  # counted on every rank alike, failed examples included
+    ran["examples"] += 1
     try:
         for name in tv.schedule_names(case["collective"]) + [None, "native"]:
             tv.check_case(comm, case, name)
+        # Persistent, in turn with MPI's own collective restarted and with the automatic choice.
+        tv.check_persistent(comm, case, "native" if turn else None, exchange=turn == 1, with_out=turn == 0, rounds=2)
         ran["cases"] += 1
     except Exception as exc:
         error = f"rank {comm.rank}: {type(exc).__name__}: {exc}"
@@ -482,3 +488,135 @@ def test_vector_collectives_match_numpy_and_mpi(nprocs):
     reports = {int(r): int(c) for r, c in re.findall(r"rank (\d+) ok (\d+)", result.stdout)}
     assert sorted(reports) == list(range(nprocs)), result.stdout
     assert reports[0] == examples
+
+
+# -- persistent forms: made once, started again and again ------------------------------------------------------
+
+
+def make_persistent(comm, case, algorithm, exchange, out):
+    """The ``*_init`` request of ``case`` on ``comm``; returns it and the array it reads (None where none)."""
+    coll, counts, r = case["collective"], case["counts"], comm.rank
+    x = case_input(case, r)
+    kw = {"out": out, "algorithm": algorithm}
+    if coll == "allgatherv":
+        request = comm.allgatherv_init(x, None if exchange else counts, **kw)
+    elif coll == "gatherv":
+        request = comm.gatherv_init(x, case["root"], None if exchange else counts, **kw)
+    elif coll == "scatterv":
+        request = comm.scatterv_init(x, counts, case["root"], **kw)
+    elif exchange:
+        request = comm.alltoallv_init(x, counts[r], **kw)
+    else:
+        request = comm.alltoallv_init(x, counts, [row[r] for row in counts], **kw)
+    return request, x
+
+
+def check_persistent(comm, case, algorithm, exchange, with_out, rounds=3):
+    """Start and wait one request ``rounds`` times, refilling its input in place with new values each time."""
+    r = comm.rank
+    exp = expected(case, r, comm.size)
+    out = None
+    if (with_out or (case["collective"] == "scatterv" and r != case["root"])) and exp is not None:
+        out = np.full_like(exp, 1)
+    request, x = make_persistent(comm, case, algorithm, exchange, out)
+    what = f"{case['collective']}_init algorithm={algorithm} exchange={exchange} out={with_out} rank={r}"
+    assert isinstance(request, ck.PersistentRequest), what
+    if algorithm is not None:
+        assert f"({algorithm})" in repr(request), (what, repr(request))
+    for k in range(rounds):
+        again = dict(case, seed=case["seed"] + 7919 * k)  # the same shapes, new values
+        if x is not None:
+            x[...] = case_input(again, r)
+        request.start()
+        got = request.wait()
+        assert_same(got, expected(again, r, comm.size), f"{what} round {k}")
+        if out is not None and got is not None:
+            assert got is out, what
+    request.free()
+    with pytest.raises(ck.InvalidArgument, match="was freed"):
+        request.start()
+    return rounds
+
+
+@pytest.mark.parametrize("collective", VECTOR)
+def test_persistent_vector_collectives_restart_with_new_data(collective):
+    """p = 1..5, every algorithm and the automatic choice, counts given or exchanged at init, out or not."""
+    rng = np.random.default_rng(sum(map(ord, collective)))
+    for size in range(1, 6):
+        shape = (size, size) if collective == "alltoallv" else (size,)
+        counts = rng.choice([0, 1, 2, 5], size=shape).tolist()
+        case = {"collective": collective, "seed": 100 + size, "dtype": DTYPES[size * 2 % len(DTYPES)],
+                "trailing": [[], [2], [], [3, 1], []][size - 1], "counts": counts, "root": size // 2}
+        names = schedule_names(collective) + [None]
+        exchanges = (False,) if collective == "scatterv" else (False, True)
+
+        def body(comm):
+            runs = 0
+            for i, name in enumerate(names):
+                for exchange in exchanges:
+                    runs += check_persistent(comm, case, name, exchange, with_out=(i + exchange) % 2 == 0)
+            return runs
+
+        assert ck.run_local(body, size, timeout=30) == [3 * len(names) * len(exchanges)] * size
+
+
+def test_persistent_vector_requests_interleave_with_each_other_and_with_blocking_calls():
+    counts = [2, 0, 3]
+    matrix = [[1, 0, 2], [0, 2, 1], [3, 1, 0]]
+
+    def body(comm):
+        r = comm.rank
+        x = np.zeros(counts[r], np.float64)
+        y = np.zeros(sum(matrix[r]), np.int32)
+        gathered = comm.allgatherv_init(x, counts, algorithm="ring")
+        exchanged = comm.alltoallv_init(y, matrix[r])  # the rows of the matrix are exchanged here
+        seen = []
+        for k in range(4):
+            x[...] = np.arange(counts[r]) + 10 * r + k
+            y[...] = np.arange(y.size) + 100 * r + k
+            gathered.start()
+            exchanged.start()
+            total = comm.allreduce(np.array([k + r]))  # a blocking call while both are in flight
+            if (r + k) % 2:  # waited in either order
+                b, a = exchanged.wait(), gathered.wait()
+            else:
+                a, b = gathered.wait(), exchanged.wait()
+            seen.append((a.copy(), b.copy(), int(total[0])))
+        gathered.free()
+        exchanged.free()
+        return seen
+
+    results = ck.run_local(body, 3, timeout=20)
+    for r, seen in enumerate(results):
+        for k, (a, b, total) in enumerate(seen):
+            xs = [np.arange(counts[q]) + 10 * q + k for q in range(3)]
+            ys = [(np.arange(sum(matrix[q])) + 100 * q + k).astype(np.int32) for q in range(3)]
+            np.testing.assert_array_equal(a, np.concatenate(xs))
+            np.testing.assert_array_equal(b, np.concatenate([_split(ys[q], matrix[q])[r] for q in range(3)]))
+            assert total == 3 * k + 3
+
+
+def test_persistent_vector_input_must_be_read_in_place():
+    def body(comm):
+        r = comm.rank
+        fortran = np.asfortranarray(np.ones((2, 3)))
+        _raises(ck.InvalidBuffer, r"allgatherv_init's x must be a C-contiguous array: .* every start\(\)",
+                comm.allgatherv_init, fortran, [2, 2])
+        _raises(ck.InvalidBuffer, r"gatherv_init's x must be a C-contiguous array.*a list", comm.gatherv_init,
+                [1.0, 2.0], 0, [2, 2])
+        _raises(ck.InvalidBuffer, r"alltoallv_init's x must be a C-contiguous array", comm.alltoallv_init,
+                np.ones(8)[::2], [[2, 2], [2, 2]])
+        if r == 0:  # only the root's x is read
+            _raises(ck.InvalidBuffer, r"scatterv_init's x must be a C-contiguous array", comm.scatterv_init,
+                    np.ones(8)[::2], [2, 2])
+        # Counts are still checked before anything is sent, as for the blocking forms.
+        _raises(ck.InvalidArgument, r"counts must have 2 entries, one per rank; got 3", comm.allgatherv_init,
+                np.ones(2), [2, 2, 2])
+        # A view of a C-contiguous array is the caller's memory: accepted.
+        base = np.zeros(6)
+        request = comm.allgatherv_init(base[2 * r:2 * r + 2], [2, 2])
+        base[2 * r:2 * r + 2] = r + 1
+        request.start()
+        return request.wait().tolist()
+
+    assert ck.run_local(body, 2, timeout=10) == [[1.0, 1.0, 2.0, 2.0]] * 2

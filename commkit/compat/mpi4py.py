@@ -12,23 +12,27 @@ What goes where:
 
 * Collectives (``Bcast``, ``Reduce``, ``Allreduce``, ``Gather``, ``Scatter``,
   ``Allgather``, ``Alltoall``, ``Reduce_scatter_block``, ``Reduce_scatter``,
-  ``Scan``, ``Exscan``, ``Barrier`` and their ``I``-forms) take mpi4py's buffer
+  ``Scan``, ``Exscan``, ``Barrier``), the vector collectives (``Allgatherv``,
+  ``Gatherv``, ``Scatterv``, ``Alltoallv``), their ``I``-forms and their
+  persistent ``*_init`` forms (MPI-4, as in mpi4py 4) take mpi4py's buffer
   specifications -- ``buf``, ``[buf, datatype]``, ``[buf, count, datatype]``,
-  ``[buf, (count, displ), datatype]``, ``[buf, count, displ, datatype]`` -- and
+  ``[buf, (count, displ), datatype]``, ``[buf, count, displ, datatype]``, and
+  for a vector buffer ``[buf, counts, displs, datatype]``,
+  ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]`` ... with
+  counts inferred, one count for every block, a stride or a list -- and
   ``MPI.IN_PLACE`` (or ``None``, as mpi4py reads it) wherever mpi4py does, over
   any buffer mpi4py takes (NumPy and CuPy arrays, ``array.array``,
   ``bytearray``, ``memoryview``, DLPack producers), and run commkit's
   algorithms on a :class:`commkit.Communicator` over duplicated contexts of the
   same MPI communicator, so its traffic never meets the program's own messages.
-* Point-to-point, the vector collectives (``Allgatherv``, ``Gatherv``,
-  ``Scatterv``, ``Alltoallv``, ``Alltoallw``), persistent collectives
-  (``Allreduce_init`` ...), the pickle-based lowercase methods and every other
-  attribute go to the wrapped mpi4py communicator untouched: they run MPI's own
-  implementation with every detail of mpi4py (``Status`` counts, ``MPI.Request``
-  objects, buffer forms).
+* Point-to-point, ``Alltoallw``, the neighborhood collectives, the
+  pickle-based lowercase methods and every other attribute go to the wrapped
+  mpi4py communicator untouched: they run MPI's own implementation with every
+  detail of mpi4py (``Status`` counts, ``MPI.Request`` objects, buffer forms).
 * What commkit cannot compute goes to the wrapped communicator's own method
-  for that call (logged at debug level on the ``commkit.compat.mpi4py``
-  logger, with the reason): ops without a commkit equivalent (``MPI.MAXLOC``, ``MPI.REPLACE``,
+  for that call, in the same form (blocking, ``I`` or ``_init``; logged at
+  debug level on the ``commkit.compat.mpi4py`` logger, with the reason): ops
+  without a commkit equivalent (``MPI.MAXLOC``, ``MPI.REPLACE``,
   ``MPI.Op.Create`` ops), reductions over derived or pair datatypes, an op not
   defined for the datatype, and every call on an intercommunicator.
 
@@ -41,44 +45,93 @@ arguments that MPI itself requires to be equal on every rank, never from what
 only one rank can see:
 
 * data-movement collectives (``Bcast``, ``Gather``, ``Scatter``,
-  ``Allgather``, ``Alltoall``) always run commkit's algorithms, and always on
-  the bytes of the message. MPI lets ranks describe the same bytes with
-  different datatypes (a root gathering matrix columns through a vector type
-  while the others send plain ``MPI.DOUBLE``s), so the datatype cannot decide
-  anything here. A buffer the face cannot view as one run of bytes -- a
-  derived datatype, ``MPI.BOTTOM`` with absolute addresses, an object only
-  mpi4py can read -- is packed and unpacked by MPI itself (a send to self,
-  received as ``MPI.PACKED``), so every spec mpi4py accepts works, and mpi4py's
-  own error is raised for one it rejects;
+  ``Allgather``, ``Alltoall`` and the four vector collectives) always run
+  commkit's algorithms, and always on the bytes of the message. MPI lets ranks
+  describe the same bytes with different datatypes (a root gathering matrix
+  columns through a vector type while the others send plain ``MPI.DOUBLE``s),
+  so the datatype cannot decide anything here. A buffer the face cannot view
+  as one run of bytes -- a derived datatype, ``MPI.BOTTOM`` with absolute
+  addresses, an object only mpi4py can read -- is packed and unpacked by MPI
+  itself (a send to self, received as ``MPI.PACKED``), so every spec mpi4py
+  accepts works, and mpi4py's own error is raised for one it rejects;
 * reductions (``Reduce``, ``Allreduce``, ``Scan``, ``Exscan``,
   ``Reduce_scatter_block``, ``Reduce_scatter``) decide from the op and the
   datatype, which MPI requires to be the same on every rank: a mappable
   ``MPI.Op`` on a predefined numeric datatype runs in commkit, anything else
   runs MPI's reduction;
-* ``IN_PLACE`` at a root (``Gather``, ``Scatter``, ``Reduce``) changes only how
-  the root lays out its own block, never the road;
+* ``IN_PLACE`` at a root (``Gather``, ``Scatter``, ``Reduce`` and the vector
+  forms) changes only how the root lays out its own block, never the road;
+* a persistent ``*_init`` call takes the road its blocking form would take,
+  decided once, when the request is made: a :class:`Prequest` over commkit's
+  persistent collective, or mpi4py's own ``MPI.Prequest``;
 * an intercommunicator sends every collective to MPI, on every rank.
+
+Vector collectives: counts are the same everywhere, displacements are local
+---------------------------------------------------------------------------
+
+commkit's vector collectives move contiguous blocks in rank order, and every
+rank must pass them the same counts (they are part of the call's identity and
+of the algorithm's choice). MPI requires only the *amounts* to match across
+ranks; the displacements, and the datatype that measures a block, are each
+rank's own. So the face turns every block into its size in bytes -- counts
+times the datatype's size, the same number on every rank of a correct
+program however each rank describes it -- and hands commkit those sizes.
+Blocks that lie back to back in rank order (the prefix sums of the counts,
+possibly from an offset) are read and written in the user's memory itself;
+any other layout (gaps, blocks in another order, a stride) goes through a
+contiguous staging buffer that the face copies from or into the blocks
+locally, after the call; a layout only MPI can read (a derived datatype,
+``MPI.BOTTOM``) is packed and unpacked by MPI through one hindexed datatype of
+the blocks. No rank needs another's displacements, so no layout can send
+ranks down different roads.
+
+Where only some ranks know the counts -- ``Gatherv`` (the root knows them),
+``Scatterv`` (the root) and ``Alltoallv`` (each rank knows its row and its
+column) -- the face first exchanges the block sizes with one small allgather
+on its communicator, on every rank alike. That exchange also checks each
+rank's claim against the others' (a rank sending 24 bytes where the root's
+``recvcounts`` say 16), so a mismatch raises the same
+:class:`~commkit.InvalidBuffer` on every rank instead of leaving some waiting.
+It costs the ``I``-forms of these three their independence: they return once
+every rank has made the call (the data then moves as the request progresses),
+where MPI's return at once; and their ``*_init`` forms exchange at init, which
+then returns once every rank has made it (mpi4py's own ``Reduce_scatter_init``
+without ``recvcounts`` does the same). ``Allgatherv`` needs no exchange: every
+rank holds every count.
 
 Errors the face raises itself come from its local checks of one rank's
 buffers, at the places mpi4py checks them too (a read-only receive buffer, a
 list of 5 items, send and receive counts that differ), before anything is
 sent. One check is the face's own: where mpi4py would let MPI read or write
-past the end of a buffer (a count larger than the buffer), the face raises
-:class:`~commkit.InvalidBuffer`. Such a call is wrong on that rank alone, and
-the other ranks wait for it exactly as they would in mpi4py; a timeout
-(``wrap(comm, timeout=...)`` or ``COMMKIT_TIMEOUT``) turns that wait into
-:class:`~commkit.CommTimeout`.
+past the end of a buffer (a count larger than the buffer, a vector block past
+its end), the face raises :class:`~commkit.InvalidBuffer`. Such a call is
+wrong on that rank alone, and the other ranks wait for it exactly as they
+would in mpi4py; a timeout (``wrap(comm, timeout=...)`` or
+``COMMKIT_TIMEOUT``) turns that wait into :class:`~commkit.CommTimeout`.
 
 Cost: the common calls (NumPy arrays, mpi4py's builtin op objects) take a
 short path that checks types by identity and looks ops and datatypes up in
 tables built at import, and hands the communicator the very same arrays (or,
 for data movement, the same byte views of them, kept per array) on every call,
-so that it replays the plan it compiled for them. ``benchmarks/face_overhead.py``
-measures what is left.
+so that it replays the plan it compiled for them. A persistent request parses
+nothing at all after its init. ``benchmarks/face_overhead.py`` measures what
+is left.
 
-Nonblocking collectives return a :class:`Request`; ``Request.Waitall`` (and
-``Testall``) accept a mix of these and mpi4py's own requests, and keep
-progressing all of them, so no waiting order can deadlock.
+Requests
+--------
+
+Nonblocking collectives return a :class:`Request`, persistent ones a
+:class:`Prequest` (``Start``, ``Wait``, ``Test``, ``Free``; what the face
+copies from the user's memory or MPI packs is redone at every ``Start``, what
+MPI unpacks at every completion). ``Request.Waitall`` (and ``Testall``) accept
+a mix of these and mpi4py's own requests, and keep progressing all of them, so
+no waiting order can deadlock; ``Request.Startall`` starts any mix of
+persistent requests. mpi4py's own ``MPI.Request.Waitall`` and
+``MPI.Prequest.Startall`` take only mpi4py's requests and cannot be made to
+take these: they hand MPI the requests' C handles, and a commkit collective
+has none -- it is a schedule that Python code advances, which MPI's wait would
+never run. Use the face's helpers for mixed lists (on lists of mpi4py's own
+requests they call mpi4py's).
 """
 
 from __future__ import annotations
@@ -86,19 +139,20 @@ from __future__ import annotations
 import ctypes
 import logging
 import time
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
-from .._checks import check_rank, same_memory
+from .._checks import array_module, check_rank, same_memory
 from ..communicator import Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
 from ..transports.mpi import MPITransport
 from . import as_array
 
-__all__ = ["Comm", "Request", "wrap"]
+__all__ = ["Comm", "Prequest", "Request", "wrap"]
 
 log = logging.getLogger("commkit.compat.mpi4py")
 
@@ -226,7 +280,7 @@ class Comm:
         # The communicator's blocking methods, bound once for the per-call path.
         self._blocking = {} if self.comm is None else {name: getattr(self.comm, name) for name in (
             "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
-            "reduce_scatter")}
+            "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
 
     def __getattr__(self, name):
         if name in ("mpi", "comm"):  # not set yet (during unpickling or a failed __init__)
@@ -302,6 +356,12 @@ class Comm:
         return self.mpi.Irecv(buf, source, tag)
 
     # -- collectives ---------------------------------------------------------------------
+    #
+    # One worker per collective takes a ``mode``: False (the blocking call), True (its
+    # I-form) or an _Init (its persistent *_init form). The worker parses the buffers and
+    # decides the road, the same way for all three; _start then runs the chosen form.
+    # ``prep`` (a list for *_init, else None) collects what must be redone at every
+    # Start: copies the face takes of the user's memory, and what MPI packs for it.
 
     def Barrier(self) -> None:
         """Block until every process has called Barrier."""
@@ -310,6 +370,13 @@ class Comm:
     def Ibarrier(self) -> Request:
         """Nonblocking :meth:`Barrier`."""
         return Request(self.comm.ibarrier())
+
+    def Barrier_init(self, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Barrier` (MPI-4 ``MPI_Barrier_init``): ``Start()``/``Wait()`` as often as needed.
+
+        ``info`` is accepted and ignored, as MPI allows for hints.
+        """
+        return Prequest(self.comm.barrier_init())
 
     def Bcast(self, buf, root: int = 0) -> None:
         """Broadcast ``buf`` from ``root`` into ``buf`` on every other process.
@@ -334,12 +401,21 @@ class Comm:
         """Nonblocking :meth:`Bcast`."""
         return self._bcast(buf, root, True)
 
-    def _bcast(self, buf, root, nonblocking):
+    def Bcast_init(self, buf, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Bcast` (MPI-4 ``MPI_Bcast_init``): each ``Start()`` sends what the root's ``buf`` holds.
+
+        Arguments and errors as for :meth:`Bcast`; ``info`` is accepted and ignored.
+        """
+        return self._bcast(buf, root, _Init(info))
+
+    def _bcast(self, buf, root, mode):
         root = self._root(root)
         is_root = self._rank == root
+        prep = _prep(mode)
         msg = self._raw(buf, "buf", writable=not is_root)
         out = msg.array if _writeable(msg.array) else None  # a read-only root buffer is only read
-        return self._start("broadcast", nonblocking, msg.finish, msg.array, root, out=out)
+        x = self._payload(msg, prep) if is_root else msg.array
+        return self._start("broadcast", mode, msg.finish, x, root, out=out, prep=prep)
 
     def Reduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> None:
         """Reduce onto ``root``'s ``recvbuf`` (ignored elsewhere); ``sendbuf=MPI.IN_PLACE`` (or None) at the root.
@@ -368,18 +444,22 @@ class Comm:
         """Nonblocking :meth:`Reduce`."""
         return self._reduce(sendbuf, recvbuf, op, root, True)
 
-    def _reduce(self, sendbuf, recvbuf, op, root, nonblocking):
+    def Reduce_init(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Reduce` (MPI-4 ``MPI_Reduce_init``; as :meth:`Allreduce_init`)."""
+        return self._reduce(sendbuf, recvbuf, op, root, _Init(info))
+
+    def _reduce(self, sendbuf, recvbuf, op, root, mode):
         try:
             kop = _op(op)
             root = self._root(root)
             if self._rank != root:
                 _not_in_place(sendbuf, "Reduce", "sendbuf", "only at the root")
                 send = self._typed(sendbuf, "sendbuf", kop)
-                return self._start("reduce", nonblocking, None, send.array, kop[0], root)
+                return self._start("reduce", mode, None, send.array, kop[0], root)
             send, recv = self._reduction_buffers("Reduce", sendbuf, recvbuf, kop)
         except _PassThrough as why:
-            return self._pass("Reduce", nonblocking, why, sendbuf, recvbuf, op, root)
-        return self._start("reduce", nonblocking, None, send.array, kop[0], root, out=recv.array)
+            return self._pass("Reduce", mode, why, sendbuf, recvbuf, op, root)
+        return self._start("reduce", mode, None, send.array, kop[0], root, out=recv.array)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Reduce into every process's ``recvbuf``; ``sendbuf=MPI.IN_PLACE`` (or None) reduces ``recvbuf`` itself.
@@ -403,6 +483,26 @@ class Comm:
         """Nonblocking :meth:`Allreduce`."""
         return self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, True)
 
+    def Allreduce_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Allreduce` (MPI-4 ``MPI_Allreduce_init``).
+
+        The road is decided here, once, as for :meth:`Allreduce`: a :class:`Prequest`
+        over commkit's persistent allreduce, or (for an op or datatype commkit cannot
+        reduce) MPI's own ``MPI.Prequest``. Fill ``sendbuf`` before each ``Start()``;
+        read ``recvbuf`` after ``Wait()``.
+
+        Args:
+            sendbuf, recvbuf, op: as for :meth:`Allreduce`.
+            info: passed on to MPI where the call runs MPI's own; ignored otherwise.
+
+        Returns:
+            A :class:`Prequest`, or an ``MPI.Prequest``.
+
+        Raises:
+            InvalidBuffer: as for :meth:`Allreduce`, before anything is sent.
+        """
+        return self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, _Init(info))
+
     def Scan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Inclusive prefix reduction: rank r gets the reduction of ranks 0..r (arguments as :meth:`Allreduce`)."""
         short = self._short(sendbuf, recvbuf, op)
@@ -414,6 +514,10 @@ class Comm:
     def Iscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
         """Nonblocking :meth:`Scan`."""
         return self._reduction("scan", "Scan", sendbuf, recvbuf, op, True)
+
+    def Scan_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Scan` (as :meth:`Allreduce_init`)."""
+        return self._reduction("scan", "Scan", sendbuf, recvbuf, op, _Init(info))
 
     def Exscan(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Exclusive prefix reduction: rank r gets the reduction of ranks 0..r-1 (arguments as :meth:`Allreduce`).
@@ -429,6 +533,10 @@ class Comm:
     def Iexscan(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
         """Nonblocking :meth:`Exscan`."""
         return self._reduction("exscan", "Exscan", sendbuf, recvbuf, op, True)
+
+    def Exscan_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Exscan` (as :meth:`Allreduce_init`; rank 0's ``recvbuf`` is left untouched)."""
+        return self._reduction("exscan", "Exscan", sendbuf, recvbuf, op, _Init(info))
 
     @staticmethod
     def _short(sendbuf, recvbuf, op):
@@ -450,15 +558,15 @@ class Comm:
             return sendbuf, fast[0]
         return None
 
-    def _reduction(self, collective, what, sendbuf, recvbuf, op, nonblocking):
+    def _reduction(self, collective, what, sendbuf, recvbuf, op, mode):
         try:
             kop = _op(op)
             send, recv = self._reduction_buffers(what, sendbuf, recvbuf, kop)
         except _PassThrough as why:
-            return self._pass(what, nonblocking, why, sendbuf, recvbuf, op)
+            return self._pass(what, mode, why, sendbuf, recvbuf, op)
         # Rank 0's result of an exclusive scan is undefined: leave its buffer alone.
         out = None if collective == "exscan" and self._rank == 0 else recv.array
-        return self._start(collective, nonblocking, None, send.array, kop[0], out=out)
+        return self._start(collective, mode, None, send.array, kop[0], out=out)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather every process's ``sendbuf`` into ``root``'s ``recvbuf``, in rank order.
@@ -481,15 +589,20 @@ class Comm:
         """Nonblocking :meth:`Gather`."""
         return self._gather(sendbuf, recvbuf, root, True)
 
-    def _gather(self, sendbuf, recvbuf, root, nonblocking):
+    def Gather_init(self, sendbuf, recvbuf, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Gather` (MPI-4 ``MPI_Gather_init``; ``info`` ignored)."""
+        return self._gather(sendbuf, recvbuf, root, _Init(info))
+
+    def _gather(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
+        prep = _prep(mode)
         if rank != root:
             _not_in_place(sendbuf, "Gather", "sendbuf", "only at the root")
             send = self._raw(sendbuf, "sendbuf")
-            return self._start("gather", nonblocking, None, send.array, root)
+            return self._start("gather", mode, None, self._payload(send, prep), root, prep=prep)
         recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
-        x = self._own_block(sendbuf, recv, "Gather")
-        return self._start("gather", nonblocking, recv.finish, x, root, out=recv.shaped)
+        x = self._own_block(sendbuf, recv, "Gather", prep)
+        return self._start("gather", mode, recv.finish, x, root, out=recv.shaped, prep=prep)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Scatter ``root``'s ``sendbuf`` in rank-order blocks into every process's ``recvbuf``.
@@ -512,19 +625,25 @@ class Comm:
         """Nonblocking :meth:`Scatter`."""
         return self._scatter(sendbuf, recvbuf, root, True)
 
-    def _scatter(self, sendbuf, recvbuf, root, nonblocking):
+    def Scatter_init(self, sendbuf, recvbuf, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Scatter` (MPI-4 ``MPI_Scatter_init``; ``info`` ignored)."""
+        return self._scatter(sendbuf, recvbuf, root, _Init(info))
+
+    def _scatter(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
+        prep = _prep(mode)
         if rank != root:
             _not_in_place(recvbuf, "Scatter", "recvbuf", "only at the root")
             recv = self._raw(recvbuf, "recvbuf", writable=True)
-            return self._start("scatter", nonblocking, recv.finish, None, root, out=recv.array)
+            return self._start("scatter", mode, recv.finish, None, root, out=recv.array)
         send = self._raw(sendbuf, "sendbuf", blocks=size)
+        x = self._payload(send, prep, shaped=True)
         finish = out = None  # with IN_PLACE the root keeps its block where it is, in sendbuf
         if not _in_place(recvbuf):
             recv = self._raw(recvbuf, "recvbuf", writable=True)
             _match("Scatter", send, recv, "per-process send count")
             out, finish = recv.array, recv.finish
-        return self._start("scatter", nonblocking, finish, send.shaped, root, out=out)
+        return self._start("scatter", mode, finish, x, root, out=out, prep=prep)
 
     def Allgather(self, sendbuf, recvbuf) -> None:
         """Every process gets every process's ``sendbuf``, in rank order, in ``recvbuf``.
@@ -544,21 +663,27 @@ class Comm:
         """Nonblocking :meth:`Allgather`."""
         return self._allgather(sendbuf, recvbuf, True)
 
-    def _allgather(self, sendbuf, recvbuf, nonblocking):
-        size = self._size
-        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
-        x = self._own_block(sendbuf, recv, "Allgather")
-        return self._start("allgather", nonblocking, recv.finish, x, out=recv.shaped)
+    def Allgather_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Allgather` (MPI-4 ``MPI_Allgather_init``; ``info`` ignored)."""
+        return self._allgather(sendbuf, recvbuf, _Init(info))
 
-    def _own_block(self, sendbuf, recv, what):
+    def _allgather(self, sendbuf, recvbuf, mode):
+        size = self._size
+        prep = _prep(mode)
+        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
+        x = self._own_block(sendbuf, recv, "Allgather", prep)
+        return self._start("allgather", mode, recv.finish, x, out=recv.shaped, prep=prep)
+
+    def _own_block(self, sendbuf, recv, what, prep):
         """The bytes this rank contributes to a gather into ``recv`` (its block there with IN_PLACE)."""
         rank, count = self._rank, recv.count
         if _in_place(sendbuf):
             # Copied: the algorithm writes recvbuf while it may still read the input.
-            return recv.copy_of(recv.array[rank * count:(rank + 1) * count])
+            return self._snapshot(recv, recv.array[rank * count:(rank + 1) * count], prep)
         send = self._raw(sendbuf, "sendbuf")
         _match(what, send, recv, "send size", "per-process receive size")
-        return send.array.copy() if same_memory(send.array, recv.array) else send.array
+        x = self._payload(send, prep)
+        return _copy(x, prep) if same_memory(x, recv.array) else x
 
     def Alltoall(self, sendbuf, recvbuf) -> None:
         """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j.
@@ -578,18 +703,23 @@ class Comm:
         """Nonblocking :meth:`Alltoall`."""
         return self._alltoall(sendbuf, recvbuf, True)
 
-    def _alltoall(self, sendbuf, recvbuf, nonblocking):
+    def Alltoall_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Alltoall` (MPI-4 ``MPI_Alltoall_init``; ``info`` ignored)."""
+        return self._alltoall(sendbuf, recvbuf, _Init(info))
+
+    def _alltoall(self, sendbuf, recvbuf, mode):
         size = self._size
+        prep = _prep(mode)
         recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
         if _in_place(sendbuf):
-            x = recv.copy_of(recv.shaped)
+            x = self._snapshot(recv, recv.shaped, prep)
         else:
             send = self._raw(sendbuf, "sendbuf", blocks=size)
             _match("Alltoall", send, recv, "per-process send size", "per-process receive size")
-            x = send.shaped
+            x = self._payload(send, prep, shaped=True)
             if same_memory(x, recv.array):
-                x = x.copy()
-        return self._start("alltoall", nonblocking, recv.finish, x, out=recv.shaped)
+                x = _copy(x, prep)
+        return self._start("alltoall", mode, recv.finish, x, out=recv.shaped, prep=prep)
 
     def Reduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Reduce ``size`` equal blocks; rank r gets block r in ``recvbuf``.
@@ -604,23 +734,28 @@ class Comm:
         """Nonblocking :meth:`Reduce_scatter_block`."""
         return self._reduce_scatter_block(sendbuf, recvbuf, op, True)
 
-    def _reduce_scatter_block(self, sendbuf, recvbuf, op, nonblocking):
+    def Reduce_scatter_block_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Reduce_scatter_block` (as :meth:`Allreduce_init`)."""
+        return self._reduce_scatter_block(sendbuf, recvbuf, op, _Init(info))
+
+    def _reduce_scatter_block(self, sendbuf, recvbuf, op, mode):
         size = self._size
+        prep = _prep(mode)
         try:
             kop = _op(op)
             if _in_place(sendbuf):
                 recv = self._typed(recvbuf, "recvbuf", kop, blocks=size, writable=True)
-                x, out = recv.copy_of(recv.array), recv.head(recv.count)
+                x, out = self._snapshot(recv, recv.array, prep), recv.head(recv.count)
             else:
                 recv = self._typed(recvbuf, "recvbuf", kop, writable=True)
                 send = self._typed(sendbuf, "sendbuf", kop, blocks=size)
                 _match("Reduce_scatter_block", send, recv, "per-process send count")
                 x, out = send.array, recv.array
                 if same_memory(x, out):
-                    x = x.copy()
+                    x = _copy(x, prep)
         except _PassThrough as why:
-            return self._pass("Reduce_scatter_block", nonblocking, why, sendbuf, recvbuf, op)
-        return self._start("reduce_scatter", nonblocking, None, x, kop[0], out=out)
+            return self._pass("Reduce_scatter_block", mode, why, sendbuf, recvbuf, op)
+        return self._start("reduce_scatter", mode, None, x, kop[0], out=out, prep=prep)
 
     def Reduce_scatter(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM) -> None:
         """Reduce, then give rank r the next ``recvcounts[r]`` elements.
@@ -638,15 +773,20 @@ class Comm:
         """Nonblocking :meth:`Reduce_scatter`."""
         return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, True)
 
-    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, nonblocking):
+    def Reduce_scatter_init(self, sendbuf, recvbuf, recvcounts=None, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Reduce_scatter` (as :meth:`Allreduce_init`; ``recvcounts=None`` gathers them here)."""
+        return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, _Init(info))
+
+    def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, mode):
         rank, size = self._rank, self._size
+        prep = _prep(mode)
         try:
             kop = _op(op)
             recv = self._typed(recvbuf, "recvbuf", kop, writable=True)
             if not _in_place(sendbuf):
                 send = self._typed(sendbuf, "sendbuf", kop)
         except _PassThrough as why:
-            return self._pass("Reduce_scatter", nonblocking, why, sendbuf, recvbuf, recvcounts, op)
+            return self._pass("Reduce_scatter", mode, why, sendbuf, recvbuf, recvcounts, op)
         if _in_place(sendbuf):
             if recvcounts is None:
                 raise InvalidArgument("Reduce_scatter with sendbuf=MPI.IN_PLACE needs recvcounts (one count per rank).")
@@ -656,7 +796,7 @@ class Comm:
                     f"Reduce_scatter with MPI.IN_PLACE reads all of recvbuf, so it must hold sum(recvcounts) = "
                     f"{sum(counts)} elements; got {recv.count}."
                 )
-            x, out = recv.copy_of(recv.array), recv.head(counts[rank])
+            x, out = self._snapshot(recv, recv.array, prep), recv.head(counts[rank])
         else:
             if send.dtype != recv.dtype:
                 raise InvalidBuffer(f"Reduce_scatter: sendbuf has dtype {send.dtype} but recvbuf has {recv.dtype}.")
@@ -675,32 +815,327 @@ class Comm:
                 )
             x, out = send.array, recv.array
             if same_memory(x, out):
-                x = x.copy()
-        return self._start("reduce_scatter", nonblocking, None, x, kop[0], counts=counts, out=out)
+                x = _copy(x, prep)
+        return self._start("reduce_scatter", mode, None, x, kop[0], counts=counts, out=out, prep=prep)
+
+    # -- vector collectives ----------------------------------------------------------------
+    #
+    # Data movement, so always commkit's algorithms, on bytes (see the module docstring).
+    # The counts commkit needs are block sizes in bytes, the same on every rank; the
+    # displacements are each rank's own business: blocks that lie back to back in rank
+    # order are read and written in place, any other layout goes through a contiguous
+    # staging buffer copied from or into the blocks locally.
+
+    def Allgatherv(self, sendbuf, recvbuf) -> None:
+        """Every process gets every process's ``sendbuf``, block r of ``recvbuf`` from rank r.
+
+        Args:
+            sendbuf: this rank's block, or ``MPI.IN_PLACE`` (or None) when it already
+                sits at its place in ``recvbuf``.
+            recvbuf: a vector spec -- ``[buf, counts, displs, datatype]``,
+                ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``,
+                ``[buf, datatype]`` or a bare buffer, as mpi4py reads them -- whose
+                block r (``counts[r]`` entries at displacement ``displs[r]``) receives
+                rank r's block.
+
+        Raises:
+            InvalidBuffer: a spec mpi4py would refuse, a block past the end of
+                ``recvbuf``, or a ``sendbuf`` whose size differs from this rank's block.
+        """
+        self._allgatherv(sendbuf, recvbuf, False)
+
+    def Iallgatherv(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Allgatherv` (every rank knows every count: nothing is exchanged first)."""
+        return self._allgatherv(sendbuf, recvbuf, True)
+
+    def Allgatherv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Allgatherv` (MPI-4 ``MPI_Allgatherv_init``; ``info`` ignored)."""
+        return self._allgatherv(sendbuf, recvbuf, _Init(info))
+
+    def _allgatherv(self, sendbuf, recvbuf, mode):
+        rank = self._rank
+        prep = _prep(mode)
+        recv = self._blocks(recvbuf, "recvbuf", writable=True)
+        out, finish = recv.landing()
+        if _in_place(sendbuf):
+            x = self._own_vblock(recv, out, prep)
+        else:
+            send = self._raw(sendbuf, "sendbuf")
+            x = self._payload(send, prep)
+            if x.size != recv.sizes[rank]:
+                raise InvalidBuffer(
+                    f"Allgatherv: sendbuf holds {x.size} bytes but this rank's block of recvbuf (block {rank}) "
+                    f"holds {recv.sizes[rank]}; they must be the same size."
+                )
+            if same_memory(x, out):
+                x = _copy(x, prep)
+        return self._start("allgatherv", mode, finish, x, recv.sizes, out=out, prep=prep)
+
+    def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Gather every process's ``sendbuf`` into block r (for rank r) of ``root``'s ``recvbuf``.
+
+        Only the root knows every count, and commkit's algorithms need them on
+        every rank, so the block sizes are exchanged first (one small allgather);
+        that exchange also checks them against what each rank sends, and a
+        mismatch raises the same error on every rank.
+
+        Args:
+            sendbuf: this rank's block; ``MPI.IN_PLACE`` (or None) at the root, whose
+                block is then already in place in ``recvbuf``.
+            recvbuf: at the root, a vector spec (as for :meth:`Allgatherv`); ignored
+                elsewhere.
+            root: the receiving rank.
+
+        Raises:
+            InvalidBuffer: a spec mpi4py would refuse or a block past the end of a
+                buffer (on that rank alone, before anything is sent); a rank sending
+                a block of another size than the root's ``recvcounts`` say (on every
+                rank, after the exchange).
+            InvalidArgument: ``root`` is not a rank.
+        """
+        self._gatherv(sendbuf, recvbuf, root, False)
+
+    def Igatherv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        """Nonblocking :meth:`Gatherv`.
+
+        The block sizes are exchanged before this returns, so unlike MPI's it
+        returns once every rank has made the call; the data then moves as the
+        request progresses.
+        """
+        return self._gatherv(sendbuf, recvbuf, root, True)
+
+    def Gatherv_init(self, sendbuf, recvbuf, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Gatherv` (MPI-4 ``MPI_Gatherv_init``; ``info`` ignored).
+
+        The block sizes are exchanged here, once: this returns once every rank
+        has made the call.
+        """
+        return self._gatherv(sendbuf, recvbuf, root, _Init(info))
+
+    def _gatherv(self, sendbuf, recvbuf, root, mode):
+        root, rank, size = self._root(root), self._rank, self._size
+        prep = _prep(mode)
+        meta = np.full(size + 1, -1, np.int64)  # [bytes this rank sends, the root's block sizes]
+        if rank == root:
+            recv = self._blocks(recvbuf, "recvbuf", writable=True)
+            out, finish = recv.landing()
+            if _in_place(sendbuf):
+                x = self._own_vblock(recv, out, prep)
+            else:
+                x = self._payload(self._raw(sendbuf, "sendbuf"), prep)
+                if same_memory(x, out):
+                    x = _copy(x, prep)
+            meta[1:] = recv.sizes
+        else:
+            _not_in_place(sendbuf, "Gatherv", "sendbuf", "only at the root")
+            x = self._payload(self._raw(sendbuf, "sendbuf"), prep)
+            out = finish = None
+        meta[0] = x.size
+        everyone = self._exchange(meta)
+        counts = [row[0] for row in everyone]
+        for q, (sent, expected) in enumerate(zip(counts, everyone[root][1:])):
+            if sent != expected:
+                raise InvalidBuffer(
+                    f"Gatherv: rank {q} sends {sent} bytes but the root's recvcounts give its block {expected} "
+                    f"bytes; they must match (found on every rank by exchanging the counts)."
+                )
+        return self._start("gatherv", mode, finish, x, root, counts, out=out, prep=prep)
+
+    def Scatterv(self, sendbuf, recvbuf, root: int = 0) -> None:
+        """Scatter block r (for rank r) of ``root``'s ``sendbuf`` into every process's ``recvbuf``.
+
+        As for :meth:`Gatherv`, the block sizes are exchanged first (one small
+        allgather) and checked against every rank's ``recvbuf``.
+
+        Args:
+            sendbuf: at the root, a vector spec (as for :meth:`Allgatherv`); ignored
+                elsewhere.
+            recvbuf: this rank's block; ``MPI.IN_PLACE`` (or None) at the root, which
+                keeps its block where it is.
+            root: the sending rank.
+
+        Raises:
+            InvalidBuffer: a spec mpi4py would refuse or a block past the end of a
+                buffer (on that rank alone); a ``recvbuf`` of another size than the
+                root's ``sendcounts`` say (on every rank, after the exchange).
+            InvalidArgument: ``root`` is not a rank.
+        """
+        self._scatterv(sendbuf, recvbuf, root, False)
+
+    def Iscatterv(self, sendbuf, recvbuf, root: int = 0) -> Request:
+        """Nonblocking :meth:`Scatterv` (the block sizes are exchanged before it returns, as for :meth:`Igatherv`)."""
+        return self._scatterv(sendbuf, recvbuf, root, True)
+
+    def Scatterv_init(self, sendbuf, recvbuf, root: int = 0, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Scatterv` (the block sizes are exchanged here, once, as for :meth:`Gatherv_init`)."""
+        return self._scatterv(sendbuf, recvbuf, root, _Init(info))
+
+    def _scatterv(self, sendbuf, recvbuf, root, mode):
+        root, rank, size = self._root(root), self._rank, self._size
+        prep = _prep(mode)
+        meta = np.full(size + 1, -1, np.int64)  # [bytes this rank receives, the root's block sizes]
+        x = out = finish = None
+        if rank == root:
+            send = self._blocks(sendbuf, "sendbuf")
+            x = self._contiguous(send, prep)
+            mine = send.sizes[rank]
+            if not _in_place(recvbuf):  # with IN_PLACE the root's block stays where it is
+                recv = self._raw(recvbuf, "recvbuf", writable=True)
+                out, finish, mine = recv.array, recv.finish, recv.array.size
+                if same_memory(x, out):
+                    x = _copy(x, prep)
+            meta[1:] = send.sizes
+        else:
+            _not_in_place(recvbuf, "Scatterv", "recvbuf", "only at the root")
+            recv = self._raw(recvbuf, "recvbuf", writable=True)
+            out, finish, mine = recv.array, recv.finish, recv.array.size
+        meta[0] = mine
+        everyone = self._exchange(meta)
+        counts = everyone[root][1:]
+        for q, (got, expected) in enumerate(zip((row[0] for row in everyone), counts)):
+            if got != expected:
+                raise InvalidBuffer(
+                    f"Scatterv: the root's sendcounts give rank {q} a block of {expected} bytes but its recvbuf "
+                    f"holds {got}; they must match (found on every rank by exchanging the counts)."
+                )
+        return self._start("scatterv", mode, finish, x, counts, root, out=out, prep=prep)
+
+    def Alltoallv(self, sendbuf, recvbuf) -> None:
+        """Block j of ``sendbuf`` goes to rank j; block j of ``recvbuf`` comes from rank j.
+
+        commkit's algorithms need the whole matrix of counts on every rank, so
+        each rank's send and receive block sizes are exchanged first (one small
+        allgather) and checked against each other.
+
+        Args:
+            sendbuf: a vector spec (as for :meth:`Allgatherv`), or ``MPI.IN_PLACE``
+                (or None) to send from ``recvbuf`` by its counts and displacements
+                and overwrite it.
+            recvbuf: a vector spec.
+
+        Raises:
+            InvalidBuffer: a spec mpi4py would refuse or a block past the end of a
+                buffer (on that rank alone); a rank expecting another amount than its
+                sender sends (on every rank, after the exchange).
+        """
+        self._alltoallv(sendbuf, recvbuf, False)
+
+    def Ialltoallv(self, sendbuf, recvbuf) -> Request:
+        """Nonblocking :meth:`Alltoallv` (the block sizes are exchanged before it returns, as for :meth:`Igatherv`)."""
+        return self._alltoallv(sendbuf, recvbuf, True)
+
+    def Alltoallv_init(self, sendbuf, recvbuf, info=MPI.INFO_NULL) -> Prequest:
+        """Persistent :meth:`Alltoallv` (the block sizes are exchanged here, once, as for :meth:`Gatherv_init`)."""
+        return self._alltoallv(sendbuf, recvbuf, _Init(info))
+
+    def _alltoallv(self, sendbuf, recvbuf, mode):
+        size = self._size
+        prep = _prep(mode)
+        recv = self._blocks(recvbuf, "recvbuf", writable=True)
+        out, finish = recv.landing()
+        if _in_place(sendbuf):
+            x = recv.stage()  # a copy: the blocks are overwritten while they are sent
+            recv.read(x)
+            if prep is not None:
+                prep.append(partial(recv.read, x))
+            sizes = recv.sizes
+        else:
+            send = self._blocks(sendbuf, "sendbuf")
+            x = self._contiguous(send, prep)
+            if same_memory(x, out):
+                x = _copy(x, prep)
+            sizes = send.sizes
+        everyone = self._exchange(np.array(sizes + recv.sizes, np.int64))
+        matrix = tuple(tuple(row[:size]) for row in everyone)
+        for q, row in enumerate(everyone):
+            for j, (expected, sent) in enumerate(zip(row[size:], (matrix[j][q] for j in range(size)))):
+                if expected != sent:
+                    raise InvalidBuffer(
+                        f"Alltoallv: rank {q} expects {expected} bytes from rank {j}, which sends it {sent}; they "
+                        f"must match (found on every rank by exchanging the counts)."
+                    )
+        return self._start("alltoallv", mode, finish, x, matrix, out=out, prep=prep)
+
+    def _own_vblock(self, recv, out, prep):
+        """This rank's block of ``recv``, as the bytes it contributes with IN_PLACE."""
+        rank = self._rank
+        if recv.raw is None:  # MPI packs the blocks: pack this rank's own
+            x = np.empty(recv.sizes[rank], np.uint8)
+            recv.read(x, rank)
+            if prep is not None:
+                prep.append(partial(recv.read, x, rank))
+            return x
+        view = recv.block(rank)
+        # Written in place, the block is overwritten (with itself) while it may still be read: copy it.
+        return _copy(view, prep) if out is recv.direct else view
+
+    @staticmethod
+    def _contiguous(send, prep):
+        """The blocks of ``send`` back to back in rank order: the buffer itself where they lie so, else a copy."""
+        if send.direct is not None:
+            return send.direct
+        x = send.stage()
+        send.read(x)
+        if prep is not None:
+            prep.append(partial(send.read, x))
+        return x
+
+    def _exchange(self, meta):
+        """Every rank's ``meta`` (int64), as a list of lists: one blocking allgather on the face's communicator."""
+        return self.comm.allgather(meta).tolist()
 
     # -- helpers --------------------------------------------------------------------------
 
     def _root(self, root) -> int:
         return check_rank(root, self._size, "root")
 
-    def _start(self, collective, nonblocking, finish, *args, **kwargs):
-        """Call the communicator's blocking form, or its ``i``-form wrapped in a :class:`Request`.
+    def _start(self, collective, mode, finish, *args, prep=None, **kwargs):
+        """Run the communicator's blocking form, its ``i``-form in a :class:`Request`, or its ``*_init`` form.
 
-        ``finish`` (or None) runs once the operation has completed: it unpacks a
-        receive buffer that MPI packed for the face.
+        ``finish`` (or None) runs once the operation has completed (after every
+        run of a persistent one): it unpacks or copies what commkit received
+        into the user's memory. ``prep`` (persistent only) runs before every start.
         """
-        if nonblocking:
+        if mode is False:
+            self._blocking[collective](*args, **kwargs)
+            if finish is not None:
+                finish()
+            return None
+        if mode is True:
             return Request(getattr(self.comm, "i" + collective)(*args, **kwargs), args, finish)
-        self._blocking[collective](*args, **kwargs)
-        if finish is not None:
-            finish()
-        return None
+        return Prequest(getattr(self.comm, collective + "_init")(*args, **kwargs), args, finish, prep)
 
-    def _pass(self, what, nonblocking, why, *args):
-        """Run the wrapped communicator's own ``what`` (or its ``I``-form) with the caller's arguments."""
-        name = "I" + what.lower() if nonblocking else what
+    def _pass(self, what, mode, why, *args):
+        """Run the wrapped communicator's own ``what`` (its ``I``- or ``_init`` form) with the caller's arguments."""
+        if mode is False:
+            name = what
+        elif mode is True:
+            name = "I" + what.lower()
+        else:
+            name, args = what + "_init", args + (mode.info,)
         log.debug("%s runs mpi4py's %s: %s.", self.mpi.Get_name() or "a communicator", name, why)
         return getattr(self.mpi, name)(*args)
+
+    @staticmethod
+    def _payload(msg, prep, shaped=False):
+        """What ``msg`` sends; a persistent call packs it again at every start where MPI packed it."""
+        if prep is not None and msg.refresh is not None:
+            prep.append(msg.refresh)
+        return msg.shaped if shaped else msg.array
+
+    @staticmethod
+    def _snapshot(msg, view, prep):
+        """A copy of ``view`` (part of the receive message ``msg``) that an in-place call reads while it writes ``msg``.
+
+        Blocking and nonblocking calls reuse the message's own copy (see
+        :meth:`_Message.copy_of`); a persistent one keeps a private copy, taken
+        again at every start (after MPI packs the message again, where it packed it).
+        """
+        if prep is None:
+            return msg.copy_of(view)
+        if msg.refresh is not None:
+            prep.append(msg.refresh)
+        return _copy(view, prep)
 
     def _raw(self, spec, name: str, *, blocks: int = 0, writable: bool = False) -> _Message:
         """A buffer spec as bytes (data-movement collectives); MPI packs what the face cannot view."""
@@ -760,12 +1195,20 @@ class Comm:
             self._views[key] = msg
         return msg
 
-    def _packed(self, buf, count, displ, datatype, blocks, writable, name, why) -> _Message:
-        """The bytes of a spec as MPI packs them; for a receive buffer, ``finish`` unpacks the result into it."""
-        log.debug("%s; MPI packs it for commkit's algorithm.", why)
+    def _local(self):
+        """The ``MPI.COMM_SELF`` duplicate through which MPI packs and unpacks for the face (made on first use)."""
         if self._self is None:
             self._self = MPI.COMM_SELF.Dup()
-        local, n_blocks = self._self, max(blocks, 1)
+        return self._self
+
+    def _packed(self, buf, count, displ, datatype, blocks, writable, name, why) -> _Message:
+        """The bytes of a spec as MPI packs them; for a receive buffer, ``finish`` unpacks the result into it.
+
+        ``refresh`` packs the spec again into the same bytes: a persistent call
+        runs it at every start, to send what the buffer holds then.
+        """
+        log.debug("%s; MPI packs it for commkit's algorithm.", why)
+        local, n_blocks = self._local(), max(blocks, 1)
         total = None if count is None else _index(count, name, "count") * n_blocks
         spec = [buf, total, displ, datatype]  # mpi4py's own parser reads it, and raises its own errors
         status = MPI.Status()
@@ -776,13 +1219,85 @@ class Comm:
         sending.Wait()
         if data.size % n_blocks:
             raise InvalidBuffer(f"{name}: {data.size} bytes do not split into {n_blocks} equal per-process blocks.")
+
+        def refresh():
+            again = local.Isend(spec, 0, _PACK_TAG)
+            local.Recv([data, MPI.PACKED], 0, _PACK_TAG)
+            again.Wait()
+
         finish = None
         if writable:
             def finish():
                 receiving = local.Isend([data, MPI.PACKED], 0, _PACK_TAG)
                 local.Recv(spec, 0, _PACK_TAG)
                 receiving.Wait()
-        return _Message(data, data.size // n_blocks, _UINT8, finish, blocks)
+        msg = _Message(data, data.size // n_blocks, _UINT8, finish, blocks)
+        msg.refresh = refresh
+        return msg
+
+    def _blocks(self, spec, name: str, *, writable: bool = False) -> _Blocks:
+        """A vector buffer spec (``[buf, counts, displs, datatype]`` ...) as ``size`` blocks of bytes.
+
+        Counts and displacements are read as mpi4py's ``message_vector`` reads
+        them; what the face cannot view as memory (a derived datatype,
+        ``MPI.BOTTOM``, an object only mpi4py reads) MPI packs and unpacks.
+
+        Raises:
+            InvalidBuffer: a spec mpi4py would refuse, a read-only buffer to write,
+                or a block past the end of the buffer.
+        """
+        buf, counts, displs, datatype = _vsplit(spec, name)
+        size = self._size
+        arr = dtype = opaque = None
+        if buf is None or buf is _BOTTOM:
+            opaque = f"{name} addresses MPI.BOTTOM"
+        else:
+            try:
+                arr = _array(buf, name, writable)
+            except _Opaque as why:
+                opaque = str(why)
+        if datatype is not None:
+            try:
+                dtype = _dtype(datatype, name)
+            except _Opaque as why:
+                opaque = opaque or str(why)
+        elif arr is not None and not _numeric(arr.dtype):
+            raise InvalidBuffer(
+                f"{name} has element type {arr.dtype}, which maps to no MPI datatype; "
+                "pass the datatype in the spec: [buf, counts, displs, datatype]."
+            )
+        elif arr is not None:
+            dtype = arr.dtype
+        raw = None if arr is None else _bytes_of(arr, name)
+        if opaque is None:
+            itemsize = dtype.itemsize
+            counts = _vcounts(counts, raw.size, itemsize, size, name)
+            displs = _vdispls(displs, counts, name)
+            n = raw.size // itemsize
+            for i, (c, d) in enumerate(zip(counts, displs)):
+                if c and (d < 0 or (d + c) * itemsize > raw.size):
+                    raise InvalidBuffer(
+                        f"{name}: block {i} ({c} entries at displacement {d}) does not lie inside the buffer "
+                        f"of {n} {dtype} entries."
+                    )
+            return _Blocks([c * itemsize for c in counts], raw, [d * itemsize for d in displs])
+        if datatype is None:
+            raise InvalidBuffer(f"{name}: {opaque}, and has no datatype in its spec; pass [buf, counts, displs, "
+                                "datatype] so that MPI can pack it.")
+        log.debug("%s; MPI packs its blocks for commkit's algorithm.", opaque)
+        base = datatype if isinstance(datatype, _MPI_DATATYPE) else MPI._typedict[datatype]
+        extent, tsize = base.Get_extent()[1], base.Get_size()
+        counts = _vcounts(counts, 0 if raw is None else raw.size, extent, size, name)
+        displs = _vdispls(displs, counts, name)
+        blocks = _Blocks([c * tsize for c in counts], None, None,
+                         (buf, base, counts, [d * extent for d in displs], self._local()))
+        if raw is not None and any(counts):
+            lower, span = blocks.true_extent()
+            if lower < 0 or lower + span > raw.size:
+                raise InvalidBuffer(
+                    f"{name}: its blocks span bytes {lower} to {lower + span} but the buffer holds {raw.size}."
+                )
+        return blocks
 
 
 class _MPIMethod:
@@ -801,9 +1316,11 @@ class _Intercomm(Comm):
     """A wrapped intercommunicator: every collective is MPI's own (commkit's algorithms are intra-group)."""
 
     for _name in ("Barrier", "Bcast", "Reduce", "Allreduce", "Scan", "Exscan", "Gather", "Scatter", "Allgather",
-                  "Alltoall", "Reduce_scatter_block", "Reduce_scatter"):
+                  "Alltoall", "Reduce_scatter_block", "Reduce_scatter", "Allgatherv", "Gatherv", "Scatterv",
+                  "Alltoallv"):
         locals()[_name] = _MPIMethod()
         locals()["I" + _name.lower()] = _MPIMethod()
+        locals()[_name + "_init"] = _MPIMethod()
     del _name
 
 
@@ -835,8 +1352,26 @@ class Request:
         return done
 
     @staticmethod
+    def Startall(requests) -> None:
+        """Start every persistent request, in order: this face's :class:`Prequest` and ``MPI.Prequest`` alike.
+
+        ``MPI.Prequest.Startall`` takes only mpi4py's own requests (it hands MPI
+        their handles, and a commkit collective has none); this takes any mix.
+        """
+        requests = list(requests)
+        if all(isinstance(r, MPI.Prequest) for r in requests):
+            MPI.Prequest.Startall(requests)
+            return
+        for request in requests:
+            request.Start()
+
+    @staticmethod
     def Waitall(requests, statuses=None) -> bool:
-        """Wait for every request: these and ``MPI.Request`` alike, progressing all of them together."""
+        """Wait for every request: these and ``MPI.Request`` alike, progressing all of them together.
+
+        ``MPI.Request.Waitall`` takes only mpi4py's own requests: it blocks inside
+        MPI, where nothing advances commkit's schedules. This takes any mix.
+        """
         requests = list(requests)
         statuses = _statuses(statuses, len(requests))
         if all(isinstance(r, MPI.Request) for r in requests):
@@ -864,6 +1399,68 @@ class Request:
         return all(done)
 
 
+class Prequest(Request):
+    """A persistent collective of this face (``Allreduce_init`` ...), with the methods of mpi4py's ``Prequest``.
+
+    ``Start()`` begins one run without blocking, ``Wait()``/``Test()`` complete
+    it, and it may be started again as often as needed; ``Free()`` releases it.
+    Behind it is a :class:`commkit.PersistentRequest`: the call compiled once
+    against the user's buffers. Where the face copies from the user's memory
+    (an in-place block) or MPI packs it (a derived datatype), that is redone
+    at every ``Start()``; where MPI unpacks a result into it, at every
+    completion.
+
+    ``MPI.Prequest.Startall`` and ``MPI.Request.Waitall`` take only mpi4py's own
+    requests; :meth:`Request.Startall` and :meth:`Request.Waitall` take these
+    mixed with mpi4py's.
+    """
+
+    def __init__(self, persistent, keep=(), finish=None, prep=None):
+        super().__init__(persistent, keep)
+        self._after = finish
+        self._prep = tuple(prep) if prep else ()
+        self._running = False
+        self._freed = False
+
+    def Start(self) -> None:
+        """Begin one run of the collective with what the buffers hold now (never blocks)."""
+        for refresh in self._prep:
+            refresh()
+        self._pending.start()
+        self._running = True
+
+    def Wait(self, status=None) -> bool:
+        """Block until the current run completes (at once if none is running); returns True."""
+        if self._running:
+            self._pending.wait()
+            self._ran()
+        return True
+
+    def Test(self, status=None) -> bool:
+        """Make progress; return whether no run is in progress any more."""
+        if not self._running:
+            return True
+        if not self._pending.test():
+            return False
+        self._ran()
+        return True
+
+    def _ran(self) -> None:
+        self._running = False
+        if self._after is not None:
+            self._after()
+
+    def Free(self) -> None:
+        """Release the request (it must not be running, as in MPI)."""
+        self._pending.free()
+        self._keep = ()
+        self._freed = True
+
+    def __bool__(self) -> bool:
+        """False once freed, like an ``MPI.Request`` that became ``MPI.REQUEST_NULL``."""
+        return not self._freed
+
+
 def _statuses(statuses, n):
     if statuses is None:
         return None
@@ -871,6 +1468,32 @@ def _statuses(statuses, n):
     if len(statuses) != n:
         raise InvalidArgument(f"statuses must hold one MPI.Status per request ({n}), got {len(statuses)}.")
     return statuses
+
+
+class _Init:
+    """The mode of a persistent call (``*_init``): it carries the ``info`` that MPI's own form takes."""
+
+    __slots__ = ("info",)
+
+    def __init__(self, info):
+        self.info = info
+
+
+def _prep(mode):
+    """What a persistent call redoes at every start (a list to fill), or None for the other forms."""
+    return [] if mode.__class__ is _Init else None
+
+
+def _refill(dst, src) -> None:
+    dst[...] = src
+
+
+def _copy(view, prep):
+    """A private copy of ``view``; for a persistent call, taken again at every start."""
+    copy = view.copy()
+    if prep is not None:
+        prep.append(partial(_refill, copy, view))
+    return copy
 
 
 # -- buffer specifications ----------------------------------------------------------------
@@ -882,17 +1505,20 @@ class _Message:
     ``shaped`` is the array as ``(blocks, count)``, one row per process, for a
     spec read as per-process blocks (the array itself otherwise); ``finish`` is
     None, or (for a receive buffer MPI packed) what copies the result back into
-    the user's memory once the operation has completed; ``source`` is the user's
-    array for a message kept in a face's view cache.
+    the user's memory once the operation has completed; ``refresh`` is None, or
+    (for a buffer MPI packed) what packs it again, for a persistent call's next
+    start; ``source`` is the user's array for a message kept in a face's view
+    cache.
     """
 
-    __slots__ = ("_head", "_scratch", "array", "count", "dtype", "finish", "shaped", "source")
+    __slots__ = ("_head", "_scratch", "array", "count", "dtype", "finish", "refresh", "shaped", "source")
 
     def __init__(self, array, count, dtype, finish=None, blocks=0):
         self.array = array
         self.count = count
         self.dtype = dtype
         self.finish = finish
+        self.refresh = None
         self.shaped = array.reshape(blocks, count) if blocks else array
         self.source = None
         self._scratch = self._head = None
@@ -1155,3 +1781,201 @@ def _op_name(op) -> str:
         if op == getattr(MPI, name, None):
             return f"MPI.{name}"
     return "the user-defined op" if not op.is_predefined else f"the predefined op with handle {op.handle:#x}"
+
+
+class _Blocks:
+    """One rank's vector buffer as ``size`` blocks of bytes (see :meth:`Comm._blocks`).
+
+    ``sizes`` are the blocks' lengths in bytes, in rank order, and ``total``
+    their sum. Over memory the face can view, ``raw`` is the whole buffer as
+    bytes and ``starts`` the blocks' offsets in it; ``direct`` is the run of
+    bytes the blocks make where they lie back to back in rank order (commkit
+    then reads or writes the user's memory itself), else None. Over memory
+    only MPI can read, ``raw`` is None and ``packing`` holds what describes the
+    blocks to MPI: the buffer, its datatype, the counts, the displacements in
+    bytes, and the communicator MPI packs through. One hindexed datatype of
+    those blocks makes MPI pack them back to back in rank order, and unpack
+    them from there.
+    """
+
+    __slots__ = ("sizes", "total", "raw", "starts", "direct", "packing")
+
+    def __init__(self, sizes, raw, starts, packing=None):
+        self.sizes = sizes
+        self.total = sum(sizes)
+        self.raw, self.starts, self.packing = raw, starts, packing
+        self.direct = None
+        if raw is not None:
+            first = at = None
+            for start, n in zip(starts, sizes):
+                if not n:
+                    continue  # an empty block lies anywhere
+                if at is None:
+                    first = at = start
+                elif start != at:
+                    break
+                at += n
+            else:
+                lo = 0 if first is None else first
+                self.direct = raw[lo:lo + self.total]
+
+    def block(self, i):
+        """Block ``i`` as bytes of the user's memory (viewable buffers only)."""
+        start = self.starts[i]
+        return self.raw[start:start + self.sizes[i]]
+
+    def stage(self):
+        """A fresh contiguous buffer for all the blocks, on the buffer's device."""
+        xp = np if self.raw is None else array_module(self.raw)
+        return xp.empty(self.total, np.uint8)
+
+    def landing(self):
+        """Where commkit writes the blocks: ``(out, finish)``, the buffer itself (finish None) or a staging copy."""
+        if self.direct is not None:
+            return self.direct, None
+        out = self.stage()
+        return out, partial(self.write, out)
+
+    def read(self, into, only=None) -> None:
+        """Copy the blocks (or block ``only``) back to back, in rank order, into ``into``."""
+        if self.raw is None:
+            self._through_mpi(into, only, pack=True)
+        elif only is not None:
+            into[...] = self.block(only)
+        else:
+            at = 0
+            for start, n in zip(self.starts, self.sizes):
+                into[at:at + n] = self.raw[start:start + n]
+                at += n
+
+    def write(self, data) -> None:
+        """Copy ``data`` (the blocks back to back, in rank order) into the blocks."""
+        if self.raw is None:
+            self._through_mpi(data, None, pack=False)
+            return
+        at = 0
+        for start, n in zip(self.starts, self.sizes):
+            self.raw[start:start + n] = data[at:at + n]
+            at += n
+
+    def _datatype(self, only=None):
+        buf, base, counts, displs, local = self.packing
+        if only is None:
+            return base.Create_hindexed(counts, displs).Commit()
+        return base.Create_hindexed([counts[only]], [displs[only]]).Commit()
+
+    def true_extent(self) -> tuple[int, int]:
+        """``(lower bound, extent)`` in bytes of what the blocks touch, as MPI computes it."""
+        datatype = self._datatype()
+        try:
+            return datatype.Get_true_extent()
+        finally:
+            datatype.Free()
+
+    def _through_mpi(self, data, only, pack: bool) -> None:
+        buf, _, _, _, local = self.packing
+        datatype = self._datatype(only)
+        spec = [_BOTTOM if buf is None else buf, 1, datatype]
+        try:
+            if pack:
+                sending = local.Isend(spec, 0, _PACK_TAG)
+                local.Recv([data, MPI.PACKED], 0, _PACK_TAG)
+            else:
+                sending = local.Isend([data, MPI.PACKED], 0, _PACK_TAG)
+                local.Recv(spec, 0, _PACK_TAG)
+            sending.Wait()
+        finally:
+            datatype.Free()
+
+
+def _vsplit(spec, name: str):
+    """``(buf, counts, displs, datatype)`` of a vector buffer spec, unpacked as mpi4py's ``message_vector`` does.
+
+    Unlike a plain spec, a list in the second place is the counts; only a tuple
+    there is ``(counts, displs)``.
+    """
+    if type(spec) is _ndarray or not isinstance(spec, (list, tuple)):
+        if spec is None:
+            raise InvalidBuffer(f"{name} must be a buffer or a [buffer, counts, displs, datatype] list, got None.")
+        return spec, None, None, None
+    counts = displs = datatype = None
+    if len(spec) == 2:
+        buf, counts = spec
+        if isinstance(counts, (_MPI_DATATYPE, str)):
+            counts, datatype = None, counts
+        elif isinstance(counts, tuple):
+            counts, displs = _pair(counts, name)
+    elif len(spec) == 3:
+        buf, counts, datatype = spec
+        if isinstance(counts, tuple):
+            counts, displs = _pair(counts, name)
+    elif len(spec) == 4:
+        buf, counts, displs, datatype = spec
+    else:
+        raise InvalidBuffer(
+            f"{name} as a list must have 2 to 4 items [buf, counts, displs, datatype], got {len(spec)}."
+        )
+    return buf, counts, displs, datatype
+
+
+def _pair(value, name: str):
+    if len(value) != 2:
+        raise InvalidBuffer(f"{name}: a tuple in the counts' place must be (counts, displs), got {len(value)} items.")
+    return value
+
+
+def _vcounts(counts, nbytes: int, unit: int, size: int, name: str) -> list:
+    """Entries per block, as mpi4py reads them: inferred (the buffer split as evenly as it goes), one int, or a list."""
+    if counts is None:
+        if unit <= 0 or nbytes % unit:
+            raise InvalidBuffer(
+                f"{name}: cannot infer the counts: the buffer's {nbytes} bytes are not a whole number of entries "
+                f"of {unit} bytes."
+            )
+        n = nbytes // unit
+        return [n // size + (i < n % size) for i in range(size)]
+    if isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
+        return [_index(counts, name, "count")] * size
+    values = _sequence(counts, size, name, "counts")
+    return [_index(c, name, "count") for c in values]
+
+
+def _vdispls(displs, counts, name: str) -> list:
+    """Displacements per block in entries: the prefix sums of the counts, a stride, or a list."""
+    size = len(counts)
+    if displs is None:
+        out, at = [], 0
+        for c in counts:
+            out.append(at)
+            at += c
+        return out
+    if isinstance(displs, (int, np.integer)) and not isinstance(displs, bool):
+        return [int(displs) * i for i in range(size)]
+    values = _sequence(displs, size, name, "displs")
+    for d in values:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+            raise InvalidBuffer(f"{name}: displacements must be ints, got {d!r}.")
+    return [int(d) for d in values]
+
+
+def _sequence(value, size: int, name: str, what: str) -> list:
+    try:
+        values = list(value)
+    except TypeError:
+        raise InvalidBuffer(
+            f"{name}: {what} must be an int or a sequence of {size} ints, got {type(value).__name__}."
+        ) from None
+    if len(values) != size:
+        raise InvalidBuffer(f"{name}: {what} must have {size} entries, one per rank; got {len(values)}.")
+    return values
+
+
+def _bytes_of(arr, name: str):
+    """The memory of a contiguous array as flat bytes, in memory order."""
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    elif arr.flags.f_contiguous:
+        flat = arr.T.reshape(-1)
+    else:
+        raise InvalidBuffer(f"{name} must be contiguous, as mpi4py requires; got strides {arr.strides}.")
+    return flat if flat.dtype == _UINT8 else flat.view(_UINT8)
