@@ -6,9 +6,9 @@ Run it:
 
 Delete the line marked "the one line" and this is a plain mpi4py program
 with the same output. With the line, Gather, Bcast, Alltoall, Allreduce,
-Exscan and Reduce run commkit's algorithms; Alltoallv and Gatherv (vector
-collectives, whose counts differ from rank to rank) and the point-to-point
-check run MPI's own, through the same wrapped communicator.
+Exscan and Reduce run commkit's algorithms, and so do Alltoallv and Gatherv
+(vector collectives, whose counts differ from rank to rank); the point-to-point
+check runs MPI's own, through the same wrapped communicator.
 """
 
 import numpy as np
