@@ -215,8 +215,7 @@ class Communicator(VectorCollectives):
         self._plain = False  # no timeout, no check mode, usable: compiled plans may run (see _update_plain)
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
-        self.last_algorithm: str | None = None
-        self.last_choice = None
+        self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
         self._entry = threading.Lock()
@@ -245,6 +244,16 @@ class Communicator(VectorCollectives):
         # no check mode, no outstanding request to drive, a usable communicator.
         self._plain = (self._timeout is None and not self._check and not self._closed
                        and not self._progress.requests)
+
+    @property
+    def last_algorithm(self) -> str | None:
+        """The algorithm the last collective on this rank ran (None before the first)."""
+        return self._last[0]
+
+    @property
+    def last_choice(self):
+        """How the last collective's algorithm was chosen (:class:`commkit.selection.Choice`), with its reason."""
+        return self._last[1]
 
     @property
     def timeout(self) -> float | None:
@@ -649,8 +658,7 @@ class Communicator(VectorCollectives):
         if plan is None:
             plan = self._plan(call, algorithm)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
-        self.last_algorithm = name
-        self.last_choice = choice
+        self._last = (name, choice)
         if call.key is not None and not nonblocking and timeout is None:
             self._remember(call, plan)
         seq = self._seq
