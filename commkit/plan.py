@@ -327,6 +327,10 @@ class PersistentRequest(Request):
         self._prologue = prologue
         self._timeout = timeout
         self._native = native  # a library persistent request (native algorithm), if any
+        # Only a schedule with more than one transfer needs others to drive it: the library
+        # progresses a started persistent transfer (or its own persistent collective) by itself,
+        # and what follows the last transfer is local work that wait() or test() runs.
+        self._driven = native is None and sum(1 for entry in ops if entry[0] == TRANSFER) > 1
         self._index = len(ops)
         self._pending = None
         self._active = False
@@ -355,7 +359,8 @@ class PersistentRequest(Request):
         self._pending = None
         if self._prologue is not None:
             self._prologue(self._tag)
-        comm._progress.add(self)
+        if self._driven:
+            comm._progress.add(self)
         if self._native is not None:
             self._native.Start()
         self._advance()
@@ -430,7 +435,7 @@ class PersistentRequest(Request):
         try:
             while self._active:
                 if (self._pending is not None and timeout is None and self._native is None
-                        and len(comm._progress.requests) == 1):
+                        and len(comm._progress.requests) == self._driven):
                     # Nothing else to drive and no timeout: block in the transport at once
                     # (no test first), then run what follows the transfer.
                     try:
@@ -445,7 +450,7 @@ class PersistentRequest(Request):
                     break
                 waitable = self._native if self._native is not None else self._pending
                 test = waitable.Test if self._native is not None else waitable.test
-                if len(comm._progress.requests) > 1 or self._native is not None or timeout is not None:
+                if len(comm._progress.requests) > self._driven or self._native is not None or timeout is not None:
                     if not comm._progress.wait(test, timeout, skip=self):
                         self._timed_out(timeout)
                 else:
