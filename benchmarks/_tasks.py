@@ -28,7 +28,6 @@ import time
 
 import numpy as np
 
-_REDUCING = ("reduce", "allreduce", "reduce_scatter")
 
 
 def main(spec_path: str, result_path: str) -> int:
@@ -68,10 +67,10 @@ def iterations(size: int, names: int, spec: dict) -> tuple[int, int]:
 
 
 def _auto_choice(collective, p, size, op):
-    from commkit import selection
+    from commkit import collectives, selection
     from commkit.ops import get_op
 
-    return selection.select(collective, p, size, get_op(op) if collective in _REDUCING else None).algorithm.name
+    return selection.select(collective, p, size, get_op(op) if collective in collectives.REDUCING else None).algorithm.name
 
 
 def bench_task(spec):

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Collective", "COLLECTIVES", "NAMES", "FIXED", "VECTOR", "REDUCING", "ROOTED", "get", "steps"]
+__all__ = ["Collective", "COLLECTIVES", "NAMES", "FIXED", "VECTOR", "REDUCING", "ROOTED", "get", "steps",
+           "buffer_sizes"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,35 @@ def get(name: str) -> Collective:
         from .errors import InvalidArgument
 
         raise InvalidArgument(f"unknown collective {name!r}; expected one of {list(NAMES)}.") from None
+
+
+def buffer_sizes(collective: str, rank: int, size: int, count, root: int = 0) -> tuple[int, int]:
+    """Elements of the ``in`` and ``out`` buffers a schedule of ``collective`` gets on ``rank``.
+
+    ``count`` is the schedule's count argument: elements per rank, per-rank counts
+    (reduce_scatter, allgatherv, gatherv, scatterv) or the p x p matrix (alltoallv).
+    """
+    if collective == "barrier":
+        return 0, 0
+    if collective == "gather":
+        return count, (size * count if rank == root else 0)
+    if collective == "scatter":
+        return (size * count if rank == root else 0), count
+    if collective == "allgather":
+        return count, size * count
+    if collective == "alltoall":
+        return size * count, size * count
+    if collective == "reduce_scatter":
+        return sum(count), count[rank]
+    if collective == "allgatherv":
+        return count[rank], sum(count)
+    if collective == "gatherv":
+        return count[rank], (sum(count) if rank == root else 0)
+    if collective == "scatterv":
+        return (sum(count) if rank == root else 0), count[rank]
+    if collective == "alltoallv":
+        return sum(count[rank]), sum(row[rank] for row in count)
+    return count, count  # broadcast, reduce, allreduce, scan, exscan
 
 
 def steps(schedule, collective: str, rank: int, size: int, count=0, op=None, root: int = 0):

@@ -569,7 +569,7 @@ class Communicator(VectorCollectives):
             "collective": call.collective,
             "seq": seq,
             "op": call.op.name if call.op is not None else None,
-            "root": call.root if call.collective in ("broadcast", "reduce", "gather", "scatter") else None,
+            "root": call.root if call.collective in _ROOTED else None,
             "dtype": str(call.dtype) if call.dtype is not None else None,
             "count": call.signature_count,
             "algorithm": algorithm,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import algorithms
+from . import algorithms, collectives
 from .errors import InvalidArgument
 
 __all__ = ["ALPHA", "BETA", "GAMMA", "Prediction", "Regime", "predict", "formula", "accuracy", "model_bytes",
@@ -168,7 +168,7 @@ def applicable(collective: str, p: int, commutative: bool = True) -> list[str]:
     for name, alg in algorithms.for_collective(collective).items():
         if alg.cost is None:
             continue
-        if alg.why_not(p, op if collective in ("reduce", "allreduce", "reduce_scatter", "scan", "exscan") else None):
+        if alg.why_not(p, op if collective in collectives.REDUCING else None):
             continue
         names.append(name)
     return names

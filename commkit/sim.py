@@ -58,14 +58,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from . import algorithms
+from . import algorithms, collectives
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument
 from .ops import get_op
 from .schedule import COPY, REDUCE, TRANSFER, Exchange, partition
 
 __all__ = ["simulate", "simulate_steps", "schedule_args", "SimResult", "Waiting", "SimulationError", "SIMULATED"]
 
-_REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+_REDUCING = collectives.REDUCING
 SIMULATED = ("barrier", "broadcast", "reduce", "allreduce", "gather", "scatter", "allgather", "reduce_scatter",
              "alltoall", "scan", "exscan")
 """The collectives :func:`simulate` models (whose buffers and message sizes it knows)."""
@@ -260,35 +260,14 @@ def schedule_args(collective: str, p: int, nbytes: int, itemsize: int = 4):
     return elems, elems * itemsize
 
 
-def _buffer_sizes(collective, alg, rank, p, count, root, total):
+def _buffer_sizes(collective, alg, rank, p, count, root):
     """Elements of the ``in``, ``out`` and ``tmp`` buffers the communicator gives ``rank``."""
-    if collective == "barrier":
-        n_in = n_out = 0
-    elif collective in ("gather",):
-        n_in, n_out = count, (p * count if rank == root else 0)
-    elif collective == "scatter":
-        n_in, n_out = (p * count if rank == root else 0), count
-    elif collective == "allgather":
-        n_in, n_out = count, p * count
-    elif collective == "alltoall":
-        n_in = n_out = p * count
-    elif collective == "reduce_scatter":
-        n_in, n_out = total, count[rank]
-    else:  # broadcast, reduce, allreduce, scan, exscan
-        n_in = n_out = count
+    n_in, n_out = collectives.buffer_sizes(collective, rank, p, count, root)
     return {"in": n_in, "out": n_out, "tmp": alg.scratch(rank, p, count)}
 
 
 def _factory(collective, schedule, p, count, root, op):
-    if collective == "barrier":
-        return lambda r: schedule(r, p)
-    if collective in ("broadcast", "gather", "scatter"):
-        return lambda r: schedule(r, p, count, root)
-    if collective == "reduce":
-        return lambda r: schedule(r, p, count, op, root)
-    if collective in ("allgather", "alltoall"):
-        return lambda r: schedule(r, p, count)
-    return lambda r: schedule(r, p, count, op)
+    return lambda r: collectives.steps(schedule, collective, r, p, count, op, root)
 
 
 def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsize: int = 4, root: int = 0,
@@ -353,15 +332,14 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
     else:
         count = _check_count(collective, count, p)
         nbytes = _message_bytes(collective, count, p, itemsize)
-    total = sum(count) if collective == "reduce_scatter" else 0
     factory = _factory(collective, alg.schedule, p, count, root, op)
     result = None
     if (use_symmetry and not events and alg.symmetry is not None and algorithms.even_blocks(collective, p, count)
             and (alg.symmetry == "rotation" or algorithms.is_pow2(p))):
-        result = _simulate_symmetric(factory, p, alg.symmetry, _buffer_sizes(collective, alg, 0, p, count, root, total),
+        result = _simulate_symmetric(factory, p, alg.symmetry, _buffer_sizes(collective, alg, 0, p, count, root),
                                      itemsize, alpha, beta, gamma, collective, algorithm)
     if result is None:
-        sizes = [_buffer_sizes(collective, alg, r, p, count, root, total) for r in range(p)]
+        sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in range(p)]
         result = simulate_steps(factory, p, itemsize=itemsize, alpha=alpha, beta=beta, gamma=gamma, events=events,
                                 buffers=sizes, collective=collective, algorithm=algorithm)
     result.count = count

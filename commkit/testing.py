@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import algorithms, sim
+from . import algorithms, collectives, sim
 from .errors import CommError, InvalidArgument, RankError
 from .ops import OPS, Op, get_op
 from .schedule import Reduce
@@ -59,8 +59,8 @@ DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"
           "float16", "float32", "float64", "complex64", "complex128")
 """Every dtype the check tries (each with every builtin op defined for it)."""
 
-_REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+_REDUCING = collectives.REDUCING
+_ROOTED = collectives.ROOTED
 _MAX_FAILURES = 20  # per check: enough to find the smallest, few enough to stay readable
 
 

@@ -257,29 +257,16 @@ def test_plans_and_persistent_collectives_under_mpiexec():
 
 
 def _all_schedules(p, count=13, root=1):
-    from commkit import algorithms
+    from commkit import algorithms, collectives
     from commkit.ops import SUM
 
-    for collective in algorithms.COLLECTIVES:
+    for collective in collectives.FIXED:
         for name, alg in algorithms.for_collective(collective).items():
             if alg.schedule is None or (alg.power_of_two and p & (p - 1)):
                 continue
+            arg = tuple([count] * p) if collective == "reduce_scatter" else count
             for rank in range(p):
-                r = root % p
-                if collective == "barrier":
-                    steps = alg.schedule(rank, p)
-                elif collective in ("broadcast", "gather", "scatter"):
-                    steps = alg.schedule(rank, p, count, r)
-                elif collective == "reduce":
-                    steps = alg.schedule(rank, p, count, SUM, r)
-                elif collective in ("allgather", "alltoall"):
-                    steps = alg.schedule(rank, p, count)
-                elif collective == "reduce_scatter":
-                    steps = alg.schedule(rank, p, tuple([count] * p), SUM)
-                elif collective in ("allreduce", "scan", "exscan"):
-                    steps = alg.schedule(rank, p, count, SUM)
-                else:
-                    continue
+                steps = collectives.steps(alg.schedule, collective, rank, p, arg, SUM, root % p)
                 yield collective, name, rank, list(steps)
 
 

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, strategies as st
 
 import commkit as ck
-from commkit import algorithms, cost, selection, tune
+from commkit import algorithms, collectives, cost, selection, tune
 from commkit.ops import SUM
 
 NONCOMM = ck.Op(lambda a, b: a - b, commutative=False, name="minus")
-REDUCING = ("reduce", "allreduce", "reduce_scatter", "scan", "exscan")
+REDUCING = collectives.REDUCING
 
 
 @pytest.fixture(autouse=True)

@@ -24,13 +24,13 @@ import pytest
 from hypothesis import given, strategies as st
 
 import commkit as ck
-from commkit import algorithms, cost, sim
+from commkit import algorithms, collectives, cost, sim
 from commkit.schedule import Copy, Exchange, Recv, Reduce, Send, Transfer, partition
 
 ALL = sorted((c, n) for c in sim.SIMULATED for n, a in algorithms.for_collective(c).items()
              if a.schedule is not None)
 
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
+ROOTED = collectives.ROOTED
 A, B, G = 1.0, 1e-3, 1e-6  # distinct scales, so each term of a formula shows in the total
 S = 4  # itemsize
 
