@@ -202,7 +202,7 @@ class Plan:
 
     __slots__ = ("comm", "ops", "op0", "step0", "tagbase", "seq_mask", "seq_shift", "collective", "algorithm",
                  "choice", "signature", "dtype", "keep", "result", "finish", "prologue", "recorder", "append",
-                 "lock", "steps", "last", "run")
+                 "lock", "steps", "last")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None):
@@ -229,40 +229,12 @@ class Plan:
         self.recorder = comm._recorder
         self.append = comm._recorder.calls.append
         self.lock = comm._entry
-        # The common plan (one unit of work, nothing before or after it) gets the shortest path.
-        self.run = self._run_one if self.op0 is not None and prologue is None and finish is None else self._run
-
-    def _run_one(self):
-        """:meth:`_run` for a plan of one unit of work with no prologue and no finish."""
-        comm = self.comm
-        lock = self.lock
-        if not lock.acquire(False):
-            raise comm._concurrent(self.collective)
-        seq = comm._seq
-        comm._seq = seq + 1
-        rec = [seq, self.collective, self.algorithm, self.signature, 0.0, None, 0, self.step0, "running"]
-        self.append(rec)
-        comm._last = self.last
-        recorder = self.recorder
-        recorder.active = rec
-        try:
-            self.op0(((seq & self.seq_mask) << self.seq_shift) | self.tagbase)
-        except InvalidBuffer as exc:
-            rec[8] = "failed"
-            raise _transfer_error((self.collective, self.algorithm, seq, comm.rank, None), 0, self.step0,
-                                  exc) from None
-        finally:
-            recorder.active = None
-            lock.release()
-        rec[8] = "done"
-        return self.result
-
     def ready(self, x) -> bool:
         """Whether this plan may run now: same element type, and nothing that needs the general path."""
         return (x is None or x.dtype is self.dtype) and self.comm._plain and not _trace_active
 
-    def _run(self):
-        """Run the call once (blocking) and return its result (``plan.run()``)."""
+    def run(self):
+        """Run the call once (blocking) and return its result."""
         comm = self.comm
         lock = self.lock
         if not lock.acquire(False):
