@@ -1,0 +1,164 @@
+"""Pipelined (segmented) ring algorithms: the ring of :mod:`.ring`, each block cut into segments.
+
+The plain ring allreduce receives a whole block, then reduces it: the link
+idles while the core reduces and the core idles while the link moves data.
+Here every block is cut into K segments and each ring step becomes K
+exchanges; the exchange of segment k carries, in ``overlap=``, the reduction
+of segment k-1 (received by the previous exchange), so the link and the core
+work at once (Gloo's chunked ring does the same). The price is K times as
+many messages, so segments must be large enough that alpha stays small
+against a segment's beta.
+
+Segment size, in elements: :data:`SEGMENT` (65536), overridden by the
+environment variable ``COMMKIT_SEGMENT_ELEMENTS``, read when a schedule is
+generated. Plans cache a call shape's schedule, so the variable is read at a
+shape's first call; set it before that. Every block is cut into the same
+number K of near-equal segments, K = ⌈⌈count/p⌉/S⌉ (at most ⌊count/p⌋, so
+no segment is empty when count >= p; a segment may then hold one element more
+than S). Zero-length segments (count < p) send no message: both sides know
+the lengths and skip them alike.
+
+The cost model knows bytes, not dtypes: the registered formulas count
+segments as if elements were 4 bytes (float32), as the selector's tests do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from ..errors import InvalidArgument
+from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition
+from . import algorithm
+
+SEGMENT = 1 << 16
+"""Default segment size in elements (``COMMKIT_SEGMENT_ELEMENTS`` overrides it)."""
+ENV_SEGMENT = "COMMKIT_SEGMENT_ELEMENTS"
+_COST_ITEMSIZE = 4  # the cost model's elements, in bytes (see the module docstring)
+
+
+def segment_elements() -> int:
+    """The segment size in elements now: ``COMMKIT_SEGMENT_ELEMENTS`` if set, else :data:`SEGMENT`."""
+    text = os.environ.get(ENV_SEGMENT, "").strip()
+    if not text:
+        return SEGMENT
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidArgument(f"{ENV_SEGMENT} must be a positive number of elements, got {text!r}.")
+    return value
+
+
+def segment_count(count: int, size: int) -> int:
+    """K: how many segments each of the p ring blocks is cut into (0 when count is 0)."""
+    largest, smallest = -(-count // size), count // size
+    if largest == 0:
+        return 0
+    if smallest == 0:
+        return 1
+    return max(1, min(-(-largest // segment_elements()), smallest))
+
+
+def _max_block(count, size):
+    return -(-count // size)
+
+
+def _step(send_to, send, recv_from, recv, local):
+    """The transfer of one segment (None if both sides are empty) and the local step left to run alone."""
+    has_send, has_recv = send[2] > send[1], recv[2] > recv[1]
+    overlap = (local,) if local is not None else ()
+    if has_send and has_recv:
+        step = Exchange(send_to, send, recv_from, recv, overlap=overlap)
+    elif has_send:
+        step = Send(send_to, send, overlap=overlap)
+    elif has_recv:
+        step = Recv(recv_from, recv, overlap=overlap)
+    else:
+        return None, local
+    if overlap and check_overlap(step):
+        # Unsafe to overlap (e.g. one segment per block: the reduced block is sent next): run it first.
+        return type(step)(*_plain_args(step)), local
+    return step, None
+
+
+def _plain_args(step):
+    if isinstance(step, Exchange):
+        (to, send), (frm, recv) = step.sends[0], step.recvs[0]
+        return to, send, frm, recv
+    return step.sends[0] if step.sends else step.recvs[0]
+
+
+def _pipelined_cost(p, n, a, b, g):
+    if p == 1 or n <= 0:
+        return 0.0
+    count = math.ceil(n / _COST_ITEMSIZE)
+    k_segments = segment_count(count, p)
+    if k_segments <= 1:
+        return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+    segs = [(hi - lo) * _COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
+    overlapped = sum(max(a + segs[k] * b, segs[k - 1] * g) for k in range(k_segments))
+    return (p - 1) * (k_segments * a + sum(segs) * b) + (p - 1) * overlapped
+
+
+@algorithm("allreduce", "ring_pipelined", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
+           cost=_pipelined_cost,
+           formula="(p-1)(Kα + mβ) + (p-1)Σₖ max(α + mₖβ, mₖ₋₁γ), m = n/p, mₖ = segment k (K ≥ 2); "
+                   "ring's 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ when K = 1",
+           cost_exact="even", cost_bound="either", symmetry="rotation")
+def allreduce_ring_pipelined(rank, size, count, op):
+    """Pipelined ring allreduce: the ring reduce-scatter and allgather, every block cut into K segments.
+
+    Restrictions: commutative op (each block is reduced starting at a different rank).
+    Segments: K = ⌈⌈count/p⌉/S⌉ per block (at most ⌊count/p⌋), S = ``COMMKIT_SEGMENT_ELEMENTS``
+    or 65536 elements, read when the schedule is generated (plans cache it per call shape).
+    Each exchange of segment k overlaps the reduction of segment k-1 received just before
+    (the last reduction overlaps the allgather's first exchange); with K = 1 nothing can be
+    overlapped and the schedule is exactly ``ring``'s (less the zero-length messages).
+    Cost, K ≥ 2: (p-1)(Kα + mβ) + (p-1)Σₖ max(α + mₖβ, mₖ₋₁γ) with m = n/p and mₖ the bytes
+    of segment k (k-1 taken cyclically); for equal segments (p-1)(Kα + mβ) + (p-1)max(Kα + mβ, mγ):
+    the reduction hides behind the transfers. K = 1: ring's 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ.
+    Exact when count is a multiple of p (4-byte elements: the model knows bytes only); otherwise
+    off either way. Sends 2(p-1)K messages per rank (fewer when count < p: empty blocks send
+    nothing), only to its right neighbour; receives only from its left one.
+    """
+    if size == 1:
+        yield Copy(("out", 0, count), ("in", 0, count))
+        return
+    k_segments = segment_count(count, size)
+    if k_segments == 0:
+        return
+    blocks = partition(count, size)
+    segments = [tuple((lo + s, lo + e) for s, e in partition(hi - lo, k_segments)) for lo, hi in blocks]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    pending = None  # the reduce of the segment received last, not yet run
+    # Phase 1: reduce-scatter. After p-1 steps this rank owns block (rank + 1) % p. A received
+    # segment lands in "tmp" at its offset inside the block, so consecutive segments never share
+    # scratch and segment k-1 can be reduced while segment k arrives.
+    for step in range(size - 1):
+        send_b, recv_b = (rank - step) % size, (rank - step - 1) % size
+        base = blocks[recv_b][0]
+        for k in range(k_segments):
+            slo, shi = segments[send_b][k]
+            rlo, rhi = segments[recv_b][k]
+            landing = ("tmp", rlo - base, rhi - base)
+            transfer, alone = _step(right, ("in" if step == 0 else "out", slo, shi), left, landing, pending)
+            if alone is not None:
+                yield alone
+            if transfer is not None:
+                yield transfer
+            pending = Reduce(("out", rlo, rhi), landing, op, src=("in", rlo, rhi)) if rhi > rlo else None
+    # Phase 2: allgather the reduced blocks around the same ring, segment by segment.
+    for step in range(size - 1):
+        send_b, recv_b = (rank - step + 1) % size, (rank - step) % size
+        for k in range(k_segments):
+            transfer, alone = _step(right, ("out", *segments[send_b][k]), left, ("out", *segments[recv_b][k]),
+                                    pending)
+            pending = None
+            if alone is not None:
+                yield alone
+            if transfer is not None:
+                yield transfer
+    if pending is not None:
+        yield pending
