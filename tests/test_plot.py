@@ -242,8 +242,11 @@ def test_predicted_crossovers_agree_with_cost_crossovers():
     names = cost.applicable("allreduce", p)
     regimes = cost.crossovers("allreduce", p, alpha=a, beta=b, gamma=g, max_bytes=1 << 26)
     found = plot.predicted_crossovers("allreduce", p, names, 1, 1 << 26, alpha=a, beta=b, gamma=g)
-    assert [size for size, _, _ in found] == [r.min_bytes for r in regimes[1:]]
-    assert [new for _, _, new in found] == [r.algorithm for r in regimes[1:]]
+    # The plot scans from 1 byte; cost.crossovers from 0, where an algorithm that sends nothing for an
+    # empty vector (ring_pipelined skips zero-length messages) wins. Compare the boundaries both see.
+    seen = [r for r in regimes[1:] if r.min_bytes > 1]
+    assert [size for size, _, _ in found] == [r.min_bytes for r in seen]
+    assert [new for _, _, new in found] == [r.algorithm for r in seen]
 
 
 def test_measured_crossovers_find_where_the_winner_changes():
