@@ -6,8 +6,8 @@ notebooks assert their own claims (results equal NumPy's, message counts
 equal the formulas, the ranks follow the tuning file), so running them is the
 test. nbmake runs in a pytest process of its own: a notebook starts a kernel,
 threads and MPI jobs, and none of them should share this process. The
-executed notebooks are not written back; the committed ones stay without
-outputs.
+executed notebooks are not written back: the committed ones keep the outputs
+of the run the docs show (made with nbclient, see docs/notebooks.md).
 """
 
 from __future__ import annotations
