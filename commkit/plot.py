@@ -284,7 +284,9 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
     col = rounds(events)
     ranks = sorted({e["rank"] for e in events})
     row = {r: i for i, r in enumerate(ranks)}
-    msgs = messages(events)
+    # With fewer elements than ranks some blocks are empty: their 0-byte messages and reduces are
+    # no work, so they are not drawn (a barrier's messages carry nothing and are all drawn).
+    msgs = [m for m in messages(events) if m.nbytes or m.collective == "barrier"]
     # Local steps sit on the boundary after their rank's last transfer, so they add no column.
     ncols = max([col[(e["rank"], e["seq"], e["step"])] + 1 for e in events
                  if e["kind"] in MESSAGE_KINDS or e["kind"] == "native"], default=1)
@@ -324,7 +326,8 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
             ax.text(col[k] + 0.5, row[e["rank"]], "native", ha="center", va="center", fontsize=7, color="white",
                     zorder=4)
     if show_reduces:
-        marks = {(col[(e["rank"], e["seq"], e["step"])], row[e["rank"]]) for e in events if e["kind"] == "reduce"}
+        marks = {(col[(e["rank"], e["seq"], e["step"])], row[e["rank"]]) for e in events
+                 if e["kind"] == "reduce" and e.get("bytes", 1)}
         for c, y in marks:
             ax.text(c, y, "⊕", ha="center", va="center", fontsize=13, color="#C0504D", zorder=6,
                     bbox={"boxstyle": "circle,pad=0.0", "fc": "white", "ec": "none"})

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import cost, plot, sim
+from commkit import cost, plot, sim, tracing
 from commkit.tracing import messages, select
 
 pytest.importorskip("matplotlib")
@@ -318,3 +318,20 @@ def test_predicted_vs_measured_model_only_and_errors():
     assert _is_figure(plot.predicted_vs_measured(mixed, nprocs=8))
     with pytest.raises(ck.InvalidArgument, match="time_us"):
         plot.predicted_vs_measured([{"collective": "allreduce"}])
+
+
+def test_diagram_does_not_draw_empty_blocks_as_work():
+    from commkit import sim
+
+    # allreduce ring with 2 elements on 4 ranks: half the blocks are empty.
+    events = sim.simulate("allreduce", "ring", 4, count=2, events=True).events
+    ax = plot.diagram(events).axes[0]
+    arrows = [p for p in ax.patches if type(p).__name__ == "FancyArrowPatch"]
+    nonempty = [m for m in tracing.messages(events) if m.nbytes]
+    assert len(arrows) == len(nonempty) < len(tracing.messages(events))
+    reduces = [t for t in ax.texts if t.get_text() == "⊕"]
+    assert len(reduces) == len({(e["rank"], e["step"]) for e in events if e["kind"] == "reduce" and e["bytes"]})
+    # A barrier's messages are empty by nature and are all drawn.
+    barrier = sim.simulate("barrier", "dissemination", 4, events=True).events
+    ax = plot.diagram(barrier).axes[0]
+    assert len([p for p in ax.patches if type(p).__name__ == "FancyArrowPatch"]) == len(tracing.messages(barrier))
