@@ -37,7 +37,7 @@ from itertools import pairwise
 from .errors import InvalidArgument
 from .tracing import MESSAGE_KINDS, events_of, messages
 
-__all__ = ["KIND_COLORS", "diagram", "measured_crossovers", "predicted_crossovers", "predicted_vs_measured", "rounds",
+__all__ = ["KIND_COLORS", "buffer_states", "diagram", "measured_crossovers", "predicted_crossovers", "predicted_vs_measured", "rounds",
            "schedule_diagram", "timeline"]
 
 KIND_COLORS = {
@@ -602,4 +602,46 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
         title = (f"{collective} on {nprocs} ranks: {what}\n"
                  f"α = {a * 1e6:.3g} us, β = {b * 1e9:.3g} ns/B, γ = {g * 1e9:.3g} ns/B")
     ax.set_title(title, fontsize=10)
+    return fig
+
+
+def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0,
+                  ax=None, title: str | None = None):
+    """Each rank's output after each step, coloured by how many ranks' contributions an element holds.
+
+    The textbook picture of an algorithm (ring allreduce: block i's partial sum
+    grows by one contribution per round as it travels, then the finished blocks
+    go round again), computed from a real run on threads by
+    :func:`commkit.tracing.buffer_states`. Rows are ranks, columns are steps
+    (each column shows the rank's whole output, one square per element), and the
+    number in a square is how many ranks' data it holds.
+
+    Returns:
+        The matplotlib Figure (its image's data is ``fig.axes[0].images[0].get_array()``).
+    """
+    _require()
+    import numpy as np
+
+    from . import tracing
+
+    states = tracing.buffer_states(collective, algorithm, p, count, root=root)
+    steps = max(len(s) for s in states)
+    width = max(len(bits) for s in states for _, _, bits in s) or 1
+    grid = np.full((p, steps * (width + 1) - 1), np.nan)
+    for r, seq in enumerate(states):
+        for c, (_, _, bits) in enumerate(seq):
+            held = np.array([bin(int(v)).count("1") for v in bits], float)
+            grid[r, c * (width + 1): c * (width + 1) + len(held)] = held
+    fig, ax = _figure(ax, (min(2.0 + 0.28 * grid.shape[1], 18), 1.0 + 0.45 * p))
+    image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=p, aspect="auto", interpolation="nearest")
+    if grid.size <= 600:
+        for (r, c), v in np.ndenumerate(grid):
+            if not np.isnan(v):
+                ax.text(c, r, f"{int(v)}", ha="center", va="center", fontsize=7,
+                        color="white" if v > p / 2 else "black")
+    ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
+    ax.set_xticks([c * (width + 1) + (width - 1) / 2 for c in range(steps)],
+                  ["start"] + [f"step {c}" for c in range(steps - 1)], fontsize=7)
+    fig.colorbar(image, ax=ax, label="contributions held", shrink=0.8)
+    ax.set_title(title or f"{collective} {algorithm}, p={p}: what each rank's output holds after each step")
     return fig

@@ -49,8 +49,8 @@ from .errors import InvalidArgument
 from .schedule import REDUCE, TRANSFER
 
 __all__ = [
-    "EVENT_KEYS", "Call", "Message", "Tracer", "calls", "current", "events_of", "load", "messages", "save", "select",
-    "summary", "to_chrome", "trace",
+    "EVENT_KEYS", "Call", "Message", "Tracer", "buffer_states", "calls", "current", "events_of", "load", "messages",
+    "save", "select", "summary", "to_chrome", "trace",
 ]
 
 EVENT_KEYS = ("rank", "collective", "seq", "algorithm", "step", "kind", "sends", "recvs", "bytes", "start", "end")
@@ -520,3 +520,82 @@ def load(path) -> list[dict]:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise InvalidArgument(f"{path}: not a commkit trace (expected a JSON object with format {_FORMAT!r}).")
     return events_of(doc["events"])
+
+
+# -- whose contributions each element holds, step by step -------------------------------------------------
+
+_STATE_COLLECTIVES = ("allreduce", "reduce_scatter", "reduce", "scan", "allgather", "broadcast")
+
+
+class _StateTracer(Tracer):
+    """A tracer that also keeps a copy of every rank's ``out`` buffer after each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.snapshots: list = []
+
+    def record(self, info, index, step, t0, t1, bufs) -> None:
+        super().record(info, index, step, t0, t1, bufs)
+        self.snapshots.append((info.rank, index, step.kind == TRANSFER, bufs["out"].copy()))
+
+
+def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0) -> list:
+    """Whose contributions each element of every rank's output holds, after each step of a real run.
+
+    The textbook picture of ring allreduce (block i's partial sum travelling round the
+    ring), recursive halving or Bruck, computed rather than drawn by hand: the
+    collective runs on the threads world with every element of rank r's input set to
+    the bit ``1 << r`` and the reduction op ``"bor"``, so an element's value is the set
+    of ranks whose data it holds. Data-moving collectives (allgather, broadcast) carry
+    the bits unchanged.
+
+    Args:
+        collective: one of allreduce, reduce_scatter, reduce, scan, allgather, broadcast.
+        algorithm: a registered algorithm of it.
+        p: number of ranks, 1 to 62.
+        count: elements per rank (default ``p``: one element per block).
+        root: the root of reduce and broadcast.
+
+    Returns:
+        For each rank, a list of ``(step, is_transfer, bits)``: ``bits`` is the rank's whole
+        output (a 1-D int64 array) after that step, starting with ``(-1, False, zeros)``.
+
+    Raises:
+        InvalidArgument: an unsupported collective, or ``p`` outside 1..62.
+    """
+    import numpy as np
+
+    from ._world import run_local
+
+    if collective not in _STATE_COLLECTIVES:
+        raise InvalidArgument(f"buffer_states shows {', '.join(_STATE_COLLECTIVES)}; got {collective!r}.")
+    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 62:
+        raise InvalidArgument(f"p must be an int from 1 to 62 (one bit per rank in an int64), got {p!r}.")
+    count = p if count is None else int(count)
+    rows = count * p if collective == "reduce_scatter" else count
+
+    def body(comm):
+        x = np.full(rows, 1 << comm.rank, np.int64)
+        if collective == "allgather":
+            out = np.zeros((p, count), np.int64)
+            comm.allgather(x, out=out, algorithm=algorithm)
+        elif collective == "broadcast":
+            out = np.zeros(count, np.int64)
+            comm.broadcast(x, root=root, out=out, algorithm=algorithm)
+        elif collective == "reduce":
+            comm.reduce(x, "bor", root=root, out=np.zeros(count, np.int64) if comm.rank == root else None,
+                        algorithm=algorithm)
+        elif collective == "reduce_scatter":
+            comm.reduce_scatter(x, "bor", out=np.zeros(count, np.int64), algorithm=algorithm)
+        else:
+            getattr(comm, collective)(x, "bor", out=np.zeros(count, np.int64), algorithm=algorithm)
+
+    tracer = _StateTracer()
+    with tracer:
+        run_local(body, p)
+    states = [[] for _ in range(p)]
+    for rank, step, is_transfer, bits in tracer.snapshots:
+        if not states[rank]:
+            states[rank].append((-1, False, np.zeros_like(bits)))
+        states[rank].append((step, is_transfer, bits))
+    return states

@@ -335,3 +335,25 @@ def test_diagram_does_not_draw_empty_blocks_as_work():
     barrier = sim.simulate("barrier", "dissemination", 4, events=True).events
     ax = plot.diagram(barrier).axes[0]
     assert len([p for p in ax.patches if type(p).__name__ == "FancyArrowPatch"]) == len(tracing.messages(barrier))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5])
+def test_buffer_states_show_the_ring_textbook_picture(p):
+    states = tracing.buffer_states("allreduce", "ring", p)
+    for rank, seq in enumerate(states):
+        held = [[bin(int(v)).count("1") for v in bits] for _, _, bits in seq]
+        assert held[0] == [0] * p and held[-1] == [p] * p  # nothing at the start, everything at the end
+        # After the reduce-scatter phase (p-1 exchanges, each followed by a reduce) this rank owns
+        # exactly one finished block, the one ring allreduce gives it: (rank + 1) % p.
+        after_phase_one = held[2 * (p - 1)]
+        assert after_phase_one.count(p) == (1 if p > 1 else p)
+        if p > 1:
+            assert after_phase_one[(rank + 1) % p] == p
+        # Contributions only ever grow.
+        for before, after in zip(held, held[1:]):
+            assert all(a >= b for a, b in zip(after, before))
+    fig = plot.buffer_states("allreduce", "ring", p)
+    grid = fig.axes[0].images[0].get_array()
+    assert grid.shape[0] == p and np.nanmax(grid) == p
+    with pytest.raises(ck.InvalidArgument, match="buffer_states shows"):
+        tracing.buffer_states("alltoall", "pairwise", p)
