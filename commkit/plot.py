@@ -37,8 +37,8 @@ from itertools import pairwise
 from .errors import InvalidArgument
 from .tracing import MESSAGE_KINDS, events_of, messages
 
-__all__ = ["KIND_COLORS", "buffer_states", "diagram", "measured_crossovers", "predicted_crossovers", "predicted_vs_measured", "rounds",
-           "schedule_diagram", "timeline"]
+__all__ = ["KIND_COLORS", "buffer_states", "diagram", "measured_crossovers", "predicted_crossovers",
+           "predicted_vs_measured", "rounds", "schedule_diagram", "timeline"]
 
 KIND_COLORS = {
     "exchange": "#4C72B0", "send": "#4C72B0", "recv": "#4C72B0", "transfer": "#4C72B0",
