@@ -70,6 +70,26 @@ def as_input(x, name: str):
     return x
 
 
+def input_for(x, mode, collective: str):
+    """:func:`as_input`, except for a persistent call (``mode == "init"``): the caller's own memory, never a copy.
+
+    A persistent request reads its input again at every ``start()``, so a copy made
+    here (of a list, a strided view) would never see what the caller writes later:
+    the request would send stale values. That is refused instead.
+
+    Raises:
+        InvalidBuffer: as :func:`as_input`, or a persistent call's ``x`` would need a copy.
+    """
+    if mode != "init" or (type(x) is np.ndarray and x.flags.c_contiguous):
+        return as_input(x, "x")
+    arr = as_input(x, "x")
+    if arr is not x and not (hasattr(x, "nbytes") and arr.nbytes == x.nbytes and same_memory(arr, x)):
+        raise InvalidBuffer(
+            f"{collective}_init's x must be a C-contiguous array: the request reads it again at every start(), "
+            f"and the copy a {type(x).__name__} would need could not see what you write into it later.")
+    return arr
+
+
 def check_out(out, shape: tuple, dtype, name: str = "out", like=None):
     """Check a buffer commkit will write: right type, dtype, shape; contiguous and writeable."""
     if (type(out) is np.ndarray and (like is None or type(like) is np.ndarray) and out.dtype == dtype
@@ -167,5 +187,5 @@ def same_memory(a, b) -> bool:
         return np.may_share_memory(a, b)
     if a.nbytes == 0 or b.nbytes == 0:
         return False  # CuPy gives every empty array the pointer 0
-    lo_a, lo_b = a.data.ptr, b.data.ptr
-    return lo_a < lo_b + b.nbytes and lo_b < lo_a + a.nbytes
+    (lo_a, n_a), (lo_b, n_b) = _extent(a), _extent(b)
+    return lo_a < lo_b + n_b and lo_b < lo_a + n_a

@@ -43,7 +43,7 @@ import reprlib
 import numpy as np
 
 from . import algorithms
-from ._checks import array_module, as_input, check_out, check_rank, check_timeout, same_memory
+from ._checks import array_module, check_out, check_rank, check_timeout, input_for, same_memory
 from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
 
 __all__ = ["VectorCollectives"]
@@ -203,7 +203,7 @@ class VectorCollectives:
 
     def _allgatherv(self, x, counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = _fixed(x, "allgatherv_init") if nonblocking == "init" else as_input(x, "x")
+        x = input_for(x, nonblocking, "allgatherv")
         rows, trailing = _rows(x, "allgatherv")
         rank, size = self.rank, self.size
         if counts is not None:
@@ -281,7 +281,7 @@ class VectorCollectives:
 
     def _gatherv(self, x, root, counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = _fixed(x, "gatherv_init") if nonblocking == "init" else as_input(x, "x")
+        x = input_for(x, nonblocking, "gatherv")
         rows, trailing = _rows(x, "gatherv")
         rank, size = self.rank, self.size
         root = check_rank(root, size, "root")
@@ -373,7 +373,7 @@ class VectorCollectives:
         root = check_rank(root, size, "root")
         counts = _counts(counts, size, "counts")
         if rank == root:
-            x = _fixed(x, "scatterv_init") if nonblocking == "init" else as_input(x, "x")
+            x = input_for(x, nonblocking, "scatterv")
             rows, trailing = _rows(x, "scatterv")
             if rows != sum(counts):
                 raise InvalidArgument(
@@ -471,7 +471,7 @@ class VectorCollectives:
 
     def _alltoallv(self, x, send_counts, recv_counts, out, algorithm, timeout, nonblocking):
         self._check_open()
-        x = _fixed(x, "alltoallv_init") if nonblocking == "init" else as_input(x, "x")
+        x = input_for(x, nonblocking, "alltoallv")
         rows, trailing = _rows(x, "alltoallv")
         rank, size = self.rank, self.size
         matrix = None
@@ -512,23 +512,6 @@ class VectorCollectives:
                      array_module(x), False, shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
-
-
-def _fixed(x, collective: str):
-    """``x`` as the array a persistent request reads at every start: the caller's own memory, never a copy.
-
-    Raises:
-        InvalidBuffer: ``x`` is not an array, or only a copy of it would be
-            C-contiguous (the request would then send the copy's stale values).
-    """
-    if type(x) is np.ndarray and x.flags.c_contiguous:
-        return x  # the common case
-    arr = as_input(x, "x")
-    if arr is not x and not (hasattr(x, "nbytes") and arr.nbytes == x.nbytes and same_memory(arr, x)):
-        raise InvalidBuffer(
-            f"{collective}'s x must be a C-contiguous array: the request reads it again at every start(), "
-            f"and the copy a {type(x).__name__} would need could not see what you write into it later.")
-    return arr
 
 
 def _own_rows(counts, rank, rows, name, what) -> None:

@@ -31,7 +31,8 @@ import numpy as np
 from . import algorithms, collectives, selection
 from . import tracing as _trace
 from . import watchdog as _watchdog
-from ._checks import array_module, as_input, check_alias, check_out, check_rank, check_tag, check_timeout, same_memory
+from ._checks import (array_module, as_input, check_alias, check_out, check_rank, check_tag, check_timeout, input_for,
+                      same_memory)
 from .errors import (CollectiveMismatch, CommBroken, CommClosed, CommTimeout, ConcurrentCall, InvalidArgument,
                      InvalidBuffer)
 from ._vector import VectorCollectives
@@ -207,7 +208,6 @@ class Communicator(VectorCollectives):
         # point-to-point traffic itself; one it was handed (COMM_WORLD) is never used directly.
         self._p2p = transport if owns_transport else transport.dup()
         self._coll = transport.dup()
-        self._ctl = self._coll  # commkit's own messages: distinct kinds in the collective tag space
         self.rank = transport.rank
         self.size = transport.size
         self._timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
@@ -449,10 +449,7 @@ class Communicator(VectorCollectives):
         tag = check_tag(tag, self._tag_ub, allow_any=True)
         timeout = check_timeout(timeout) if timeout is not None else self.timeout
         want = tag if tag == ANY_TAG else tag | self._object_bit
-        if self._p2p.name == "mpi":
-            got = self._p2p.recv_object(source, want, timeout, object_bit=self._object_bit)
-        else:
-            got = self._p2p.recv_object(source, want, timeout)
+        got = self._p2p.recv_object(source, want, timeout, object_bit=self._object_bit)
         if got is None:
             raise CommTimeout(f"rank {self.rank}: recv_object from {source} timed out after {timeout:g} s.")
         obj, status = got
@@ -469,13 +466,13 @@ class Communicator(VectorCollectives):
     def _ctl_allgather(self, obj, tag, timeout):
         for peer in range(self.size):
             if peer != self.rank:
-                self._ctl.send_object(obj, peer, tag)
+                self._coll.send_object(obj, peer, tag)
         out = []
         for peer in range(self.size):
             if peer == self.rank:
                 out.append(obj)
                 continue
-            got = self._ctl.recv_object(peer, tag, timeout)
+            got = self._coll.recv_object(peer, tag, timeout)
             if got is None:
                 raise CommTimeout(
                     f"rank {self.rank} timed out after {timeout:g} s exchanging call metadata with rank {peer}; "
@@ -500,14 +497,14 @@ class Communicator(VectorCollectives):
             tag = self._ctl_tag("object", seq, root)
             timeout = timeout or self.timeout
             if self.rank != root:
-                self._ctl.send_object(obj, root, tag)
+                self._coll.send_object(obj, root, tag)
                 return None
             out = []
             for peer in range(self.size):
                 if peer == root:
                     out.append(obj)
                     continue
-                got = self._ctl.recv_object(peer, tag, timeout)
+                got = self._coll.recv_object(peer, tag, timeout)
                 if got is None:
                     raise CommTimeout(f"rank {root} timed out in gather_object waiting for rank {peer}.")
                 out.append(got[0])
@@ -526,9 +523,9 @@ class Communicator(VectorCollectives):
         if self.rank == root:
             for peer in range(self.size):
                 if peer != root:
-                    self._ctl.send_object(obj, peer, tag)
+                    self._coll.send_object(obj, peer, tag)
             return obj
-        got = self._ctl.recv_object(root, tag, timeout)
+        got = self._coll.recv_object(root, tag, timeout)
         if got is None:
             raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s waiting for metadata from root {root}.")
         return got[0]
@@ -582,7 +579,7 @@ class Communicator(VectorCollectives):
         sig = np.array([zlib.crc32(repr(v).encode()) for v in mine.values()], dtype=np.int64)
         both, agreed = np.concatenate([sig, -sig]), np.empty(2 * k, np.int64)
         steps = allreduce_recursive_doubling(self.rank, self.size, 2 * k, MAX)
-        run_schedule(steps, {"in": both, "out": agreed, "tmp": np.empty(2 * k, np.int64)}, self._ctl, tag,
+        run_schedule(steps, {"in": both, "out": agreed, "tmp": np.empty(2 * k, np.int64)}, self._coll, tag,
                      timeout, ("check", "recursive_doubling", seq, self.rank, None))
         if np.array_equal(agreed[:k], -agreed[k:]):
             return
@@ -706,8 +703,7 @@ class Communicator(VectorCollectives):
             raise
         finally:
             recorder.active = None
-        rec[5] = time.monotonic()
-        rec[8] = "done"
+        recorder.finish(rec)
         return self._finish(call) if call.has_result else None
 
     # -- compiled plans (plan.py) --------------------------------------------------------------
@@ -887,7 +883,7 @@ class Communicator(VectorCollectives):
     def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False, key=None):
         self._check_open()
         given, given_out = x, out
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, collective)
         if rooted:
             root = check_rank(root, self.size, "root")
         op = get_op(op)
@@ -1043,7 +1039,7 @@ class Communicator(VectorCollectives):
                     "like the root's, or x=None with out= the buffer to fill."
                 )
             x = check_out(out, None, None, "out")
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, "broadcast")
         out = self._output(out, x.shape, x)
         call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
                      array_module(x), check_alias(x, out, "broadcast"), x.shape)
@@ -1071,7 +1067,7 @@ class Communicator(VectorCollectives):
     def _gather(self, x, root, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
         given, given_out = x, out
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, "gather")
         root = check_rank(root, self.size, "root")
         shape = (self.size,) + x.shape
         xp = array_module(x)
@@ -1112,7 +1108,7 @@ class Communicator(VectorCollectives):
         given, given_out = x, out
         root = check_rank(root, self.size, "root")
         if self.rank == root:
-            x = as_input(x, "x")
+            x = input_for(x, nonblocking, "scatter")
             if x.ndim == 0 or x.shape[0] != self.size:
                 raise InvalidBuffer(
                     f"scatter's x on the root must have shape ({self.size}, ...): one block per rank; "
@@ -1158,7 +1154,7 @@ class Communicator(VectorCollectives):
     def _allgather(self, x, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
         given, given_out = x, out
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, "allgather")
         shape = (self.size,) + x.shape
         out = self._output(out, shape, x)
         check_alias(x, out, "allgather")
@@ -1191,7 +1187,7 @@ class Communicator(VectorCollectives):
     def _alltoall(self, x, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
         given, given_out = x, out
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, "alltoall")
         if x.ndim == 0 or x.shape[0] != self.size:
             raise InvalidBuffer(
                 f"alltoall's x must have shape ({self.size}, ...): one block per destination rank; "
@@ -1233,7 +1229,7 @@ class Communicator(VectorCollectives):
     def _reduce_scatter(self, x, op, counts, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
         given, given_out = x, out
-        x = as_input(x, "x")
+        x = input_for(x, nonblocking, "reduce_scatter")
         if x.ndim == 0:
             raise InvalidBuffer("reduce_scatter's x must have at least one dimension (rows are split among ranks).")
         rows = x.shape[0]
@@ -1400,7 +1396,7 @@ def _checked_dup(transport):
 
         if isinstance(exc, CommError):
             raise
-        alive = sum(1 for r in _watchdog._recorders)
+        alive = _watchdog.alive()
         raise CommError(
             f"the {transport.name} library could not create another communicator ({type(exc).__name__}: {exc}). "
             f"{alive} commkit communicators are alive in this process, each holding two of the library's; "

@@ -109,14 +109,3 @@ class TagLayout:
     def tag(self, base: int, seq: int) -> int:
         """The tag of call number ``seq`` of the shape whose :meth:`base` is ``base``."""
         return ((seq & self.seq_mask) << self.seq_shift) | base
-
-    def describe(self, tag: int) -> dict:
-        """Split a tag back into its fields (for reports)."""
-        fields = {"seq_mod": tag >> self.seq_shift}
-        rest = tag & ((1 << self.seq_shift) - 1)
-        if self.exact:
-            kind = rest >> (DTYPE_BITS + self.hash_bits)
-            fields["kind"] = KINDS[kind - 1] if 0 < kind <= len(KINDS) else kind
-            fields["dtype_code"] = (rest >> self.hash_bits) & ((1 << DTYPE_BITS) - 1)
-        fields["hash"] = rest & ((1 << self.hash_bits) - 1)
-        return fields

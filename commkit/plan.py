@@ -26,10 +26,10 @@ the tag.
 
 from __future__ import annotations
 
-import time
 
 from .errors import InvalidArgument, InvalidBuffer
 from .requests import Request
+from .watchdog import STATE, STEP, STEP_OBJ, FlightRecorder
 from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
 from . import tracing as _trace
 
@@ -256,17 +256,17 @@ class Plan:
             else:
                 steps = self.steps
                 for index, op in enumerate(self.ops):
-                    rec[6] = index
-                    rec[7] = steps[index]
+                    rec[STEP] = index
+                    rec[STEP_OBJ] = steps[index]
                     op(tag)
         except InvalidBuffer as exc:
-            rec[8] = "failed"
-            raise _transfer_error((self.collective, self.algorithm, seq, comm.rank, None), rec[6], rec[7],
-                                  exc) from None
+            rec[STATE] = "failed"
+            raise _transfer_error((self.collective, self.algorithm, seq, comm.rank, None), rec[STEP],
+                                  rec[STEP_OBJ], exc) from None
         finally:
             recorder.active = None
             lock.release()
-        rec[8] = "done"
+        rec[STATE] = "done"
         if self.finish is not None:
             return self.finish()
         return self.result
@@ -358,8 +358,8 @@ class PersistentRequest(Request):
                     return True
                 kind, op, step, overlapped = ops[self._index]
                 if kind == TRANSFER:
-                    self._rec[6] = self._index
-                    self._rec[7] = step
+                    self._rec[STEP] = self._index
+                    self._rec[STEP_OBJ] = step
                     op.start()
                     self._pending = op
                     for local in overlapped:
@@ -368,9 +368,13 @@ class PersistentRequest(Request):
                     op(self._tag)
                     self._index += 1
         except InvalidBuffer as exc:
-            self._stop("failed")
-            raise _transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
-                                  self._index, self._rec[7], exc) from None
+            raise self._failed(exc) from None
+
+    def _failed(self, exc: InvalidBuffer) -> BaseException:
+        """Stop this run after a transport error; the error to raise, naming the call and step."""
+        self._stop("failed")
+        return _transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
+                               self._index, self._rec[STEP_OBJ], exc)
 
     def _advance_once(self) -> bool:
         if not self._active:
@@ -385,8 +389,7 @@ class PersistentRequest(Request):
     def _stop(self, state: str) -> None:
         self._active = False
         self._comm._progress.discard(self)
-        self._rec[5] = time.monotonic()
-        self._rec[8] = state
+        FlightRecorder.finish(self._rec, state)
 
     def test(self) -> bool:
         """Advance without blocking; True once the current run is complete (or none was started)."""
@@ -413,9 +416,7 @@ class PersistentRequest(Request):
                     try:
                         self._pending.wait(None)
                     except InvalidBuffer as exc:
-                        self._stop("failed")
-                        raise _transfer_error((self._collective, self._algorithm, self._seq, comm.rank, None),
-                                              self._index, self._rec[7], exc) from None
+                        raise self._failed(exc) from None
                     self._pending = None
                     self._index += 1
                 if self._advance():
@@ -434,7 +435,7 @@ class PersistentRequest(Request):
     def _timed_out(self, timeout):
         from .watchdog import recent_summary
 
-        step = self._rec[7]
+        step = self._rec[STEP_OBJ]
         peers = sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends}) if step is not None else []
         if self._pending is not None:
             self._pending.abandon()

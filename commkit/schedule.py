@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 from .errors import CommTimeout, InvalidBuffer, MessageTruncated
 from .requests import Request
+from .watchdog import STEP, STEP_OBJ, FlightRecorder, blank_record
 
 __all__ = [
     "Transfer",
@@ -281,7 +282,7 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
     if tracer is not None:
         return _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec)
     if rec is None:
-        rec = [None] * 9
+        rec = blank_record()
     transfer = chan.transfer
     # A transport may offer a direct blocking exchange (MPI_Sendrecv); without a timeout
     # there is nothing to poll, so Exchange steps call it with no lists to build.
@@ -291,8 +292,8 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
         for index, step in enumerate(steps):
             kind = step.kind
             if kind == TRANSFER:
-                rec[6] = index
-                rec[7] = step
+                rec[STEP] = index
+                rec[STEP_OBJ] = step
                 if step.overlap:
                     _overlapped(step, bufs, chan, tag, timeout, info, index)
                     continue
@@ -355,12 +356,12 @@ def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
 
 def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None:
     if rec is None:
-        rec = [None] * 9
+        rec = blank_record()
     for index, step in enumerate(steps):
         t0 = time.perf_counter()
         if step.kind == TRANSFER:
-            rec[6] = index
-            rec[7] = step
+            rec[STEP] = index
+            rec[STEP_OBJ] = step
             try:
                 if step.overlap:
                     _overlapped(step, bufs, chan, tag, timeout, info, index)
@@ -466,7 +467,7 @@ class ScheduleRequest(Request):
         self._finish = finish
         self._progress = progress
         self._recorder = recorder
-        self._rec = rec if rec is not None else [None] * 9
+        self._rec = rec if rec is not None else blank_record()
         self._on_timeout = on_timeout
         self._pending = None
         self._step = None
@@ -486,8 +487,7 @@ class ScheduleRequest(Request):
         try:
             return self._advance_steps()
         except InvalidBuffer as exc:
-            self._fail("failed")
-            raise _transfer_error(self._info, self._index, self._step, exc) from None
+            raise self._failed(exc) from None
 
     def _advance_steps(self) -> bool:
         tracer = self._info.tracer
@@ -505,8 +505,8 @@ class ScheduleRequest(Request):
                 return True
             self._step = step
             if step.kind == TRANSFER:
-                self._rec[6] = self._index
-                self._rec[7] = step
+                self._rec[STEP] = self._index
+                self._rec[STEP_OBJ] = step
                 self._t0 = time.perf_counter()
                 bufs = self._bufs
                 self._pending = self._chan.post(_views(bufs, step.sends), _views(bufs, step.recvs), self._tag)
@@ -529,17 +529,20 @@ class ScheduleRequest(Request):
         self._done = True
         if self._progress is not None:
             self._progress.discard(self)
-        self._rec[5] = time.monotonic()
-        self._rec[8] = "done"
+        FlightRecorder.finish(self._rec)
         if self._finish is not None:
             self._result = self._finish()
         self._bufs = None
 
+    def _failed(self, exc: InvalidBuffer) -> BaseException:
+        """Stop after a transport error; the error to raise, naming the call and step."""
+        self._fail("failed")
+        return _transfer_error(self._info, self._index, self._step, exc)
+
     def _fail(self, state: str) -> None:
         if self._progress is not None:
             self._progress.discard(self)
-        self._rec[5] = time.monotonic()
-        self._rec[8] = state
+        FlightRecorder.finish(self._rec, state)
 
     def test(self) -> bool:
         """Make progress without blocking; return True once the collective is complete."""
@@ -578,8 +581,7 @@ class ScheduleRequest(Request):
                 try:
                     pending = self._pending.wait(timeout)
                 except InvalidBuffer as exc:
-                    self._fail("failed")
-                    raise _transfer_error(self._info, self._index, self._step, exc) from None
+                    raise self._failed(exc) from None
                 if pending:
                     self._timed_out(pending, timeout)
         finally:

@@ -42,6 +42,12 @@ MARKER = "commkit-flight-record"
 
 # Fields of one call record (a list, for a cheap per-call path).
 SEQ, COLLECTIVE, ALGORITHM, SIGNATURE, T_START, T_END, STEP, STEP_OBJ, STATE = range(9)
+RECORD_LEN = 9
+
+
+def blank_record() -> list:
+    """A record nobody reads (for executor calls made outside a communicator)."""
+    return [None] * RECORD_LEN
 
 
 def watchdog_seconds() -> float:
@@ -199,6 +205,11 @@ def register(recorder: FlightRecorder) -> None:
                 if _thread is None:
                     _thread = threading.Thread(target=_watch, args=(seconds,), name="commkit-watchdog", daemon=True)
                     _thread.start()
+
+
+def alive() -> int:
+    """How many communicators (flight recorders) are alive in this process."""
+    return len(_recorders)
 
 
 def _watch(seconds: float) -> None:

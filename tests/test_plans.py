@@ -309,3 +309,15 @@ def test_broadcast_root_sends_from_its_input_and_copies_meanwhile():
 
     for out, same, x in ck.run_local(body, 5):
         assert out == list(np.arange(6.0)) and same and x == out
+
+
+def test_persistent_input_must_be_the_callers_own_memory():
+    def body(comm):
+        strided = np.arange(8.0)[::2]
+        with pytest.raises(ck.InvalidBuffer, match="allreduce_init's x must be a C-contiguous array"):
+            comm.allreduce_init(strided)
+        with pytest.raises(ck.InvalidBuffer, match="broadcast_init's x must be a C-contiguous array"):
+            comm.broadcast_init([1.0, 2.0])
+        comm.allreduce(strided)  # blocking calls still copy what they must
+
+    ck.run_local(body, 2)

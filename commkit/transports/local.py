@@ -105,6 +105,13 @@ class _Receive:
             raise self.error
         return True
 
+    def withdraw(self) -> None:
+        """Take this receive off its rank's posted list, if no message has matched it yet."""
+        with self.world.lock:
+            posted = self.world.posted[self.dst]
+            if self in posted:
+                posted.remove(self)
+
     def test(self) -> bool:
         if not self.done:
             self.world.check_failed()
@@ -137,11 +144,7 @@ class _Pending:
         """Withdraw the receives still posted, so a late message cannot land in their buffers."""
         for r in self.receives:
             if not r.done:
-                world = r.world
-                with world.lock:
-                    posted = world.posted[r.dst]
-                    if r in posted:
-                        posted.remove(r)
+                r.withdraw()
 
 
 class LocalWorld:
@@ -243,23 +246,21 @@ class LocalTransport:
     def send_object(self, obj, dest: int, tag: int) -> None:
         self._send(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dest, tag, True)
 
-    def recv_object(self, source: int, tag: int, timeout: float | None):
-        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout."""
+    def recv_object(self, source: int, tag: int, timeout: float | None, object_bit: int = 0):
+        """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout.
+
+        ``object_bit`` is not needed here: a message knows whether it is an object, and a
+        receive of the wrong kind fails with an error naming both.
+        """
         receive = self._receive(None, source, tag, True)
         if not receive.wait(timeout):
-            self._cancel(receive)
+            receive.withdraw()
             return None
         return receive.obj, receive.status
 
     def probe(self, source: int, tag: int):
         src = source if source == ANY_SOURCE else self.ranks[source]
         return self.world.probe(self._world_rank, self.ctx, src, tag)
-
-    def _cancel(self, receive: _Receive) -> None:
-        with self.world.lock:
-            posted = self.world.posted[self._world_rank]
-            if receive in posted:
-                posted.remove(receive)
 
     # -- schedule steps --------------------------------------------------------
 

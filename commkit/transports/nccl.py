@@ -852,8 +852,11 @@ class NcclTransport:
         """Send a picklable object over the bootstrap channel (MPI or the store), not through the GPU."""
         self._group.send_object(obj, dest, tag)
 
-    def recv_object(self, source: int, tag: int, timeout):
-        """Receive an object from the bootstrap channel: ``(obj, Status)``, or None on timeout."""
+    def recv_object(self, source: int, tag: int, timeout, object_bit: int = 0):
+        """Receive an object from the bootstrap channel: ``(obj, Status)``, or None on timeout.
+
+        ``object_bit`` is not needed here: arrays travel through the GPU, never on this channel.
+        """
         return self._group.recv_object(source, tag, timeout)
 
     def probe(self, source: int, tag: int):
