@@ -26,8 +26,10 @@ the tag.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 from .errors import InvalidArgument, InvalidBuffer
+from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, FlightRecorder
 from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
@@ -50,16 +52,17 @@ def _reduce_op(step, bufs):
     if step.op.is_ufunc:
         def run(tag, fn=fn, a=a, b=b, out=into):
             fn(a, b, out=out)
-    else:
-        def run(tag, fn=fn, a=a, b=b, out=into):
-            out[...] = fn(a, b)
-    return run
+        return inline(run, "{0}({1}, {2}, out={3})", (fn, a, b, into))
+
+    def run(tag, fn=fn, a=a, b=b, out=into):
+        out[...] = fn(a, b)
+    return inline(run, "{3}[...] = {0}({1}, {2})", (fn, a, b, into))
 
 
 def _copy_op(dst, src):
     def run(tag, dst=dst, src=src):
         dst[...] = src
-    return run
+    return inline(run, "{0}[...] = {1}", (dst, src))
 
 
 def _generic_transfer(chan, sends, recvs):
@@ -74,25 +77,6 @@ def _overlapped_transfer(chan, sends, recvs, local):
         for op in local:
             op(tag)
         pending.wait(None)
-    return run
-
-
-def _then(first, rest):
-    """One callable for a transfer and the local ops that follow it (a plan's unit of work)."""
-    if not rest:
-        return first
-    if len(rest) == 1:
-        second = rest[0]
-
-        def run(tag):
-            first(tag)
-            second(tag)
-        return run
-
-    def run(tag):
-        first(tag)
-        for op in rest:
-            op(tag)
     return run
 
 
@@ -136,35 +120,116 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
             ops.append((TRANSFER, op, step, local))
             continue
         if local and wire_bytes(sends, recvs) >= OVERLAP_MIN_BYTES:
-            op = _overlapped_transfer(chan, sends, recvs, local)
-        else:
-            bind = getattr(chan, "bind_transfer", None)
-            op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
-            op = _then(op, local)
-        ops.append((TRANSFER, op, step, ()))
+            ops.append((TRANSFER, _overlapped_transfer(chan, sends, recvs, local), step, ()))
+            continue
+        bind = getattr(chan, "bind_transfer", None)
+        ops.append((TRANSFER, bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs),
+                    step, ()))
+        # Too small to hide anything: the overlapped local steps run after the transfer.
+        ops.extend(_local_ops(step.overlap, bufs))
     return ops
 
 
 def fuse(ops) -> list:
     """Blocking ops grouped as units of work: each transfer with the local ops after it.
 
-    A 2-rank recursive-doubling allreduce (an exchange, then a reduce) becomes one
-    callable, which :class:`Plan` runs without a loop. Returns ``(op, step)`` pairs,
-    ``step`` being the unit's transfer (None for local ops before the first one).
+    Returns ``(step, [op, ...])`` pairs, ``step`` being the unit's transfer (None
+    for local ops before the first one): a plan's flight record names the unit
+    running, not every local op.
     """
     units = []
-    pending_first, pending_step, rest = None, None, []
     for kind, op, step, _ in ops:
-        if kind == TRANSFER:
-            if pending_first is not None or rest:
-                units.append((_then(pending_first, rest) if pending_first else _then(rest[0], rest[1:]),
-                              pending_step))
-            pending_first, pending_step, rest = op, step, []
+        if kind == TRANSFER or not units:
+            units.append((step if kind == TRANSFER else None, [op]))
         else:
-            rest.append(op)
-    if pending_first is not None or rest:
-        units.append((_then(pending_first, rest) if pending_first else _then(rest[0], rest[1:]), pending_step))
+            units[-1][1].append(op)
     return units
+
+
+_INLINE_UNITS = 256  # plans with more units run a loop instead of one straight-line function
+
+
+def _generate(plan, units, prologue) -> Callable[[], object]:
+    """The body of :meth:`Plan.run`, written for this plan and compiled once.
+
+    A call of a known shape then runs as one Python function: the concurrency
+    guard, the call number and tag, the flight-recorder entry, and each unit's
+    transport call and local ops written out in order with their arguments bound
+    as constants -- no loop, no Python call per op where the op says how to be
+    written inline (:func:`inline`). A 2-rank recursive-doubling allreduce is a
+    ``Sendrecv`` and an ``np.add`` between the bookkeeping.
+    """
+    ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
+          "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
+          "_InvalidBuffer": InvalidBuffer, "_transfer_error": _transfer_error, "_rank": plan.comm.rank,
+          "_finish": plan.finish, "_result": plan.result, "_prologue": prologue,
+          "_info": (plan.collective, plan.algorithm)}
+    consts: dict = {}
+
+    def const(value) -> str:
+        name = consts.get(id(value))
+        if name is None:
+            name = consts[id(value)] = f"_c{len(consts)}"
+            ns[name] = value
+        return name
+
+    body = []
+    if prologue is not None:
+        body.append("_prologue(tag)")
+    straight = len(units) <= _INLINE_UNITS
+    if straight:
+        many = len(units) > 1
+        for index, (step, ops) in enumerate(units):
+            if many:
+                body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}")
+            for op in ops:
+                spec = getattr(op, "inline", None)
+                if spec is None:
+                    body.append(f"{const(op)}(tag)")
+                    continue
+                template, values, errors = spec
+                line = template.format(*(const(v) for v in values))
+                if errors is None:
+                    body.append(line)
+                else:
+                    body += ["try:", f"    {line}", f"except {const(errors[0])} as exc:",
+                             f"    raise {const(errors[1])}(exc) from None"]
+    else:
+        ns["_units"] = tuple((step, tuple(ops)) for step, ops in units)
+        body += ["for index, (step, ops) in enumerate(_units):",
+                 f"    rec[{STEP}] = index; rec[{STEP_OBJ}] = step",
+                 "    for op in ops:", "        op(tag)"]
+    if not body:
+        body.append("pass")
+    done = "return _finish()" if plan.finish is not None else "return _result"
+    step0 = const(units[0][0] if units else None)
+    source = "\n".join([
+        "def run():",
+        "    if not _acquire(False):",
+        "        raise _comm._concurrent(_info[0])",
+        "    seq = _comm._seq",
+        "    _comm._seq = seq + 1",
+        f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}",
+        f"    rec = [seq, _info[0], _info[1], {const(plan.signature)}, 0.0, None, 0, {step0}, 'running']",
+        "    _append(rec)",
+        "    _comm._last = _last",
+        "    _recorder.active = rec",
+        "    try:",
+        *("        " + line for line in body),
+        "    except _InvalidBuffer as exc:",
+        f"        rec[{STATE}] = 'failed'",
+        f"        raise _transfer_error((_info[0], _info[1], seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
+        "exc) from None",
+        "    finally:",
+        "        _recorder.active = None",
+        "        _release()",
+        f"    rec[{STATE}] = 'done'",
+        f"    {done}",
+    ])
+    exec(compile(source, f"<commkit plan: {plan.collective} {plan.algorithm}>", "exec"), ns)
+    run = ns["run"]
+    run.source = source  # for the curious: print(plan.run.source)
+    return run
 
 
 class _Reposted:
@@ -196,23 +261,17 @@ class _Reposted:
 class Plan:
     """A blocking collective call compiled against fixed buffers (see the module docstring).
 
-    :meth:`run` is the whole per-call path of a call whose plan is known: every
-    attribute it needs is resolved here, once.
+    ``plan.run()`` is the whole per-call path of a call whose plan is known: a
+    function generated for this plan (:func:`_generate`; its text is
+    ``plan.run.source``), with every attribute it needs resolved once, here.
     """
 
-    __slots__ = ("comm", "ops", "op0", "step0", "tagbase", "seq_mask", "seq_shift", "collective", "algorithm",
-                 "choice", "signature", "dtype", "keep", "result", "finish", "prologue", "recorder", "append",
-                 "lock", "steps", "last")
+    __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
+                 "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None):
         self.comm = comm
-        units = fuse(ops)
-        self.ops = tuple(op for op, _ in units)
-        self.steps = tuple(step for _, step in units)
-        # A plan of one operation (a 2-rank exchange, a library call) runs it without a loop.
-        self.op0 = self.ops[0] if len(self.ops) == 1 else None
-        self.step0 = self.steps[0] if self.steps else None
         self.tagbase = tagbase
         self.seq_mask = comm._layout.seq_mask
         self.seq_shift = comm._layout.seq_shift
@@ -225,51 +284,16 @@ class Plan:
         self.keep = keep          # the caller's arrays: their identity is this plan's key
         self.result = result      # what the call returns
         self.finish = finish      # a callable for calls whose result needs work (exscan on rank 0)
-        self.prologue = prologue  # a local op run first (saving the input of an in-place call)
         self.recorder = comm._recorder
         self.append = comm._recorder.calls.append
         self.lock = comm._entry
+        self.hot = None           # the call's arguments, for the communicator's last-plan check
+        # prologue: a local op run first (saving the input of an in-place call that needs it)
+        self.run = _generate(self, fuse(ops), prologue)
+
     def ready(self, x) -> bool:
         """Whether this plan may run now: same element type, and nothing that needs the general path."""
         return (x is None or x.dtype is self.dtype) and self.comm._plain and not _trace_active
-
-    def run(self):
-        """Run the call once (blocking) and return its result."""
-        comm = self.comm
-        lock = self.lock
-        if not lock.acquire(False):
-            raise comm._concurrent(self.collective)
-        seq = comm._seq
-        comm._seq = seq + 1
-        tag = ((seq & self.seq_mask) << self.seq_shift) | self.tagbase
-        rec = [seq, self.collective, self.algorithm, self.signature, 0.0, None, 0, self.step0, "running"]
-        self.append(rec)
-        comm._last = self.last
-        recorder = self.recorder
-        try:
-            if self.prologue is not None:
-                self.prologue(tag)
-            recorder.active = rec
-            op0 = self.op0
-            if op0 is not None:
-                op0(tag)
-            else:
-                steps = self.steps
-                for index, op in enumerate(self.ops):
-                    rec[STEP] = index
-                    rec[STEP_OBJ] = steps[index]
-                    op(tag)
-        except InvalidBuffer as exc:
-            rec[STATE] = "failed"
-            raise _transfer_error((self.collective, self.algorithm, seq, comm.rank, None), rec[STEP],
-                                  rec[STEP_OBJ], exc) from None
-        finally:
-            recorder.active = None
-            lock.release()
-        rec[STATE] = "done"
-        if self.finish is not None:
-            return self.finish()
-        return self.result
 
 
 class PersistentRequest(Request):
@@ -321,7 +345,8 @@ class PersistentRequest(Request):
             raise InvalidArgument(f"this persistent {self._collective} is still running: wait() for it before "
                                   "starting it again.")
         comm = self._comm
-        comm._check_open()
+        if comm._closed:
+            comm._check_open()
         seq = comm._seq
         comm._seq = seq + 1
         self._seq = seq
@@ -331,10 +356,11 @@ class PersistentRequest(Request):
         self._pending = None
         if self._prologue is not None:
             self._prologue(self._tag)
+        if self._native is not None:
+            self._native.Start()  # the library progresses it; test() and wait() look at it
+            return self
         if self._driven:
             comm._progress.add(self)
-        if self._native is not None:
-            self._native.Start()
         self._advance()
         return self
 
@@ -388,7 +414,8 @@ class PersistentRequest(Request):
 
     def _stop(self, state: str) -> None:
         self._active = False
-        self._comm._progress.discard(self)
+        if self._driven:
+            self._comm._progress.discard(self)
         FlightRecorder.finish(self._rec, state)
 
     def test(self) -> bool:
@@ -407,6 +434,14 @@ class PersistentRequest(Request):
         timeout = self._timeout if timeout is None else timeout
         comm = self._comm
         comm._recorder.active = self._rec
+        if self._native is not None and timeout is None and not comm._progress.requests:
+            # Nothing to drive and no timeout: block in the library's own wait.
+            try:
+                self._native.Wait()
+            finally:
+                comm._recorder.active = None
+            self._complete()
+            return self._result
         try:
             while self._active:
                 if (self._pending is not None and timeout is None and self._native is None

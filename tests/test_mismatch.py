@@ -420,3 +420,108 @@ def test_sys_exit_of_one_rank_ends_the_job():
     assert result.returncode != 0
     assert time.monotonic() - start < 30
     assert "called sys.exit(2)" in result.stderr
+
+
+# -- issue 15: in check mode a local argument error reaches every rank ------------------------------
+
+
+def _one_rank_rejects(c, bad_rank):
+    """Each collective once with a bad output on ``bad_rank``; then a good call. Returns what each call raised."""
+    from commkit.errors import CommError
+
+    x = np.arange(4.0)
+    p = c.size
+
+    def out(n):
+        return np.empty(n - 1 if c.rank == bad_rank else n)
+
+    calls = {
+        "allreduce": lambda: c.allreduce(x, out=out(4)),
+        "broadcast": lambda: c.broadcast(x, root=0, out=out(4)),
+        "allgather": lambda: c.allgather(x, out=np.empty((p, 3 if c.rank == bad_rank else 4))),
+        "alltoall": lambda: c.alltoall(np.arange(2.0 * p).reshape(p, 2),
+                                       out=np.empty((p, 1 if c.rank == bad_rank else 2))),
+        "allgatherv": lambda: c.allgatherv(x, counts=[4] * p, out=out(4 * p)),
+        "ireduce": lambda: c.ireduce(x, op="sum", root=0, out=out(4)).wait(),
+    }
+    seen = {}
+    for name, call in calls.items():
+        try:
+            call()
+            seen[name] = "completed"
+        except CommError as exc:
+            seen[name] = (type(exc).__name__, str(exc))
+    seen["after"] = c.allreduce(x).tolist()  # the call numbers still agree: later calls match
+    return seen
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_check_mode_turns_one_ranks_argument_error_into_an_error_on_every_rank(size):
+    bad = size - 1
+    results = ck.run_local(_one_rank_rejects, size, bad, check=True, timeout=30)
+    for rank, seen in enumerate(results):
+        assert seen.pop("after") == (np.arange(4.0) * size).tolist()
+        for name, outcome in seen.items():
+            assert outcome != "completed", (rank, name)
+            kind, message = outcome
+            if rank == bad:
+                assert kind == "InvalidBuffer", (name, message)  # its own error, unchanged
+            else:
+                assert kind == "PeerFailed", (rank, name, message)
+                assert f"rank(s) [{bad}] rejected their arguments" in message, message
+                assert "InvalidBuffer" in message and "shape" in message, message
+
+
+def test_without_check_mode_nothing_is_announced():
+    # The failing rank raises alone and uses no call number: a caught error costs the others nothing
+    # when they, too, skip the call (here: everyone checks its own arguments and all fail alike).
+    def body(c):
+        from commkit.errors import InvalidBuffer
+
+        with pytest.raises(InvalidBuffer):
+            c.allreduce(np.arange(4.0), out=np.empty(3))
+        return c.allreduce(np.arange(4.0)).tolist()
+
+    assert ck.run_local(body, 3, check=False, timeout=30) == [[0.0, 3.0, 6.0, 9.0]] * 3
+
+
+_FACE_ANNOUNCES = """
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+from commkit.errors import CommError
+
+comm = wrap(MPI.COMM_WORLD, check=True, timeout=30)
+r, p = comm.Get_rank(), comm.Get_size()
+bad = p - 1
+x, out = np.arange(4.0), np.empty(4)
+calls = [
+    ("Allreduce", lambda: comm.Allreduce([x, 9 if r == bad else 4, MPI.DOUBLE], out, op=MPI.SUM)),
+    ("Bcast", lambda: comm.Bcast([out, 9 if r == bad else 4, MPI.DOUBLE], root=0)),
+    ("Allgatherv", lambda: comm.Allgatherv(x, [np.empty(3 if r == bad else 4 * p), [4] * p, None, MPI.DOUBLE])),
+]
+for name, call in calls:
+    try:
+        call()
+        print(f"rank {r}: {name} COMPLETED", flush=True)
+    except CommError as exc:
+        print(f"rank {r}: {name} {type(exc).__name__}: {exc}", flush=True)
+comm.Allreduce(x, out, op=MPI.SUM)
+print(f"rank {r}: after {out.tolist()}", flush=True)
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_face_argument_error_on_one_rank_raises_on_every_rank_in_check_mode(nprocs):
+    result = run_mpi(nprocs, _FACE_ANNOUNCES, timeout=90)
+    out = result.stdout
+    bad = nprocs - 1
+    for name in ("Allreduce", "Bcast", "Allgatherv"):
+        assert f"rank {bad}: {name} InvalidBuffer" in out, out
+        for rank in range(bad):
+            assert re.search(rf"rank {rank}: {name} PeerFailed: {name} call #\d+ was abandoned on every rank: "
+                             rf"rank\(s\) \[{bad}\]", out), out
+    assert "COMPLETED" not in out, out
+    assert out.count(f"after {(np.arange(4.0) * nprocs).tolist()}") == nprocs, out

@@ -137,6 +137,7 @@ requests they call mpi4py's).
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import time
 from functools import partial
@@ -248,6 +249,29 @@ class _PassThrough(Exception):
 
 class _Opaque(Exception):
     """The face cannot view this buffer spec as one typed run of memory; the message says why."""
+
+
+def _announced(what: str | None):
+    """In check mode, a face call whose arguments fail on one rank fails on every rank.
+
+    The face checks arguments where mpi4py does, on each rank's own buffers, so
+    a bad one raises on that rank only. With the communicator in check mode
+    (``COMMKIT_DEBUG=check`` or ``wrap(comm, check=True)``) the error is
+    announced first (:meth:`commkit.Communicator.announce_errors`): the other
+    ranks' call raises :class:`commkit.errors.PeerFailed` naming the rank and its
+    error, and nobody waits. Persistent ``*_init`` calls are local and are not
+    announced. ``what`` None: the call's second argument names it (``_reduction``).
+    """
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(self, *args):
+            comm = self.comm
+            if not comm.check or isinstance(args[-1], _Init):
+                return fn(self, *args)
+            with comm.announce_errors(what or args[1]):
+                return fn(self, *args)
+        return run
+    return wrap
 
 
 class Comm:
@@ -408,6 +432,7 @@ class Comm:
         """
         return self._bcast(buf, root, _Init(info))
 
+    @_announced('Bcast')
     def _bcast(self, buf, root, mode):
         root = self._root(root)
         is_root = self._rank == root
@@ -448,6 +473,7 @@ class Comm:
         """Persistent :meth:`Reduce` (MPI-4 ``MPI_Reduce_init``; as :meth:`Allreduce_init`)."""
         return self._reduce(sendbuf, recvbuf, op, root, _Init(info))
 
+    @_announced('Reduce')
     def _reduce(self, sendbuf, recvbuf, op, root, mode):
         try:
             kop = _op(op)
@@ -558,6 +584,7 @@ class Comm:
             return sendbuf, fast[0]
         return None
 
+    @_announced(None)
     def _reduction(self, collective, what, sendbuf, recvbuf, op, mode):
         try:
             kop = _op(op)
@@ -593,6 +620,7 @@ class Comm:
         """Persistent :meth:`Gather` (MPI-4 ``MPI_Gather_init``; ``info`` ignored)."""
         return self._gather(sendbuf, recvbuf, root, _Init(info))
 
+    @_announced('Gather')
     def _gather(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
         prep = _prep(mode)
@@ -629,6 +657,7 @@ class Comm:
         """Persistent :meth:`Scatter` (MPI-4 ``MPI_Scatter_init``; ``info`` ignored)."""
         return self._scatter(sendbuf, recvbuf, root, _Init(info))
 
+    @_announced('Scatter')
     def _scatter(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
         prep = _prep(mode)
@@ -667,6 +696,7 @@ class Comm:
         """Persistent :meth:`Allgather` (MPI-4 ``MPI_Allgather_init``; ``info`` ignored)."""
         return self._allgather(sendbuf, recvbuf, _Init(info))
 
+    @_announced('Allgather')
     def _allgather(self, sendbuf, recvbuf, mode):
         size = self._size
         prep = _prep(mode)
@@ -707,6 +737,7 @@ class Comm:
         """Persistent :meth:`Alltoall` (MPI-4 ``MPI_Alltoall_init``; ``info`` ignored)."""
         return self._alltoall(sendbuf, recvbuf, _Init(info))
 
+    @_announced('Alltoall')
     def _alltoall(self, sendbuf, recvbuf, mode):
         size = self._size
         prep = _prep(mode)
@@ -738,6 +769,7 @@ class Comm:
         """Persistent :meth:`Reduce_scatter_block` (as :meth:`Allreduce_init`)."""
         return self._reduce_scatter_block(sendbuf, recvbuf, op, _Init(info))
 
+    @_announced('Reduce_scatter_block')
     def _reduce_scatter_block(self, sendbuf, recvbuf, op, mode):
         size = self._size
         prep = _prep(mode)
@@ -777,6 +809,7 @@ class Comm:
         """Persistent :meth:`Reduce_scatter` (as :meth:`Allreduce_init`; ``recvcounts=None`` gathers them here)."""
         return self._reduce_scatter(sendbuf, recvbuf, recvcounts, op, _Init(info))
 
+    @_announced('Reduce_scatter')
     def _reduce_scatter(self, sendbuf, recvbuf, recvcounts, op, mode):
         rank, size = self._rank, self._size
         prep = _prep(mode)
@@ -852,6 +885,7 @@ class Comm:
         """Persistent :meth:`Allgatherv` (MPI-4 ``MPI_Allgatherv_init``; ``info`` ignored)."""
         return self._allgatherv(sendbuf, recvbuf, _Init(info))
 
+    @_announced('Allgatherv')
     def _allgatherv(self, sendbuf, recvbuf, mode):
         rank = self._rank
         prep = _prep(mode)
@@ -912,6 +946,7 @@ class Comm:
         """
         return self._gatherv(sendbuf, recvbuf, root, _Init(info))
 
+    @_announced('Gatherv')
     def _gatherv(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
         prep = _prep(mode)
@@ -970,6 +1005,7 @@ class Comm:
         """Persistent :meth:`Scatterv` (the block sizes are exchanged here, once, as for :meth:`Gatherv_init`)."""
         return self._scatterv(sendbuf, recvbuf, root, _Init(info))
 
+    @_announced('Scatterv')
     def _scatterv(self, sendbuf, recvbuf, root, mode):
         root, rank, size = self._root(root), self._rank, self._size
         prep = _prep(mode)
@@ -1028,6 +1064,7 @@ class Comm:
         """Persistent :meth:`Alltoallv` (the block sizes are exchanged here, once, as for :meth:`Gatherv_init`)."""
         return self._alltoallv(sendbuf, recvbuf, _Init(info))
 
+    @_announced('Alltoallv')
     def _alltoallv(self, sendbuf, recvbuf, mode):
         size = self._size
         prep = _prep(mode)

@@ -34,3 +34,17 @@ class Status(NamedTuple):
     source: int
     tag: int
     nbytes: int
+
+
+def inline(run, template: str, values: tuple, errors=None):
+    """Mark the bound op ``run`` as writable into a plan's generated code; returns ``run``.
+
+    ``template`` is one Python statement with ``{0}``, ``{1}`` ... for ``values``
+    and ``tag`` for the call's tag, doing exactly what ``run(tag)`` does; with
+    ``errors = (exception_type, translate)`` an exception of that type is raised
+    as ``translate(exc)``, as ``run`` itself would. A plan writes such ops one
+    after the other into a single function (:mod:`commkit.plan`), so a call
+    costs no Python call per step; ops without the mark are called as ``op(tag)``.
+    """
+    run.inline = (template, tuple(values), errors)
+    return run

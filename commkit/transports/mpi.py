@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import MessageTruncated, TransportUnavailable
 from . import _cuda
-from .base import ANY_SOURCE, ANY_TAG, Status
+from .base import ANY_SOURCE, ANY_TAG, Status, inline
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
     from mpi4py import MPI
@@ -249,14 +249,15 @@ class MPITransport:
                     sendrecv(sspec, dest, tag, rspec, source, tag)
                 except MPI.Exception as exc:
                     raise _truncated(exc, recvs) from None
-            return run
+            return inline(run, "{0}({1}, {2}, tag, {3}, {4}, tag)", (sendrecv, sspec, dest, rspec, source),
+                          (MPI.Exception, lambda exc: _truncated(exc, recvs)))
         if len(sends) == 1 and not recvs:
             (dest, sbuf), = sends
             sspec, send = [sbuf, BYTE], comm.Send
 
             def run(tag):
                 send(sspec, dest, tag)
-            return run
+            return inline(run, "{0}({1}, {2}, tag)", (send, sspec, dest))
         if len(recvs) == 1 and not sends:
             (source, rbuf), = recvs
             rspec, recv = [rbuf, BYTE], comm.Recv
@@ -266,7 +267,8 @@ class MPITransport:
                     recv(rspec, source, tag)
                 except MPI.Exception as exc:
                     raise _truncated(exc, recvs) from None
-            return run
+            return inline(run, "{0}({1}, {2}, tag)", (recv, rspec, source),
+                          (MPI.Exception, lambda exc: _truncated(exc, recvs)))
 
         def run(tag):
             self.transfer(sends, recvs, tag, None)
@@ -477,7 +479,7 @@ class MPITransport:
 
         def run(tag):
             fn(*args)
-        return run
+        return inline(run, "{0}(" + ", ".join(f"{{{i + 1}}}" for i in range(len(args))) + ")", (fn, *args))
 
     def native_init(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                     inplace: bool = False):
