@@ -9,9 +9,20 @@ real run (a :class:`~commkit.tracing.Tracer`) and the model (a result of
 * :func:`diagram` -- the communication diagram of the textbooks: ranks as
   rows, communication rounds as columns, an arrow per message (line width
   grows with its bytes) and a ``⊕`` where a rank reduces;
-* :func:`schedule_diagram` -- the same from the simulator, with no run at all;
+* :func:`ring_diagram` -- the same rounds on circles, so a ring is a ring;
+* :func:`schedule_diagram` -- either from the simulator, with no run at all;
+* :func:`buffer_states` -- whose data each element of every rank's output
+  holds after each round, from a real run on threads;
 * :func:`predicted_vs_measured` -- ``commkit bench`` results against the
   alpha-beta-gamma model, one colour per algorithm, crossovers marked.
+
+Why colour by block: the textbook picture of ring allreduce follows one block
+of the vector (its partial sum travels round the ring, gaining a contribution
+at each rank), which colour by sender cannot show. Events carry the buffer
+range of every message and reduction (:data:`commkit.tracing.RANGE_KEYS`), and
+:class:`Blocks` maps a range to the block of ``partition(count, p)`` it lies
+in, so the diagrams colour by block where the data is split into blocks and
+fall back to colour by sender where every message carries the whole vector.
 
 Why rounds, not step indices, as the diagram's columns: ranks take different
 numbers of steps (a tree's leaves only receive, a Reduce sits between two
@@ -35,10 +46,12 @@ from collections import defaultdict, deque
 from itertools import pairwise
 
 from .errors import InvalidArgument
+from .schedule import partition
 from .tracing import MESSAGE_KINDS, events_of, messages
 
-__all__ = ["KIND_COLORS", "buffer_states", "diagram", "measured_crossovers", "predicted_crossovers",
-           "predicted_vs_measured", "rounds", "schedule_diagram", "timeline"]
+__all__ = ["BLOCK_COLLECTIVES", "KIND_COLORS", "SEVERAL", "Blocks", "buffer_states", "diagram", "measured_crossovers",
+           "predicted_crossovers", "predicted_vs_measured", "ring_diagram", "rounds", "schedule_diagram",
+           "timeline"]
 
 KIND_COLORS = {
     "exchange": "#4C72B0", "send": "#4C72B0", "recv": "#4C72B0", "transfer": "#4C72B0",
@@ -86,12 +99,17 @@ def _time_unit(span: float):
 
 
 def _colors(n: int):
+    """``n`` distinct colours, never grey: grey means "several blocks" (and native calls, copies)."""
     from matplotlib import colormaps
 
-    cmap = colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "turbo"]
-    if n > 20:
-        return [cmap(i / max(n - 1, 1)) for i in range(n)]
-    return [cmap(i) for i in range(n)]
+    if n <= 9:
+        cmap = colormaps["tab10"]
+        return [cmap(i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)[:n]]
+    if n <= 18:
+        cmap = colormaps["tab20"]
+        return [cmap(i) for i in range(20) if i not in (14, 15)][:n]
+    cmap = colormaps["turbo"]
+    return [cmap(i / max(n - 1, 1)) for i in range(n)]
 
 
 def _call_names(events) -> str:
@@ -110,10 +128,145 @@ def _nonempty(source):
     return events
 
 
+# -- which logical block a range belongs to ---------------------------------------------------------
+
+BLOCK_COLLECTIVES = frozenset({"allreduce", "reduce", "broadcast", "scan", "exscan", "allgather", "gather",
+                               "scatter", "reduce_scatter", "alltoall"})
+"""Collectives whose data the diagrams can colour by logical block (the vector split into p blocks)."""
+
+SEVERAL = -1
+"""The block of a range that spans more than one logical block (a whole vector, half of it ...)."""
+
+_SEVERAL_COLOR = "#9A9A9A"
+_OWN_BLOCK = {("allgather", "in"), ("gather", "in"), ("scatter", "out"), ("reduce_scatter", "out")}
+
+
+class Blocks:
+    """The logical blocks of every call in a trace: which block a buffer range of a rank holds.
+
+    A collective's data is a vector split into p blocks by
+    :func:`commkit.schedule.partition` (blocks differ by at most one element and may be
+    empty). Block b of an allreduce is elements ``partition(count, p)[b]`` of ``in`` and
+    ``out``; of an allgather or gather, rank b's contribution (``in`` on rank b, the b-th
+    block of ``out``); of a scatter, the piece for rank b; of a reduce_scatter, the piece
+    that ends at rank b; of an alltoall, the b-th block of ``in`` (for rank b) and of
+    ``out`` (from rank b). ``tmp`` holds no fixed block, so a message is identified by the
+    sender's range and, failing that, by the receiver's.
+
+    The vector's length is not in the events; it is the furthest element any range of the
+    call touches, or ``count`` (the schedule's count, as :func:`commkit.sim.schedule_args`
+    gives it) when given.
+    """
+
+    def __init__(self, events, count=None):
+        self._calls: dict = {}
+        reach: dict = defaultdict(lambda: defaultdict(int))
+        ranks: dict = defaultdict(int)
+        for e in events:
+            key = (e["collective"], e["seq"])
+            ranks[key] = max(ranks[key], e["rank"] + 1)
+            for r in _ranges(e):
+                reach[key][r[0]] = max(reach[key][r[0]], r[2])
+        for key, p in ranks.items():
+            collective = key[0]
+            if collective not in BLOCK_COLLECTIVES:
+                continue
+            far = reach[key]
+            if count is not None:
+                total = sum(count) if isinstance(count, (tuple, list)) else int(count)
+                if collective in ("allgather", "gather", "scatter", "alltoall"):
+                    total *= p  # their count is one rank's block
+            elif collective in ("allgather", "gather"):
+                total = max(far["in"] * p, far["out"])
+            elif collective == "scatter":
+                total = max(far["out"] * p, far["in"])
+            else:
+                total = max(far["in"], far["out"])
+            self._calls[key] = (p, partition(total, p))
+
+    def of(self, collective: str, seq: int, rank: int, rng) -> int | None:
+        """The block ``rng`` (``(buffer, lo, hi)``) of ``rank`` holds: its index, :data:`SEVERAL`, or None.
+
+        None means the range is empty or not tied to a block (``tmp``, a collective
+        without blocks, events without ranges).
+        """
+        layout = self._calls.get((collective, seq))
+        if layout is None or rng is None:
+            return None
+        name, lo, hi = rng
+        if hi <= lo or name not in ("in", "out"):
+            return None
+        p, blocks = layout
+        if (collective, name) in _OWN_BLOCK:
+            return rank if 0 <= rank < p else None
+        found = [b for b, (blo, bhi) in enumerate(blocks) if bhi > blo and lo < bhi and blo < hi]
+        if not found:
+            return None
+        return found[0] if len(found) == 1 else SEVERAL
+
+    def of_message(self, m) -> int | None:
+        """The block a :class:`~commkit.tracing.Message` carries (the sender's range first)."""
+        b = self.of(m.collective, m.seq, m.src, m.send_range)
+        return b if b is not None else self.of(m.collective, m.seq, m.dst, m.recv_range)
+
+    def of_local(self, e) -> int | None:
+        """The block a reduce or copy event writes (or, writing ``tmp``, reads)."""
+        rng = e.get("range")
+        b = self.of(e["collective"], e["seq"], e["rank"], None if rng is None else tuple(rng))
+        if b is None and e.get("src_range") is not None:
+            b = self.of(e["collective"], e["seq"], e["rank"], tuple(e["src_range"]))
+        return b
+
+
+def _ranges(e):
+    for rng in (*e.get("send_ranges", ()), *e.get("recv_ranges", ()), e.get("range"), e.get("src_range")):
+        if rng is not None:
+            yield rng
+
+
+def _color_mode(color, events, msgs, blocks) -> str:
+    """``"block"`` or ``"sender"``: the mode asked for, or the automatic choice for ``color=None``."""
+    if color not in (None, "block", "sender"):
+        raise InvalidArgument(f"color must be 'block', 'sender' or None (automatic), got {color!r}.")
+    if color == "sender":
+        return color
+    have_ranges = all("send_ranges" in e for e in events)
+    if color == "block":
+        if not have_ranges:
+            raise InvalidArgument(
+                "color='block' needs the buffer ranges of each step (send_ranges, recv_ranges), which these "
+                "events lack (saved before commkit recorded them?); use color='sender'.")
+        return color
+    single = any(blocks.of_message(m) not in (None, SEVERAL) for m in msgs)
+    # An alltoall has p blocks per rank, one per (sender, receiver) pair: block colours there would
+    # only repeat the receiver, so it is drawn by sender unless asked.
+    whole = all(e["collective"] in BLOCK_COLLECTIVES and e["collective"] != "alltoall" for e in events)
+    return "block" if have_ranges and whole and single else "sender"
+
+
+def _block_palette(blocks_seen, p):
+    colors = _colors(max(p, 1))
+    return {b: (_SEVERAL_COLOR if b == SEVERAL else colors[b % len(colors)]) for b in blocks_seen}
+
+
+def _block_legend(ax, palette, extra=(), **kwargs):
+    """Legend entries for the blocks drawn (at most 16 named), plus ``extra`` handles."""
+    from matplotlib.patches import Patch
+
+    named = sorted(b for b in palette if b != SEVERAL)
+    handles = [Patch(color=palette[b], label=f"block {b}") for b in named[:16]]
+    if len(named) > 16:
+        handles.append(Patch(color="white", label=f"... {len(named) - 16} more"))
+    if SEVERAL in palette:
+        handles.append(Patch(color=_SEVERAL_COLOR, label="several blocks"))
+    ax.legend(handles=handles + list(extra), fontsize=8, frameon=False, **kwargs)
+
+
 # -- timeline -------------------------------------------------------------------------------------
 
 
-def timeline(source, *, ax=None, show_messages: bool | None = None, title: str | None = None, width: float = 10.0):
+def timeline(source, *, ax=None, show_messages: bool | None = None, title: str | None = None, width: float = 10.0,
+             color: str | None = None, count=None):
     """Draw each rank's steps against time: one row per rank, one bar per step.
 
     Args:
@@ -123,15 +276,22 @@ def timeline(source, *, ax=None, show_messages: bool | None = None, title: str |
             (default: when there are at most 400 messages).
         title: the title (default: the calls drawn and the number of ranks).
         width: figure width in inches (the height follows the number of ranks).
+        color: colour the message lines by the block they carry (``"block"``, as in
+            :func:`diagram`) or by sender (``"sender"``); default: all dark grey.
+        count: the schedule's count, for the block boundaries (default: inferred).
 
     Returns:
         the matplotlib Figure.
 
     Raises:
-        InvalidArgument: no events. ImportError: matplotlib is missing.
+        InvalidArgument: no events, an unknown ``color``, or ``color="block"`` for events
+            without ranges. ImportError: matplotlib is missing.
     """
     _require()
     events = _nonempty(source)
+    if color is not None:
+        blocks = Blocks(events, _count_of(source, count))
+        mode = _color_mode(color, events, [], blocks)
     ranks = sorted({e["rank"] for e in events})
     row = {r: i for i, r in enumerate(ranks)}
     origin = min(e["start"] for e in events)
@@ -171,9 +331,20 @@ def timeline(source, *, ax=None, show_messages: bool | None = None, title: str |
     if show_messages is None:
         show_messages = len(msgs) <= 400
     if show_messages and msgs:
-        for m in msgs:
+        tint = ["#222222"] * len(msgs)
+        if color is not None and mode == "block":
+            which = [blocks.of_message(m) for m in msgs]
+            palette = _block_palette({b for b in which if b is not None}, len(ranks))
+            tint = [palette.get(b, "#222222") for b in which]
+            for b in sorted(palette):
+                ax.plot([], [], color=palette[b], lw=1.2, label="several blocks" if b == SEVERAL else f"block {b}")
+        elif color is not None:
+            senders = _colors(len(ranks))
+            tint = [senders[row[m.src]] for m in msgs]
+        for m, line in zip(msgs, tint):
             ax.annotate("", xy=(x(m.recv["end"]), row[m.dst]), xytext=(x(m.send["start"]), row[m.src]),
-                        arrowprops={"arrowstyle": "-|>", "color": "#222222", "lw": 0.6, "alpha": 0.45,
+                        arrowprops={"arrowstyle": "-|>", "color": line, "lw": 0.6 if color is None else 1.0,
+                                    "alpha": 0.45 if color is None else 0.8,
                                     "shrinkA": 0, "shrinkB": 0, "mutation_scale": 6}, zorder=3)
         ax.plot([], [], color="#222222", lw=0.6, alpha=0.6, label="message:\nsend start to\nreceive end")
 
@@ -256,12 +427,17 @@ def rounds(source) -> dict:
     return col
 
 
-def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bool = True, title: str | None = None):
+def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bool = True, title: str | None = None,
+            color: str | None = None, count=None, layout: str = "rows"):
     """Draw the communication diagram: ranks as rows, rounds as columns, an arrow per message.
 
     An arrow leaves its sender in the round of the send step and arrives at the
     end of the round of the matching receive; its width grows with the bytes it
     carries. A ``⊕`` marks where a rank reduces what it received.
+
+    Colour says either which logical block a message carries (``color="block"``:
+    block b of the vector split into p blocks, see :class:`Blocks`, with a legend;
+    grey where a message carries several blocks) or who sent it (``"sender"``).
 
     Args:
         source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events
@@ -270,28 +446,53 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
         show_bytes: label each arrow with its size (default: when there are at most 40 messages).
         show_reduces: mark reduce steps.
         title: the title (default: the calls drawn and the number of ranks).
+        color: ``"block"``, ``"sender"``, or None: by block when the events carry buffer ranges,
+            the collective's data is split into blocks and some message carries a single one
+            (ring, Rabenseifner ...), else by sender (recursive doubling, trees: every message
+            carries the whole vector; Bruck, which sends from scratch; alltoall, whose block
+            colour would only repeat the receiver).
+        count: the schedule's count, for the block boundaries (default: inferred from the ranges).
+        layout: ``"rows"`` (this picture) or ``"circle"`` (:func:`ring_diagram`; ``ax`` not allowed).
 
     Returns:
         the matplotlib Figure.
 
     Raises:
-        InvalidArgument: no events. ImportError: matplotlib is missing.
+        InvalidArgument: no events, an unknown ``color`` or ``layout``, or ``color="block"``
+            for events without ranges. ImportError: matplotlib is missing.
     """
+    if layout == "circle":
+        if ax is not None:
+            raise InvalidArgument("layout='circle' draws one small circle per round and takes no ax=.")
+        return ring_diagram(source, show_reduces=show_reduces, title=title, color=color, count=count)
+    if layout != "rows":
+        raise InvalidArgument(f"layout must be 'rows' or 'circle', got {layout!r}.")
     _require()
+    from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
 
     events = _nonempty(source)
     col = rounds(events)
     ranks = sorted({e["rank"] for e in events})
     row = {r: i for i, r in enumerate(ranks)}
-    # With fewer elements than ranks some blocks are empty: their 0-byte messages and reduces are
-    # no work, so they are not drawn (a barrier's messages carry nothing and are all drawn).
-    msgs = [m for m in messages(events) if m.nbytes or m.collective == "barrier"]
+    msgs = _drawn_messages(events)
+    blocks = Blocks(events, _count_of(source, count))
+    by_block = _color_mode(color, events, msgs, blocks) == "block"
     # Local steps sit on the boundary after their rank's last transfer, so they add no column.
     ncols = max([col[(e["rank"], e["seq"], e["step"])] + 1 for e in events
                  if e["kind"] in MESSAGE_KINDS or e["kind"] == "native"], default=1)
-    fig, ax = _figure(ax, (min(max(4.5, 1.6 + 1.0 * ncols), 18), 1.2 + 0.55 * len(ranks)))
+    fig, ax = _figure(ax, (min(max(4.5, 1.6 + 1.0 * ncols), 18) + (1.3 if by_block else 0),
+                           1.2 + 0.55 * len(ranks)))
     colors = _colors(len(ranks))
+    if by_block:
+        which = [blocks.of_message(m) for m in msgs]
+        reduce_blocks = {id(e): blocks.of_local(e) for e in events if e["kind"] == "reduce"}
+        palette = _block_palette({b for b in which if b is not None}
+                                 | {b for b in reduce_blocks.values() if b is not None}, max(ranks) + 1)
+        palette[None] = "#555555"
+        tint = [palette[b] for b in which]
+    else:
+        tint = [colors[row[m.src]] for m in msgs]
 
     for r in ranks:
         ax.plot([0, ncols], [row[r], row[r]], color="#D0D0D0", lw=1, zorder=1)
@@ -302,22 +503,23 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
     if show_bytes is None:
         show_bytes = 0 < len(msgs) <= 40 and biggest > 0
     departures = defaultdict(list)
-    for m in msgs:
+    for m, color_of in zip(msgs, tint):
         x0 = col[(m.src, m.seq, m.send["step"])] + 0.12
         x1 = col[(m.dst, m.seq, m.recv["step"])] + 0.88
         y0, y1 = row[m.src], row[m.dst]
         width = 0.9 + 2.4 * (m.nbytes / biggest if biggest else 0)
-        color = colors[row[m.src]]
         ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=9 + 2 * width,
-                                     lw=width, color=color, shrinkA=0, shrinkB=0, zorder=3, alpha=0.9))
-        ax.plot([x0], [y0], "o", color=color, markersize=3.5, zorder=4)
-        departures[(x0, y0)].append(m.nbytes)
+                                     lw=width, color=color_of, shrinkA=0, shrinkB=0, zorder=3, alpha=0.9))
+        ax.plot([x0], [y0], "o", color=color_of, markersize=3.5, zorder=4)
+        departures[(x0, y0)].append((m.nbytes, color_of))
     if show_bytes:
         # One label per departure point, just above it: arrows overlap further along, tails never do.
-        for (x0, y0), sizes in departures.items():
-            lo, hi = min(sizes), max(sizes)
+        for (x0, y0), sent in departures.items():
+            lo, hi = min(n for n, _ in sent), max(n for n, _ in sent)
             text = _fmt_bytes(lo) if lo == hi else f"{_fmt_bytes(lo)}–{_fmt_bytes(hi)}"
-            ax.text(x0 - 0.04, y0 - 0.13, text, fontsize=7, ha="left", va="bottom", color=colors[y0], zorder=5,
+            tints = {c for _, c in sent}
+            ax.text(x0 - 0.04, y0 - 0.13, text, fontsize=7, ha="left", va="bottom",
+                    color=tints.pop() if len(tints) == 1 else "#333333", zorder=5,
                     bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     for e in events:
         k = (e["rank"], e["seq"], e["step"])
@@ -326,13 +528,21 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
             ax.text(col[k] + 0.5, row[e["rank"]], "native", ha="center", va="center", fontsize=7, color="white",
                     zorder=4)
     if show_reduces:
-        marks = {(col[(e["rank"], e["seq"], e["step"])], row[e["rank"]]) for e in events
-                 if e["kind"] == "reduce" and e.get("bytes", 1)}
-        for c, y in marks:
-            ax.text(c, y, "⊕", ha="center", va="center", fontsize=13, color="#C0504D", zorder=6,
+        marks = {(col[(e["rank"], e["seq"], e["step"])], row[e["rank"]]):
+                 palette[reduce_blocks[id(e)]] if by_block else "#C0504D"
+                 for e in events if e["kind"] == "reduce" and e.get("bytes", 1)}
+        for (c, y), mark_color in marks.items():
+            ax.text(c, y, "⊕", ha="center", va="center", fontsize=13, color=mark_color, zorder=6,
                     bbox={"boxstyle": "circle,pad=0.0", "fc": "white", "ec": "none"})
         if marks:
             ax.plot([], [], "none", label="⊕ reduce")
+    if by_block:
+        extra = [Line2D([], [], ls="none", marker=r"$\oplus$", color="#555555", markersize=9, label="reduce (colour: "
+                        "its block)")] if show_reduces and marks else []
+        if None in set(which):
+            extra.append(Line2D([], [], color="#555555", lw=2, label="no fixed block"))
+        del palette[None]
+        _block_legend(ax, palette, extra, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
     found = sorted({(e["seq"], e["collective"], e["algorithm"]) for e in events})
     if len(found) > 1:
@@ -360,6 +570,20 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
     return fig
 
 
+def _count_of(source, count):
+    """``count``, or the schedule count a simulator result carries (a trace carries none)."""
+    if count is not None:
+        return count
+    found = getattr(source, "count", None)
+    return found if isinstance(found, (int, tuple)) and not isinstance(found, bool) else None
+
+
+def _drawn_messages(events):
+    """The messages a picture draws: with fewer elements than ranks some blocks are empty, and
+    their 0-byte messages are no work, so they are left out (a barrier's carry nothing and all stay)."""
+    return [m for m in messages(events) if m.nbytes or m.collective == "barrier"]
+
+
 def _box(c, y, color):
     from matplotlib.patches import FancyBboxPatch
 
@@ -368,13 +592,14 @@ def _box(c, y, color):
 
 def schedule_diagram(collective: str, algorithm: str, p: int, nbytes: int = 4096, *, ax=None,
                      show_bytes: bool | None = None, show_reduces: bool = True, title: str | None = None,
-                     **sim_options):
+                     color: str | None = None, layout: str = "rows", **sim_options):
     """The communication diagram of ``collective``'s ``algorithm`` on ``p`` ranks, from the simulator (no run).
 
     Args:
         collective, algorithm, p, nbytes: what to simulate (see :func:`commkit.sim.simulate`).
         sim_options: more arguments for :func:`commkit.sim.simulate` (``root``, ``itemsize``, ``op`` ...).
-        ax, show_bytes, show_reduces, title: as for :func:`diagram`.
+        ax, show_bytes, show_reduces, title, color, layout: as for :func:`diagram` (``layout="circle"``
+            draws :func:`ring_diagram`, which ignores ``ax`` and ``show_bytes``).
 
     Returns:
         the matplotlib Figure.
@@ -385,7 +610,131 @@ def schedule_diagram(collective: str, algorithm: str, p: int, nbytes: int = 4096
     if title is None:
         size = "" if collective == "barrier" else f", {_fmt_bytes(result.nbytes)}"
         title = f"{collective}_{algorithm}: {p} ranks{size}"
-    return diagram(result.events, ax=ax, show_bytes=show_bytes, show_reduces=show_reduces, title=title)
+    if layout == "circle":
+        return ring_diagram(result.events, show_reduces=show_reduces, title=title, color=color, count=result.count)
+    return diagram(result.events, ax=ax, show_bytes=show_bytes, show_reduces=show_reduces, title=title, color=color,
+                   count=result.count, layout=layout)
+
+
+def ring_diagram(source, *, rounds_shown=None, color: str | None = None, count=None, show_reduces: bool = True,
+                 columns: int | None = None, title: str | None = None, panel: float = 2.4):
+    """The communication rounds on a circle: one small panel per round, ranks round the rim.
+
+    In the row diagram the ring's wrap-around message (rank p-1 to rank 0) crosses
+    every row; here each rank sits on a circle (rank 0 at the top, the ring running
+    clockwise), so a ring step is p short arcs between neighbours, and any other
+    pattern (halving, doubling, Bruck) shows as chords. Each arrow is coloured by the
+    block it carries (or its sender, see :func:`diagram`'s ``color``), labelled with the
+    block's number in block mode, and a ``⊕`` beside a rank means it reduced what it
+    received that round. Messages of empty blocks are not drawn.
+
+    Args:
+        source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events
+            (one call: filter with :func:`commkit.tracing.select`).
+        rounds_shown: the rounds to draw, numbered from 1 as in :func:`diagram` (default: all,
+            at most 36).
+        color, count, show_reduces, title: as for :func:`diagram`.
+        columns: panels per row (default: an even number of rounds from 4 to 16 in two rows, the
+            phases of a ring or of halving and doubling; otherwise up to 6).
+        panel: size of each panel in inches.
+
+    Returns:
+        the matplotlib Figure.
+
+    Raises:
+        InvalidArgument: no events, more than 36 rounds and no ``rounds_shown``, or a round
+            that does not exist. ImportError: matplotlib is missing.
+    """
+    _require()
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Circle, FancyArrowPatch
+
+    events = _nonempty(source)
+    count = _count_of(source, count)
+    col = rounds(events)
+    p = max(e["rank"] for e in events) + 1
+    msgs = _drawn_messages(events)
+    blocks = Blocks(events, count)
+    by_block = _color_mode(color, events, msgs, blocks) == "block"
+    per_round = defaultdict(list)
+    for m in msgs:
+        per_round[col[(m.src, m.seq, m.send["step"])]].append(m)
+    reduces = defaultdict(list)
+    for e in events:
+        if e["kind"] == "reduce" and e["bytes"]:
+            # A reduce sits on the boundary after the round whose data it folds in.
+            reduces[max(col[(e["rank"], e["seq"], e["step"])] - 1, 0)].append(e)
+    total = max([c + 1 for c in per_round] + [c + 1 for c in reduces], default=1)
+    if rounds_shown is None:
+        if total > 36:
+            raise InvalidArgument(f"these events have {total} rounds; choose at most 36 with rounds_shown= "
+                                  f"(for example range(1, 13)).")
+        shown = list(range(total))
+    else:
+        shown = [int(r) - 1 for r in rounds_shown]
+        bad = [r + 1 for r in shown if not 0 <= r < total]
+        if bad or not shown:
+            raise InvalidArgument(f"rounds_shown must be rounds 1 to {total}, got {list(rounds_shown)!r}.")
+    # An even number of rounds (a ring's two phases, halving then doubling) goes in two rows of phases.
+    ncol = columns or (len(shown) // 2 if len(shown) % 2 == 0 and 4 <= len(shown) <= 16 else min(len(shown), 6))
+    nrow = math.ceil(len(shown) / ncol)
+    fig = Figure(figsize=(panel * ncol + (1.6 if by_block else 0.2), panel * nrow + 0.5), layout="constrained")
+    axes = fig.subplots(nrow, ncol, squeeze=False)
+
+    sender_colors = _colors(p)
+    which = {}
+    palette = {}
+    if by_block:
+        for m in msgs:
+            which[id(m)] = blocks.of_message(m)
+        palette = _block_palette({b for b in which.values() if b is not None}
+                                 | {blocks.of_local(e) for es in reduces.values() for e in es} - {None}, p)
+    where = [(math.sin(2 * math.pi * r / p), math.cos(2 * math.pi * r / p)) for r in range(p)]
+    node = 0.13 if p <= 8 else max(0.05, 0.9 / p)
+    for i, ax in enumerate(axes.flat):
+        ax.set_xlim(-1.38, 1.38)
+        ax.set_ylim(-1.38, 1.38)
+        ax.set_aspect("equal")
+        ax.axis("off")
+        if i >= len(shown):
+            continue
+        c = shown[i]
+        ax.add_patch(Circle((0, 0), 1.0, fill=False, ec="#E4E4E4", lw=1, zorder=0))
+        for r, (x, y) in enumerate(where):
+            ax.add_patch(Circle((x, y), node, fc="white", ec="#666666", lw=1, zorder=4))
+            if p <= 16:
+                ax.text(x, y, str(r), ha="center", va="center", fontsize=8 if p <= 8 else 6, zorder=5)
+        for m in per_round[c]:
+            b = which.get(id(m))
+            tint = palette.get(b, "#555555") if by_block else sender_colors[m.src]
+            (x0, y0), (x1, y1) = where[m.src], where[m.dst]
+            rad = -0.25  # bulge outwards, along the circle
+            ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=10, lw=1.6,
+                                         color=tint, connectionstyle=f"arc3,rad={rad}", zorder=3,
+                                         shrinkA=node * 72 * panel / 2.76, shrinkB=node * 72 * panel / 2.76))
+            if by_block and b is not None and b != SEVERAL and p <= 16:
+                # The quadratic curve's midpoint: half-way to arc3's control point.
+                mx = (x0 + x1) / 2 + rad / 2 * (y1 - y0)
+                my = (y0 + y1) / 2 - rad / 2 * (x1 - x0)
+                ax.text(mx, my, str(b), fontsize=7, ha="center", va="center", color=tint, zorder=6,
+                        bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.85})
+        if show_reduces:
+            for e in reduces.get(c, ()):
+                x, y = where[e["rank"]]
+                tint = palette.get(blocks.of_local(e), "#555555") if by_block else "#C0504D"
+                ax.text(x * 1.25, y * 1.25, "⊕", ha="center", va="center", fontsize=11, color=tint, zorder=6)
+        ax.set_title(f"round {c + 1}", fontsize=9)
+    if by_block:
+        extra = [Line2D([], [], ls="none", marker=r"$\oplus$", color="#555555", markersize=9,
+                        label="reduce (colour: its block)")] if show_reduces and reduces else []
+        if any(b is None for b in which.values()):
+            extra.append(Line2D([], [], color="#555555", lw=2, label="no fixed block"))
+        _block_legend(fig, palette, extra, loc="outside right upper")
+    if title is None:
+        title = f"{_call_names(events)}: {p} ranks on a circle, {len(msgs)} messages"
+    fig.suptitle(title, fontsize=10)
+    return fig
 
 
 # -- the cost model over measurements --------------------------------------------------------------
@@ -497,6 +846,21 @@ def _select_rows(data, collective, nprocs):
     return data
 
 
+def _algorithm_colors(collective: str, names) -> dict:
+    """One colour per algorithm, the same in every figure of ``collective``: by registry order.
+
+    Falls back to one colour per name drawn when the registry order would need more than
+    the nine colours of the fixed palette (or a name is not registered).
+    """
+    from . import algorithms
+
+    order = [n for n in algorithms.for_collective(collective) if n != "native"]
+    palette = _colors(9)
+    if all(n in order and order.index(n) < len(palette) for n in names):
+        return {n: palette[order.index(n)] for n in names}
+    return dict(zip(names, _colors(len(names))))
+
+
 def _mark(ax, x, text, sizes, *, top, color, level=0):
     """Label a vertical line at ``x``: on its left near the right edge; ``level`` staggers neighbours."""
     lo, hi = math.log(sizes[0]), math.log(max(sizes[-1], sizes[0] + 1))
@@ -509,7 +873,7 @@ def _mark(ax, x, text, sizes, *, top, color, level=0):
 
 def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | None = None, gamma: float | None = None,
                           *, collective: str | None = None, nprocs: int | None = None, algorithms=None,
-                          sizes=None, ax=None, title: str | None = None):
+                          sizes=None, ax=None, title: str | None = None, colors: dict | None = None):
     """Measured times against the alpha-beta-gamma model: time against size, one colour per algorithm.
 
     Measured medians are drawn as markers joined by solid lines, the model's
@@ -517,7 +881,8 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
     line of the same colour, and ``native`` (no model) in black. Vertical lines
     mark the crossovers: dashed where the model's winner changes
     (:func:`predicted_crossovers`), dotted where the measured winner does
-    (:func:`measured_crossovers`).
+    (:func:`measured_crossovers`), half-way (on the log axis) between the two
+    measured sizes it changed between, which its label names.
 
     Args:
         rows: ``commkit bench`` results: :class:`commkit.bench.Row` objects, dicts, or the
@@ -529,6 +894,8 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
             model applies to when there are no rows).
         sizes: sizes (bytes) to evaluate the model at (default: 128 points over the measured range).
         ax, title: as for :func:`timeline`.
+        colors: a colour for each algorithm name (any matplotlib colour), so that a notebook's
+            figures show one algorithm in one colour; algorithms left out get the default palette.
 
     Returns:
         the matplotlib Figure.
@@ -557,7 +924,7 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
         sizes = sorted({max(1, round(lo * (hi / lo) ** (i / 127))) for i in range(128)})
     sizes = [s for s in sizes if s > 0]
     fig, ax = _figure(ax, (9, 5.5))
-    colors = dict(zip([n for n in names if n != "native"], _colors(sum(n != "native" for n in names))))
+    colors = dict(_algorithm_colors(collective, [n for n in names if n != "native"]), **(colors or {}))
     for name in names:
         mine = sorted((r["size"], r["time_us"]) for r in data if r["algorithm"] == name and r["size"] > 0)
         if name == "native":
@@ -576,10 +943,12 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
         ax.axvline(size, color="#555555", ls="--", lw=0.9, zorder=0, gid="predicted-crossover")
         _mark(ax, size, f"model: {new}\nfrom {_fmt_bytes(size)}", sizes, top=True, color="#333333", level=i % 2)
     for i, (a, b, old, new) in enumerate(measured_crossovers(data, algorithms=names) if data else []):
+        # The winner changed somewhere between two measured sizes: the line sits between them (at their
+        # geometric mean, the middle on this log axis), and so does the label; neither claims a size.
         at = math.sqrt(a * b)
         ax.axvline(at, color=colors.get(new, "#555555"), ls=":", lw=1.4, zorder=0, gid="measured-crossover")
-        _mark(ax, at, f"measured: {new}\nfrom {_fmt_bytes(b)}", sizes, top=False, color=colors.get(new, "#333333"),
-              level=i % 2)
+        _mark(ax, at, f"measured: {new}\nbetween {_fmt_bytes(a)} and {_fmt_bytes(b)}", sizes, top=False,
+              color=colors.get(new, "#333333"), level=i % 2)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes, as the selector counts it)")
@@ -606,33 +975,51 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
 
 
 def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0,
-                  ax=None, title: str | None = None):
-    """Each rank's output after each step, coloured by how many ranks' contributions an element holds.
+                  ax=None, title: str | None = None, columns: str = "round"):
+    """Each rank's output after each round (or step), coloured by how many ranks' contributions an element holds.
 
     The textbook picture of an algorithm (ring allreduce: block i's partial sum
     grows by one contribution per round as it travels, then the finished blocks
-    go round again), computed from a real run on threads by
-    :func:`commkit.tracing.buffer_states`. Rows are ranks, columns are steps
-    (each column shows the rank's whole output, one square per element), and the
-    number in a square is how many ranks' data it holds.
+    go round again; a binomial broadcast: the data doubles its reach each round),
+    computed from a real run on threads by :func:`commkit.tracing.buffer_states`.
+    Rows are ranks; each column shows every rank's whole output, one square per
+    element, and the number in a square is how many ranks' data it holds.
+
+    Args:
+        collective, algorithm, p, count, root: what to run (see :func:`commkit.tracing.buffer_states`).
+        ax, title: as for :func:`diagram`.
+        columns: ``"round"``: one column per communication round of :func:`rounds` (the state
+            once the round's messages have arrived and been reduced), so that all ranks line
+            up even when they take different steps (a tree's leaves, a fold); ``"step"``: one
+            column per step of each rank's schedule.
 
     Returns:
         The matplotlib Figure (its image's data is ``fig.axes[0].images[0].get_array()``).
+
+    Raises:
+        InvalidArgument: see :func:`commkit.tracing.buffer_states`; an unknown ``columns``.
     """
+    if columns not in ("round", "step"):
+        raise InvalidArgument(f"columns must be 'round' or 'step', got {columns!r}.")
     _require()
     import numpy as np
 
     from . import tracing
 
-    states = tracing.buffer_states(collective, algorithm, p, count, root=root)
-    steps = max(len(s) for s in states)
+    states, events = tracing._buffer_run(collective, algorithm, p, count, root)
+    if columns == "round":
+        states, labels = _by_round(states, events)
+    else:
+        labels = ["start"] + [f"step {c}" for c in range(max(len(s) for s in states) - 1)]
+    steps = len(labels)
     width = max(len(bits) for s in states for _, _, bits in s) or 1
     grid = np.full((p, steps * (width + 1) - 1), np.nan)
     for r, seq in enumerate(states):
         for c, (_, _, bits) in enumerate(seq):
-            held = np.array([bin(int(v)).count("1") for v in bits], float)
+            held = np.array([int(v).bit_count() for v in bits], float)
             grid[r, c * (width + 1): c * (width + 1) + len(held)] = held
-    fig, ax = _figure(ax, (min(2.0 + 0.28 * grid.shape[1], 18), 1.0 + 0.45 * p))
+    size = (min(max(4.5, 2.0 + 0.28 * grid.shape[1]), 18), 1.0 + 0.45 * p)
+    fig, ax = _figure(ax, size)
     image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=p, aspect="auto", interpolation="nearest")
     if grid.size <= 600:
         for (r, c), v in np.ndenumerate(grid):
@@ -640,8 +1027,36 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
                 ax.text(c, r, f"{int(v)}", ha="center", va="center", fontsize=7,
                         color="white" if v > p / 2 else "black")
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
-    ax.set_xticks([c * (width + 1) + (width - 1) / 2 for c in range(steps)],
-                  ["start"] + [f"step {c}" for c in range(steps - 1)], fontsize=7)
+    ax.set_xticks([c * (width + 1) + (width - 1) / 2 for c in range(steps)], labels, fontsize=7)
     fig.colorbar(image, ax=ax, label="contributions held", shrink=0.8)
-    ax.set_title(title or f"{collective} {algorithm}, p={p}: what each rank's output holds after each step")
+    gap = "\n" if size[0] < 8 else " "  # a narrow figure gets its title on two lines
+    ax.set_title(title or f"{collective} {algorithm}, p={p}:{gap}what each rank's output holds after each {columns}",
+                 fontsize=10)
     return fig
+
+
+def _by_round(states, events):
+    """Each rank's states at the end of every communication round, and the column labels.
+
+    A transfer counts in its own round; a local step (reduce, copy) in the round whose data
+    it works on, the one before the boundary :func:`rounds` puts it on.
+    """
+    col = rounds(events)
+    where = {}
+    for e in events:
+        c = col[(e["rank"], e["seq"], e["step"])]
+        where[(e["rank"], e["step"])] = c if e["kind"] in MESSAGE_KINDS else max(c - 1, 0)
+    total = 1 + max([col[(e["rank"], e["seq"], e["step"])] for e in events if e["kind"] in MESSAGE_KINDS],
+                    default=-1)
+    if total == 0:  # nothing was sent (one rank): only the start and the end
+        return [[seq[0], seq[-1]] for seq in states], ["start", "end"]
+    out = []
+    for rank, seq in enumerate(states):
+        current, row, pending = seq[0], [seq[0]], list(seq[1:])
+        for k in range(total):
+            # Steps come in program order, and their rounds never decrease.
+            while pending and min(where[(rank, pending[0][0])], total - 1) <= k:
+                current = pending.pop(0)
+            row.append(current)
+        out.append(row)
+    return out, ["start"] + [f"round {c + 1}" for c in range(total)]

@@ -7,7 +7,8 @@ export below works on a real run and on the model alike::
 
     {"rank": 1, "collective": "allreduce", "seq": 0, "algorithm": "ring",
      "step": 0, "kind": "exchange", "sends": [[2, 24]], "recvs": [[0, 32]],
-     "bytes": 56, "start": 2240.9142, "end": 2240.9143}
+     "bytes": 56, "start": 2240.9142, "end": 2240.9143,
+     "send_ranges": [["out", 3, 6]], "recv_ranges": [["tmp", 0, 4]]}
 
 ``seq`` numbers the calls of one communicator; ``step`` is the index in the
 schedule; ``kind`` is ``send``/``recv``/``exchange``/``transfer`` (messages),
@@ -15,6 +16,15 @@ schedule; ``kind`` is ``send``/``recv``/``exchange``/``transfer`` (messages),
 one event per call); ``sends``/``recvs`` list ``[peer, bytes]``; ``bytes`` is
 what the step moved or reduced; ``start``/``end`` are ``time.perf_counter()``
 seconds (model seconds from the simulator). Ranks are the communicator's own.
+
+Which data each step touches (block identity): ``send_ranges`` and
+``recv_ranges`` run parallel to ``sends`` and ``recvs`` and give each message's
+buffer range ``[buffer, lo, hi]`` in elements (``buffer`` is ``"in"``, ``"out"``
+or ``"tmp"``, as in :mod:`commkit.schedule`); a reduce or copy event also has
+``range`` (the range it writes) and ``src_range`` (the range it reads: a
+reduce's operand, a copy's source). These keys are not in :data:`EVENT_KEYS`:
+traces saved before they existed still load, and the pictures fall back to
+colouring by sender without them.
 
 Where the records end up. The executor appends to the innermost active
 tracer, so the design is about getting every rank's events to one place:
@@ -49,12 +59,16 @@ from .errors import InvalidArgument
 from .schedule import REDUCE, TRANSFER
 
 __all__ = [
-    "EVENT_KEYS", "Call", "Message", "Tracer", "buffer_states", "calls", "current", "events_of", "load", "messages",
-    "save", "select", "summary", "to_chrome", "trace",
+    "EVENT_KEYS", "RANGE_KEYS", "Call", "Message", "Tracer", "buffer_states", "calls", "current", "events_of", "load",
+    "messages", "save", "select", "summary", "to_chrome", "trace",
 ]
 
 EVENT_KEYS = ("rank", "collective", "seq", "algorithm", "step", "kind", "sends", "recvs", "bytes", "start", "end")
 """The fields of every event, real or simulated."""
+
+RANGE_KEYS = ("send_ranges", "recv_ranges", "range", "src_range")
+"""The buffer ranges of a step (block identity): ``send_ranges``/``recv_ranges`` on every event,
+``range``/``src_range`` on reduce and copy events. Absent from traces saved before they existed."""
 
 MESSAGE_KINDS = frozenset({"send", "recv", "exchange", "transfer"})
 _FORMAT = "commkit-trace"
@@ -103,25 +117,29 @@ class Tracer:
     def record(self, info, index, step, t0, t1, bufs) -> None:
         """Append the event of one finished step (the executor's hook)."""
         kind = step.kind
+        event = {"rank": info.rank, "collective": info.collective, "seq": info.seq, "algorithm": info.algorithm,
+                 "step": index}
         if kind == TRANSFER:
             sends = [[peer, _nbytes(bufs, buf)] for peer, buf in step.sends]
             recvs = [[peer, _nbytes(bufs, buf)] for peer, buf in step.recvs]
-            name = type(step).__name__.lower()
             nbytes = sum(b for _, b in sends) + sum(b for _, b in recvs)
+            event.update(kind=type(step).__name__.lower(), sends=sends, recvs=recvs, bytes=nbytes, start=t0, end=t1,
+                         send_ranges=[list(buf) for _, buf in step.sends],
+                         recv_ranges=[list(buf) for _, buf in step.recvs])
         else:
-            sends, recvs = [], []
-            name = "reduce" if kind == REDUCE else "copy"
-            nbytes = _nbytes(bufs, step.into if kind == REDUCE else step.dst)
-        self._sink.append({
-            "rank": info.rank, "collective": info.collective, "seq": info.seq, "algorithm": info.algorithm,
-            "step": index, "kind": name, "sends": sends, "recvs": recvs, "bytes": nbytes, "start": t0, "end": t1,
-        })
+            # A reduce's destination is ``into`` and its source the operand it folds in (for the
+            # three-address form the other input, ``src``, is this rank's own data); a copy's are dst/src.
+            dst, src = (step.into, step.operand) if kind == REDUCE else (step.dst, step.src)
+            event.update(kind="reduce" if kind == REDUCE else "copy", sends=[], recvs=[], bytes=_nbytes(bufs, dst),
+                         start=t0, end=t1, send_ranges=[], recv_ranges=[], range=list(dst), src_range=list(src))
+        self._sink.append(event)
 
     def record_native(self, info, t0: float, t1: float, nbytes: int) -> None:
         """Append one ``native`` event for a whole library collective (it has no steps to show)."""
         self._sink.append({
             "rank": info.rank, "collective": info.collective, "seq": info.seq, "algorithm": info.algorithm,
             "step": 0, "kind": "native", "sends": [], "recvs": [], "bytes": int(nbytes), "start": t0, "end": t1,
+            "send_ranges": [], "recv_ranges": [],
         })
 
     # -- the with block ---------------------------------------------------------------------------
@@ -330,6 +348,10 @@ class Message:
     algorithm: str
     send: dict
     recv: dict
+    send_range: tuple | None = None
+    """``(buffer, lo, hi)`` the sender sent, when its events carry ranges (:data:`RANGE_KEYS`)."""
+    recv_range: tuple | None = None
+    """``(buffer, lo, hi)`` the receiver received into, likewise."""
 
     @property
     def key(self) -> tuple:
@@ -355,25 +377,33 @@ def messages(source, *, strict: bool = False) -> list[Message]:
     ordered = _program_order(events_of(source))
     pending = defaultdict(deque)
     for e in ordered:
-        for peer, nbytes in e["sends"]:
-            pending[(e["collective"], e["seq"], e["rank"], peer)].append((e, nbytes))
+        ranges = e.get("send_ranges")
+        for i, (peer, nbytes) in enumerate(e["sends"]):
+            pending[(e["collective"], e["seq"], e["rank"], peer)].append((e, nbytes, _range(ranges, i)))
     out = []
     lonely = []
     for e in ordered:
-        for peer, nbytes in e["recvs"]:
+        ranges = e.get("recv_ranges")
+        for i, (peer, nbytes) in enumerate(e["recvs"]):
             queue = pending.get((e["collective"], e["seq"], peer, e["rank"]))
             if not queue:
                 lonely.append(f"rank {e['rank']} step {e['step']} receives {nbytes} B from rank {peer}")
                 continue
-            send, sent = queue.popleft()
-            out.append(Message(peer, e["rank"], sent, e["collective"], e["seq"], e["algorithm"], send, e))
+            send, sent, sent_range = queue.popleft()
+            out.append(Message(peer, e["rank"], sent, e["collective"], e["seq"], e["algorithm"], send, e,
+                               sent_range, _range(ranges, i)))
     if strict:
         lonely += [f"rank {src} step {s['step']} sends {b} B to rank {dst}"
-                   for (_, _, src, dst), queue in pending.items() for s, b in queue]
+                   for (_, _, src, dst), queue in pending.items() for s, b, _ in queue]
         if lonely:
             raise InvalidArgument(f"{len(lonely)} unmatched message end(s), e.g. {lonely[0]}.")
     out.sort(key=lambda m: (m.seq, m.send["start"], m.src, m.send["step"]))
     return out
+
+
+def _range(ranges, i):
+    """The i-th of an event's ranges as a tuple, or None when the event carries none."""
+    return tuple(ranges[i]) if ranges is not None and i < len(ranges) else None
 
 
 @dataclass(frozen=True)
@@ -483,7 +513,7 @@ def to_chrome(source, path=None) -> dict:
         out.append({"ph": "X", "name": _step_name(e), "cat": e["kind"], "pid": e["rank"], "tid": 0,
                     "ts": us(e["start"]), "dur": us(e["end"]) - us(e["start"]),
                     "args": {k: e[k] for k in ("collective", "seq", "algorithm", "step", "kind", "sends", "recvs",
-                                               "bytes")}})
+                                               "bytes", *RANGE_KEYS) if k in e}})
     for i, m in enumerate(messages(events)):
         # Each end is placed inside its step's slice so the flow binds to that step.
         common = {"name": "message", "cat": "message", "id": i, "tid": 0}
@@ -563,6 +593,11 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
     Raises:
         InvalidArgument: an unsupported collective, or ``p`` outside 1..62.
     """
+    return _buffer_run(collective, algorithm, p, count, root)[0]
+
+
+def _buffer_run(collective, algorithm, p, count, root):
+    """:func:`buffer_states`, and the run's events (for pictures that align the states by round)."""
     import numpy as np
 
     from ._world import run_local
@@ -598,4 +633,4 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
         if not states[rank]:
             states[rank].append((-1, False, np.zeros_like(bits)))
         states[rank].append((step, is_transfer, bits))
-    return states
+    return states, tracer.events

@@ -2,6 +2,7 @@
 
     python docs/make_figures.py              # everything
     python docs/make_figures.py schedules    # only the algorithm diagrams (simulator, no run)
+    python docs/make_figures.py teaching     # ring allreduce on a circle, and its buffer states (threads)
     python docs/make_figures.py real         # the traced MPI run: diagram, timeline, Chrome trace
     python docs/make_figures.py bench        # measured vs predicted (runs `commkit bench` and `commkit tune`)
     python docs/make_figures.py real bench --reuse   # redraw from the stored JSON, run nothing
@@ -56,6 +57,14 @@ def schedules() -> None:
     for name, collective, algorithm, p, nbytes, options in SCHEDULES:
         fig = plot.schedule_diagram(collective, algorithm, p, nbytes, **options)
         _save(fig, f"{name}.png")
+
+
+def teaching() -> None:
+    """The textbook pictures of ring allreduce: the rounds on a circle, and whose data each rank holds."""
+    from commkit import plot
+
+    _save(plot.schedule_diagram("allreduce", "ring", 4, 4096, layout="circle"), "ring_allreduce_circle.png")
+    _save(plot.buffer_states("allreduce", "ring", 4), "ring_allreduce_states.png")
 
 
 # -- the real run -------------------------------------------------------------------------------------
@@ -163,15 +172,18 @@ def main() -> None:
         _traced_job(sys.argv[2])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", nargs="*", help="schedules, real and/or bench (default: all three)")
+    parser.add_argument("what", nargs="*", help="schedules, teaching, real and/or bench (default: all four)")
     parser.add_argument("--reuse", action="store_true", help="real, bench: redraw from the stored JSON, run nothing")
     args = parser.parse_args()
-    what = set(args.what) or {"schedules", "real", "bench"}
-    if what - {"schedules", "real", "bench"}:
-        parser.error(f"unknown figure set(s) {sorted(what - {'schedules', 'real', 'bench'})}")
+    sets = {"schedules", "teaching", "real", "bench"}
+    what = set(args.what) or sets
+    if what - sets:
+        parser.error(f"unknown figure set(s) {sorted(what - sets)}")
     os.makedirs(OUT, exist_ok=True)
     if "schedules" in what:
         schedules()
+    if "teaching" in what:
+        teaching()
     if "real" in what:
         real(args.reuse)
     if "bench" in what:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -341,19 +342,232 @@ def test_diagram_does_not_draw_empty_blocks_as_work():
 def test_buffer_states_show_the_ring_textbook_picture(p):
     states = tracing.buffer_states("allreduce", "ring", p)
     for rank, seq in enumerate(states):
-        held = [[bin(int(v)).count("1") for v in bits] for _, _, bits in seq]
+        held = [[int(v).bit_count() for v in bits] for _, _, bits in seq]
         assert held[0] == [0] * p and held[-1] == [p] * p  # nothing at the start, everything at the end
         # After the reduce-scatter phase (p-1 exchanges, each followed by a reduce) this rank owns
         # exactly one finished block, the one ring allreduce gives it: (rank + 1) % p.
         after_phase_one = held[2 * (p - 1)]
-        assert after_phase_one.count(p) == (1 if p > 1 else p)
+        assert after_phase_one.count(p) == min(p, 1)
         if p > 1:
             assert after_phase_one[(rank + 1) % p] == p
         # Contributions only ever grow.
-        for before, after in zip(held, held[1:]):
+        for before, after in pairwise(held):
             assert all(a >= b for a, b in zip(after, before))
     fig = plot.buffer_states("allreduce", "ring", p)
     grid = fig.axes[0].images[0].get_array()
     assert grid.shape[0] == p and np.nanmax(grid) == p
     with pytest.raises(ck.InvalidArgument, match="buffer_states shows"):
         tracing.buffer_states("alltoall", "pairwise", p)
+
+
+# -- colour by block -------------------------------------------------------------------------------
+
+
+def _rgb(c):
+    from matplotlib.colors import to_rgb
+
+    return tuple(round(v, 4) for v in to_rgb(c))
+
+
+def _ring_block(rank, column, p):
+    """The block ring allreduce's rank sends in a round (0-based), from commkit/algorithms/ring.py."""
+    if column < p - 1:
+        return (rank - column) % p               # reduce-scatter: block (r - k) % p
+    return (rank - (column - (p - 1)) + 1) % p   # allgather: the finished block (r - k + 1) % p
+
+
+@pytest.mark.parametrize("p, n", [(4, 16), (5, 23)])
+def test_ring_diagram_colours_each_arrow_by_the_block_it_carries(p, n):
+    def body(comm):
+        comm.allreduce(rng.standard_normal(n), algorithm="ring")
+    t = _traced(p, body)
+    fig = plot.diagram(t)  # the ring splits the vector into p blocks: block colours by default
+    palette = plot._colors(p)
+    arrows = _arrows(fig)
+    assert len(arrows) == 2 * p * (p - 1)
+    for a in arrows:
+        (x0, y0), _ = a._posA_posB
+        assert _rgb(a.get_edgecolor()) == _rgb(palette[_ring_block(round(y0), int(x0), p)])
+    legend = [txt.get_text() for txt in fig.axes[0].get_legend().get_texts()]
+    assert [f"block {b}" for b in range(p)] == legend[:p]
+    # The reduce marks take the colour of the block reduced: rank r's k-th reduce is block (r - k - 1) % p.
+    col = plot.rounds(t)
+    marks = {(round(m.get_position()[0]), round(m.get_position()[1])): _rgb(m.get_color())
+             for m in fig.axes[0].texts if m.get_text() == "⊕"}
+    for e in t.events:
+        if e["kind"] == "reduce":
+            c = col[(e["rank"], e["seq"], e["step"])]
+            assert marks[(c, e["rank"])] == _rgb(palette[(e["rank"] - (c - 1) - 1) % p])
+    # By sender on request: every arrow has its sender's colour, and no block legend.
+    by_sender = plot.diagram(t, color="sender")
+    for a in _arrows(by_sender):
+        assert _rgb(a.get_edgecolor()) == _rgb(palette[round(a._posA_posB[0][1])])
+    assert by_sender.axes[0].get_legend() is None
+
+
+def test_whole_vector_algorithms_default_to_sender_colours_and_show_several_blocks_on_request():
+    def body(comm):
+        comm.allreduce(rng.standard_normal(16), algorithm="recursive_doubling")
+    t = _traced(4, body)
+    assert plot.diagram(t).axes[0].get_legend() is None  # every message is the whole vector
+    fig = plot.diagram(t, color="block")
+    assert {_rgb(a.get_edgecolor()) for a in _arrows(fig)} == {_rgb(plot._SEVERAL_COLOR)}
+    assert "several blocks" in [txt.get_text() for txt in fig.axes[0].get_legend().get_texts()]
+
+
+def test_block_colours_need_ranges_and_a_known_mode():
+    events = sim.simulate("allreduce", "ring", 4, 64, events=True).events
+    old = [{k: e[k] for k in tracing.EVENT_KEYS} for e in events]  # a trace saved before ranges existed
+    assert plot.diagram(old).axes[0].get_legend() is None         # falls back to sender colours
+    with pytest.raises(ck.InvalidArgument, match="needs the buffer ranges"):
+        plot.diagram(old, color="block")
+    with pytest.raises(ck.InvalidArgument, match="color must be"):
+        plot.diagram(events, color="rainbow")
+    with pytest.raises(ck.InvalidArgument, match="layout must be"):
+        plot.diagram(events, layout="spiral")
+
+
+def test_blocks_know_each_collectives_layout():
+    p, count = 4, 3
+    b = plot.Blocks([], None)
+    assert b.of("allreduce", 0, 0, ("out", 0, 1)) is None  # no such call in the events
+    events = sim.simulate("allgather", "ring", p, count=count, events=True).events
+    b = plot.Blocks(events)
+    assert b.of("allgather", 0, 2, ("in", 0, count)) == 2              # a rank's input is its own block
+    assert b.of("allgather", 0, 0, ("out", count, 2 * count)) == 1
+    assert b.of("allgather", 0, 0, ("out", 0, 2 * count)) == plot.SEVERAL
+    assert b.of("allgather", 0, 0, ("out", 4, 4)) is None               # empty
+    assert b.of("allgather", 0, 0, ("tmp", 0, 3)) is None               # scratch holds no fixed block
+    # reduce_scatter: the input splits as partition(total, p), the output is the rank's own block.
+    events = sim.simulate("reduce_scatter", "ring", p, count=(3, 3, 2, 2), events=True).events
+    b = plot.Blocks(events)
+    assert [b.of("reduce_scatter", 0, 0, ("in", lo, hi)) for lo, hi in ((0, 3), (3, 6), (6, 8), (8, 10))] == \
+        [0, 1, 2, 3]
+    assert b.of("reduce_scatter", 0, 3, ("out", 0, 2)) == 3
+    # With fewer elements than ranks, ranges fall in the non-empty blocks; count= overrides the inference.
+    events = sim.simulate("allreduce", "ring", 6, count=3, events=True).events
+    assert plot.Blocks(events).of("allreduce", 0, 0, ("out", 2, 3)) == 2
+    assert plot.Blocks(events, count=12).of("allreduce", 0, 0, ("out", 2, 3)) == 1
+
+
+def test_timeline_colours_message_lines_by_block_on_request():
+    def body(comm):
+        comm.allreduce(rng.standard_normal(12), algorithm="ring")
+    t = _traced(3, body)
+    plain = plot.timeline(t)
+    assert {_rgb(a.arrow_patch.get_edgecolor()) for a in plain.axes[0].texts if a.arrow_patch} == \
+        {_rgb("#222222")}
+    fig = plot.timeline(t, color="block")
+    assert {_rgb(a.arrow_patch.get_edgecolor()) for a in fig.axes[0].texts if a.arrow_patch} == \
+        {_rgb(c) for c in plot._colors(3)}
+    assert {"block 0", "block 1", "block 2"} <= {txt.get_text() for txt in fig.axes[0].get_legend().get_texts()}
+
+
+# -- the ring on a circle ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [4, 5])
+def test_ring_diagram_puts_ranks_on_a_circle_and_every_arrow_between_neighbours(p):
+    res = sim.simulate("allreduce", "ring", p, 64 * p, events=True)
+    fig = plot.ring_diagram(res)
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [f"round {k}" for k in range(1, 2 * (p - 1) + 1)]
+    where = [(np.sin(2 * np.pi * r / p), np.cos(2 * np.pi * r / p)) for r in range(p)]
+    chord = np.hypot(where[1][0] - where[0][0], where[1][1] - where[0][1])
+    for ax in panels:
+        arrows = [a for a in ax.patches if type(a).__name__ == "FancyArrowPatch"]
+        assert len(arrows) == p  # one message per rank per round
+        ends = set()
+        for a in arrows:
+            (x0, y0), (x1, y1) = a._posA_posB
+            # Neighbours only: the wrap-around p-1 -> 0 is as short as every other arrow.
+            assert np.isclose(np.hypot(x1 - x0, y1 - y0), chord)
+            src = min(range(p), key=lambda r: np.hypot(where[r][0] - x0, where[r][1] - y0))
+            dst = min(range(p), key=lambda r: np.hypot(where[r][0] - x1, where[r][1] - y1))
+            assert dst == (src + 1) % p
+            ends.add(src)
+        assert ends == set(range(p))
+        labels = sorted(int(txt.get_text()) for txt in ax.texts if txt.get_text().isdigit()
+                        and txt.get_bbox_patch() is not None)
+        assert labels == list(range(p))  # each round moves every block once
+    assert len(fig.legends) == 1 and "block 0" in [t.get_text() for t in fig.legends[0].get_texts()]
+    same = plot.schedule_diagram("allreduce", "ring", p, 64 * p, layout="circle")
+    assert len([ax for ax in same.axes if ax.get_title()]) == 2 * (p - 1)
+
+
+def test_ring_diagram_leaves_out_empty_blocks_and_chooses_rounds():
+    res = sim.simulate("allreduce", "ring", 4, count=2, events=True)  # half the blocks are empty
+    fig = plot.ring_diagram(res)
+    arrows = [a for ax in fig.axes for a in ax.patches if type(a).__name__ == "FancyArrowPatch"]
+    assert len(arrows) == len([m for m in tracing.messages(res) if m.nbytes]) < len(tracing.messages(res))
+    marks = [txt for ax in fig.axes for txt in ax.texts if txt.get_text() == "⊕"]
+    assert len(marks) == len([e for e in res.events if e["kind"] == "reduce" and e["bytes"]])
+    two = plot.ring_diagram(res, rounds_shown=[1, 6])
+    assert [ax.get_title() for ax in two.axes if ax.get_title()] == ["round 1", "round 6"]
+    with pytest.raises(ck.InvalidArgument, match="rounds_shown must be rounds 1 to 6"):
+        plot.ring_diagram(res, rounds_shown=[7])
+    big = sim.simulate("allreduce", "ring", 20, 4096, events=True)
+    with pytest.raises(ck.InvalidArgument, match="38 rounds"):
+        plot.ring_diagram(big)
+    with pytest.raises(ck.InvalidArgument, match="takes no ax"):
+        plot.diagram(res, layout="circle", ax=plot.diagram(res).axes[0])
+
+
+# -- the model over measurements: labels say what the lines show -------------------------------------
+
+
+def test_crossover_labels_match_their_lines_and_colours_can_be_fixed():
+    sizes = [2 ** k for k in range(3, 23)]
+    names = ["recursive_doubling", "ring"]
+    rows = _model_rows("allreduce", 8, names, sizes, 1e-5, 1e-9, 1e-10)
+    fig = plot.predicted_vs_measured(rows, 1e-5, 1e-9, 1e-10, colors={"ring": "#123456"})
+    ax = fig.axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_gid() == "measured-crossover"]
+    ((before, after, _, new),) = plot.measured_crossovers(rows)
+    x = line.get_xdata()[0]
+    assert before < x < after
+    texts = [t.get_text() for t in ax.texts]
+    assert f"measured: {new}\nbetween {plot._fmt_bytes(before)} and {plot._fmt_bytes(after)}" in texts
+    assert not any(t.startswith("measured:") and "from" in t for t in texts)
+    ring = [ln for ln in ax.get_lines() if ln.get_label() == "ring"]
+    assert ring and _rgb(ring[0].get_color()) == _rgb("#123456")
+    model_only = plot.predicted_vs_measured(collective="allreduce", nprocs=8, algorithms=names)
+    title = model_only.axes[0].get_title()
+    assert "no measurements" in title and "measured and" not in title
+
+
+def test_buffer_states_by_round_line_ranks_up_even_when_their_steps_differ():
+    # Binomial broadcast from root 2 on 8 ranks: leaves take one step, the root four; by round
+    # the data reaches 2, 4, then 8 ranks (the root's copy of its input counts from round 1).
+    fig = plot.buffer_states("broadcast", "binomial", 8, count=1, root=2)
+    ax = fig.axes[0]
+    grid = ax.images[0].get_array()
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "round 1", "round 2", "round 3"]
+    assert [int(np.nansum(grid[:, 2 * c])) for c in range(4)] == [0, 2, 4, 8]
+    # Ring allreduce by round: after round k of the reduce-scatter each rank has one block with
+    # k + 1 contributions; after the allgather every block holds all p.
+    p = 4
+    grid = plot.buffer_states("allreduce", "ring", p).axes[0].images[0].get_array()
+    for k in range(1, p):
+        for r in range(p):
+            block = grid[r, k * (p + 1): k * (p + 1) + p]
+            assert max(block) == k + 1 and list(block).count(k + 1) == 1
+    assert (grid[:, -p:] == p).all()
+    steps = plot.buffer_states("allreduce", "ring", p, columns="step").axes[0]
+    assert len(steps.get_xticklabels()) == 1 + 3 * (p - 1)  # exchange + reduce, then exchanges
+    one = plot.buffer_states("allreduce", "ring", 1).axes[0]
+    assert [t.get_text() for t in one.get_xticklabels()] == ["start", "end"]
+    with pytest.raises(ck.InvalidArgument, match="columns must be"):
+        plot.buffer_states("allreduce", "ring", p, columns="time")
+
+
+def test_an_algorithm_keeps_its_colour_across_figures():
+    def colour_of(fig, name):
+        (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == f"{name} (model)"]
+        return _rgb(line.get_color())
+
+    two = plot.predicted_vs_measured(collective="allreduce", nprocs=8, algorithms=["ring", "naive"])
+    three = plot.predicted_vs_measured(collective="allreduce", nprocs=8,
+                                       algorithms=["recursive_doubling", "rabenseifner", "ring"])
+    assert colour_of(two, "ring") == colour_of(three, "ring")
+    assert colour_of(two, "naive") != colour_of(two, "ring")

@@ -48,7 +48,8 @@ def test_ring_allreduce_events_match_the_schedule(p):
     t, _ = _traced_local(p, _ring(n))
     assert t.ranks() == list(range(p))
     for e in t.events:
-        assert set(e) == set(EVENT_KEYS)
+        local = e["kind"] in ("reduce", "copy")
+        assert set(e) == set(EVENT_KEYS) | {"send_ranges", "recv_ranges"} | ({"range", "src_range"} if local else set())
         assert e["collective"] == "allreduce" and e["algorithm"] == "ring"
         assert e["end"] >= e["start"]
     blocks = [hi - lo for lo, hi in partition(n, p)]
@@ -162,8 +163,70 @@ def test_record_native_adds_one_event_per_call():
     t.record_native(CallInfo("allreduce", "native", 7, 3), 1.0, 1.5, 4096)
     (e,) = t.events
     assert e["kind"] == "native" and e["rank"] == 3 and e["seq"] == 7 and e["bytes"] == 4096
-    assert set(e) == set(EVENT_KEYS)
+    assert set(e) == set(EVENT_KEYS) | {"send_ranges", "recv_ranges"}
+    assert e["send_ranges"] == e["recv_ranges"] == []
     assert messages(t) == []
+
+
+def test_events_carry_the_buffer_ranges_each_step_touches():
+    # Ring allreduce, as in commkit/algorithms/ring.py: in step k of the reduce-scatter rank r sends
+    # block (r - k) % p (from "in" at k = 0, from "out" after) and receives block (r - k - 1) % p into
+    # "tmp", then reduces it into "out"; in the allgather it passes the finished blocks on in "out".
+    p, n = 4, 10 * 4 + 3
+    blocks = partition(n, p)
+    t, _ = _traced_local(p, _ring(n))
+    for r in range(p):
+        mine = sorted((e for e in t.events if e["rank"] == r), key=lambda e: e["step"])
+        transfers = [e for e in mine if e["kind"] == "exchange"]
+        reduces = [e for e in mine if e["kind"] == "reduce"]
+        assert len(transfers) == 2 * (p - 1) and len(reduces) == p - 1
+        for e in transfers:
+            assert len(e["send_ranges"]) == len(e["sends"]) == 1 and len(e["recv_ranges"]) == len(e["recvs"]) == 1
+            (_, lo, hi), (peer, nbytes) = e["send_ranges"][0], e["sends"][0]
+            assert nbytes == (hi - lo) * 8 and peer == (r + 1) % p
+        for k in range(p - 1):
+            send, recv = blocks[(r - k) % p], blocks[(r - k - 1) % p]
+            assert transfers[k]["send_ranges"] == [["in" if k == 0 else "out", *send]]
+            assert transfers[k]["recv_ranges"] == [["tmp", 0, recv[1] - recv[0]]]
+            assert reduces[k]["range"] == ["out", *recv]
+            assert reduces[k]["src_range"] == ["tmp", 0, recv[1] - recv[0]]
+            assert "range" not in transfers[k]
+        for k in range(p - 1):
+            e = transfers[p - 1 + k]
+            assert e["send_ranges"] == [["out", *blocks[(r - k + 1) % p]]]
+            assert e["recv_ranges"] == [["out", *blocks[(r - k) % p]]]
+    # Matched messages carry both ends' ranges, and the two ends have the same length.
+    for m in t.messages(strict=True):
+        assert m.send_range[0] in ("in", "out") and m.recv_range[0] in ("tmp", "out")
+        assert m.send_range[2] - m.send_range[1] == m.recv_range[2] - m.recv_range[1] == m.nbytes // 8
+
+
+def test_copy_events_name_destination_and_source():
+    def body(comm):
+        comm.allreduce(rng.standard_normal(6), algorithm="ring")
+    t, _ = _traced_local(1, body)  # one rank: the ring copies its input to its output
+    (e,) = t.events
+    assert e["kind"] == "copy" and e["range"] == ["out", 0, 6] and e["src_range"] == ["in", 0, 6]
+    assert e["send_ranges"] == e["recv_ranges"] == []
+
+
+def test_chrome_trace_steps_carry_their_ranges():
+    res = sim.simulate("allreduce", "ring", 3, 96, events=True)
+    steps = [ev for ev in to_chrome(res)["traceEvents"] if ev["ph"] == "X" and ev.get("cat") in ("exchange", "reduce")]
+    assert steps and all(ev["args"]["send_ranges"] and ev["args"]["recv_ranges"] for ev in steps
+                         if ev["cat"] == "exchange")
+    assert all(ev["args"]["range"][0] == "out" for ev in steps if ev["cat"] == "reduce")
+
+
+def test_events_without_ranges_still_load_and_match(tmp_path):
+    # A trace saved before the ranges existed: every helper still works, messages have no ranges.
+    res = sim.simulate("allreduce", "ring", 3, 96, events=True)
+    old = [{k: e[k] for k in EVENT_KEYS} for e in res.events]
+    save(old, tmp_path / "old.json")
+    back = load(tmp_path / "old.json")
+    msgs = messages(back, strict=True)
+    assert len(msgs) == sum(res.messages)
+    assert all(m.send_range is None and m.recv_range is None for m in msgs)
 
 
 # -- messages --------------------------------------------------------------------------------------
@@ -314,7 +377,8 @@ def test_real_and_simulated_events_have_the_same_shape():
     res = sim.simulate("allgather", "bruck", p, count=n, itemsize=8, events=True)
 
     def shape(events):
-        return sorted((e["rank"], e["step"], e["kind"], json.dumps(e["sends"]), json.dumps(e["recvs"]), e["bytes"])
+        return sorted((e["rank"], e["step"], e["kind"], json.dumps(e["sends"]), json.dumps(e["recvs"]), e["bytes"],
+                       json.dumps([e.get(k) for k in ("send_ranges", "recv_ranges", "range", "src_range")]))
                       for e in events)
 
     assert shape(t.events) == shape(res.events)
