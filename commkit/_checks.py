@@ -11,6 +11,7 @@ error, because commkit must write into that very memory.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -189,3 +190,28 @@ def same_memory(a, b) -> bool:
         return False  # CuPy gives every empty array the pointer 0
     (lo_a, n_a), (lo_b, n_b) = _extent(a), _extent(b)
     return lo_a < lo_b + n_b and lo_b < lo_a + n_a
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(text) -> int:
+    """Bytes from ``"4096"``, ``"4K"``, ``"1MiB"``, ``"2G"`` (binary units); raises InvalidArgument."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+        unit = match and _UNITS.get(match.group(2).lower())
+        if not match or unit is None:
+            raise InvalidArgument(
+                f"invalid size {text!r}: expected a number of bytes with an optional unit K, M or G "
+                "(powers of 1024), e.g. 8, 64K, 1M."
+            )
+        number = float(match.group(1)) * unit
+        if number != int(number):
+            raise InvalidArgument(f"invalid size {text!r}: not a whole number of bytes.")
+        value = int(number)
+    if value < 0:
+        raise InvalidArgument(f"invalid size {text!r}: sizes are non-negative.")
+    return value

@@ -34,7 +34,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -42,6 +41,7 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 
 from . import algorithms, collectives
+from ._checks import parse_size
 from .errors import AlgorithmNotApplicable, InvalidArgument, TransportUnavailable
 from .ops import get_op
 
@@ -49,8 +49,6 @@ __all__ = ["Row", "parse_size", "parse_sizes", "size_range", "format_size", "bus
            "measure", "run", "format_table", "to_csv", "to_json", "plot", "Progress"]
 
 _REDUCING = collectives.REDUCING
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 @dataclass
@@ -75,27 +73,6 @@ class Row:
 
 
 # -- sizes ------------------------------------------------------------------------------------------
-
-
-def parse_size(text) -> int:
-    """Bytes from ``"4096"``, ``"4K"``, ``"1MiB"``, ``"2G"`` (binary units); raises InvalidArgument."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
-        unit = match and _UNITS.get(match.group(2).lower())
-        if not match or unit is None:
-            raise InvalidArgument(
-                f"invalid size {text!r}: expected a number of bytes with an optional unit K, M or G "
-                "(powers of 1024), e.g. 8, 64K, 1M."
-            )
-        number = float(match.group(1)) * unit
-        if number != int(number):
-            raise InvalidArgument(f"invalid size {text!r}: not a whole number of bytes.")
-        value = int(number)
-    if value < 0:
-        raise InvalidArgument(f"invalid size {text!r}: sizes are non-negative.")
-    return value
 
 
 def size_range(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:

@@ -143,7 +143,8 @@ class _RecvRequest(PointToPointRequest):
 
     def _check_kind(self) -> None:
         status = getattr(self._pending, "status", None)
-        if status is not None and self._comm is not None and status.tag & self._comm._object_bit:
+        # A transport without tags (NCCL) reports ANY_TAG (-1): never an object message.
+        if status is not None and self._comm is not None and status.tag >= 0 and status.tag & self._comm._object_bit:
             raise InvalidBuffer(
                 f"{self._what}: the matching message from rank {status.source} is a Python object sent with "
                 f"send_object (tag {status.tag & ~self._comm._object_bit}); receive it with recv_object()."
@@ -160,6 +161,8 @@ class _RecvRequest(PointToPointRequest):
         self._check_kind()
         return result
 
+
+_SEGMENT_ENV = "COMMKIT_SEGMENT_ELEMENTS"  # a segmented algorithm's default segment (algorithms/pipelined.py)
 
 _LOCAL_ERRORS = (InvalidArgument, InvalidBuffer, UnsupportedOp, AlgorithmNotApplicable)
 
@@ -333,9 +336,21 @@ class Communicator(VectorCollectives):
         state = "freed" if self._closed else f"rank {self.rank} of {self.size}"
         return f"<commkit.Communicator {self.transport_name}: {state}>"
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise CommClosed after free(), CommBroken after a call that failed midway; return while usable."""
         if self._closed:
             raise (CommBroken if self._closed is not _FREED else CommClosed)(self._closed)
+
+    _check_open = check_open
+
+    @property
+    def collective_transport(self):
+        """The transport this communicator's collectives run on (a context of its own).
+
+        For tools that run a schedule directly, as ``commkit tune`` does to measure
+        the cost model's constants on the channel collectives use.
+        """
+        return self._coll
 
     def _break(self, reason: str) -> None:
         """Mark this communicator unusable: messages of an interrupted call may still arrive."""
@@ -613,8 +628,11 @@ class Communicator(VectorCollectives):
             self._scratch[key] = buf
         return buf[:n]
 
-    def _verify_call(self, call: _Call, seq: int, algorithm: str, timeout) -> None:
+    def _verify_call(self, call: _Call, seq: int, algorithm: str, timeout, signature=()) -> None:
         """Debug mode: all ranks compare what they are about to run; mismatch raises everywhere."""
+        segment = dict(signature).get("segment")
+        if segment is not None:
+            algorithm = f"{algorithm} (segment {segment})"
         self._agree({
             "collective": call.collective,
             "seq": seq,
@@ -723,11 +741,20 @@ class Communicator(VectorCollectives):
         op = call.op.name if call.op is not None else None
         signature = (("count", call.signature_count), ("dtype", None if call.dtype is None else str(call.dtype)),
                      ("root", root), ("op", op))
-        tagbase = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, alg.name))
+        segment = None
+        if alg.segmented:
+            # Segment size in elements for this dtype; the ranks must agree on it (their messages are cut
+            # by it), so it is part of the call's identity: the environment's default when none was chosen.
+            if choice.segment is not None:
+                itemsize = call.dtype.itemsize if call.dtype is not None else 1
+                segment = max(1, choice.segment // itemsize)
+            signature += (("segment", segment if segment is not None else os.environ.get(_SEGMENT_ENV, "default")),)
+        tagbase = self._layout.base(call.collective, call.dtype,
+                                    (root, op, call.signature_count, alg.name) + signature[4:])
         if alg.name == "native":
             plan = (choice, None, 0, False, alg.name, tagbase, signature)
         else:
-            steps = tuple(self._steps(alg, call))
+            steps = tuple(self._steps(alg, call, segment))
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
                     (call.collective, alg.name) in _INPLACE_SAFE, alg.name, tagbase, signature)
         if len(self._plans) >= 512:
@@ -768,7 +795,7 @@ class Communicator(VectorCollectives):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
                       call.nbytes, self.size, name, choice.reason)
         if self.check:
-            self._verify_call(call, seq, name, timeout)
+            self._verify_call(call, seq, name, timeout, signature)
         tracer = _trace_active[-1] if _trace_active else None
         info = (call.collective, name, seq, self.rank, tracer)
         recorder = self._recorder
@@ -932,8 +959,9 @@ class Communicator(VectorCollectives):
         _ABANDONED.append(pending)
         self._break(reason.split(". ")[0] + ".")
 
-    def _steps(self, alg, call: _Call):
-        return collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op, call.root)
+    def _steps(self, alg, call: _Call, segment=None):
+        return collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op, call.root,
+                                 segment)
 
     def _native_args(self, call: _Call):
         """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.

@@ -21,6 +21,15 @@ broadcast, scan and exscan; the whole gathered/scattered vector for gather,
 scatter and allgather; the whole input vector for reduce_scatter; the block sent to each peer for
 alltoall (as MPICH's thresholds are stated).
 
+Segmented algorithms (those whose schedule takes ``segment=``, such as
+``ring_pipelined``) cut their messages into segments. The segment size, in
+bytes, comes from the most specific of: a size after the name in a forced
+algorithm (``algorithm="ring_pipelined:256K"``, or the same in
+``COMMKIT_ALLREDUCE_ALGORITHM``), a rule's ``segment_bytes``, and otherwise
+the algorithm's default (``COMMKIT_SEGMENT_ELEMENTS`` elements, else its own).
+:attr:`Choice.segment` carries it, and its reason says where it came from.
+The communicator turns it into elements (at least one) for the call's dtype.
+
 A forced algorithm (argument or environment) that cannot run the call raises
 :class:`~commkit.errors.AlgorithmNotApplicable`, unless
 ``COMMKIT_FALLBACK=warn``, which warns and selects automatically instead.
@@ -38,7 +47,7 @@ from importlib import resources
 from . import algorithms
 from .errors import AlgorithmNotApplicable, InvalidArgument
 
-__all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice"]
+__all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice", "split_algorithm"]
 
 log = logging.getLogger("commkit")
 
@@ -56,20 +65,46 @@ FALLBACK = {
     "exscan": ("recursive_doubling", "naive"),
 }
 
-_RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative"}
+_RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative",
+              "segment_bytes"}
 
 
 class Choice:
-    """The selected algorithm and why it was selected."""
+    """The selected algorithm, its segment size (bytes, or None for the default) and why it was selected."""
 
-    __slots__ = ("algorithm", "reason")
+    __slots__ = ("algorithm", "reason", "segment")
 
-    def __init__(self, algorithm, reason: str):
+    def __init__(self, algorithm, reason: str, segment: int | None = None):
         self.algorithm = algorithm
         self.reason = reason
+        self.segment = segment
 
     def __repr__(self) -> str:
-        return f"Choice({self.algorithm.qualname}: {self.reason})"
+        seg = f", segment {self.segment} B" if self.segment is not None else ""
+        return f"Choice({self.algorithm.qualname}{seg}: {self.reason})"
+
+
+def split_algorithm(text: str, collective: str, source: str = "algorithm= argument") -> tuple[str, int | None]:
+    """``"ring_pipelined:256K"`` -> ``("ring_pipelined", 262144)``; a plain name -> ``(name, None)``.
+
+    Raises:
+        AlgorithmNotApplicable: the size is not a positive size in bytes (see
+            :func:`commkit.bench.parse_size` for the units).
+    """
+    name, sep, size = str(text).partition(":")
+    if not sep:
+        return name, None
+    from ._checks import parse_size
+
+    try:
+        segment = parse_size(size)
+    except InvalidArgument as exc:
+        raise AlgorithmNotApplicable(f"{collective} algorithm {text!r} (from {source}): the segment size after "
+                                     f"':' is not valid: {exc}") from None
+    if segment < 1:
+        raise AlgorithmNotApplicable(f"{collective} algorithm {text!r} (from {source}): the segment size after ':' "
+                                     "must be at least 1 byte.")
+    return name.strip(), segment
 
 
 def validate_table(table, source: str) -> dict:
@@ -100,6 +135,13 @@ def validate_table(table, source: str) -> dict:
             for key in ("min_procs", "max_procs", "min_bytes", "max_bytes"):
                 if key in rule and (not isinstance(rule[key], int) or isinstance(rule[key], bool) or rule[key] < 0):
                     raise InvalidArgument(f"{where}: {key} must be a non-negative integer, got {rule[key]!r}.")
+            if "segment_bytes" in rule:
+                seg = rule["segment_bytes"]
+                if not isinstance(seg, int) or isinstance(seg, bool) or seg < 1:
+                    raise InvalidArgument(f"{where}: segment_bytes must be a positive integer, got {seg!r}.")
+                if not algorithms.get(collective, rule["algorithm"]).segmented:
+                    raise InvalidArgument(f"{where}: segment_bytes is given, but {collective} algorithm "
+                                          f"{rule['algorithm']!r} takes no segment size.")
     return table
 
 
@@ -161,15 +203,22 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
         if forced == "auto":
             forced = None
     if forced is not None:
-        alg = algorithms.get(collective, forced)
+        name, segment = split_algorithm(forced, collective, source)
+        alg = algorithms.get(collective, name)
         if alg is None:
             raise AlgorithmNotApplicable(
                 f"unknown {collective} algorithm {forced!r} (from {source}); expected one of "
                 f"{sorted(algorithms.for_collective(collective))} or 'auto'."
             )
+        if segment is not None and not alg.segmented:
+            segmented = sorted(a.name for a in algorithms.for_collective(collective).values() if a.segmented)
+            raise AlgorithmNotApplicable(
+                f"{collective} algorithm {name!r} takes no segment size, but {forced!r} (from {source}) gives one; "
+                f"segmented {collective} algorithms: {segmented or 'none'}.")
         why = _why_not(alg, size, op, native_ok)
         if why is None:
-            return Choice(alg, f"forced by {source}")
+            seg = f", segment {segment} B" if segment is not None else ""
+            return Choice(alg, f"forced by {source}{seg}", segment)
         if os.environ.get("COMMKIT_FALLBACK", "").lower() != "warn":
             raise AlgorithmNotApplicable(f"{why} (forced by {source}); set COMMKIT_FALLBACK=warn to fall back instead.")
         warnings.warn(f"{why}; falling back to automatic selection.", RuntimeWarning, stacklevel=3)
@@ -183,7 +232,9 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
             if _matches(rule, size, nbytes, op):
                 alg = algorithms.get(collective, rule["algorithm"])
                 if _why_not(alg, size, op, native_ok) is None:
-                    return Choice(alg, f"{name}: {rule.get('reason', 'rule matched')}")
+                    segment = rule.get("segment_bytes")
+                    seg = f" (segment {segment} B)" if segment is not None else ""
+                    return Choice(alg, f"{name}: {rule.get('reason', 'rule matched')}{seg}", segment)
     for name in FALLBACK[collective]:
         alg = algorithms.get(collective, name)
         if alg.why_not(size, op) is None:

@@ -54,6 +54,7 @@ peers moved, which lets :mod:`commkit.sim` run rank 0 alone for all p ranks.
 from __future__ import annotations
 
 import importlib
+import inspect
 import keyword
 import os
 import re
@@ -174,6 +175,22 @@ class Algorithm:
     @property
     def qualname(self) -> str:
         return f"{self.collective}_{self.name}"
+
+    @property
+    def segmented(self) -> bool:
+        """Whether the schedule takes a segment size (a ``segment=`` parameter, in elements).
+
+        Its messages are cut into segments of that many elements; the selection
+        table (``segment_bytes``), ``algorithm="name:SIZE"`` on a call or in
+        ``COMMKIT_<COLLECTIVE>_ALGORITHM``, or ``COMMKIT_SEGMENT_ELEMENTS`` choose it
+        (see :mod:`commkit.selection`).
+        """
+        if self.schedule is None:
+            return False
+        try:
+            return "segment" in inspect.signature(self.schedule).parameters
+        except (TypeError, ValueError):
+            return False
 
     def why_not(self, size: int, op=None) -> str | None:
         """The reason this algorithm cannot run a call, or None if it can."""

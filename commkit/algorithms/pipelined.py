@@ -9,10 +9,13 @@ work at once (Gloo's chunked ring does the same). The price is K times as
 many messages, so segments must be large enough that alpha stays small
 against a segment's beta.
 
-Segment size, in elements: :data:`SEGMENT` (65536), overridden by the
-environment variable ``COMMKIT_SEGMENT_ELEMENTS``, read when a schedule is
-generated. Plans cache a call shape's schedule, so the variable is read at a
-shape's first call; set it before that. Every block is cut into the same
+Segment size, in elements: the schedule's ``segment`` argument (from
+``algorithm="ring_pipelined:SIZE"`` on a call or in
+``COMMKIT_ALLREDUCE_ALGORITHM``, or a selection rule's ``segment_bytes``; see
+:mod:`commkit.selection`), else the environment variable
+``COMMKIT_SEGMENT_ELEMENTS``, else :data:`SEGMENT` (65536), read when a
+schedule is generated. Plans cache a call shape's schedule, so the variable is
+read at a shape's first call; set it before that. Every block is cut into the same
 number K of near-equal segments, K = ⌈⌈count/p⌉/S⌉ (at most ⌊count/p⌋, so
 no segment is empty when count >= p; a segment may then hold one element more
 than S). Zero-length segments (count < p) send no message: both sides know
@@ -37,8 +40,13 @@ ENV_SEGMENT = "COMMKIT_SEGMENT_ELEMENTS"
 _COST_ITEMSIZE = 4  # the cost model's elements, in bytes (see the module docstring)
 
 
-def segment_elements() -> int:
-    """The segment size in elements now: ``COMMKIT_SEGMENT_ELEMENTS`` if set, else :data:`SEGMENT`."""
+def segment_elements(segment: int | None = None) -> int:
+    """The segment size in elements: ``segment`` if given (the call's or the selection table's),
+    else ``COMMKIT_SEGMENT_ELEMENTS`` if set, else :data:`SEGMENT`."""
+    if segment is not None:
+        if isinstance(segment, bool) or not isinstance(segment, int) or segment < 1:
+            raise InvalidArgument(f"a segment size is a positive number of elements, got {segment!r}.")
+        return segment
     text = os.environ.get(ENV_SEGMENT, "").strip()
     if not text:
         return SEGMENT
@@ -51,14 +59,17 @@ def segment_elements() -> int:
     return value
 
 
-def segment_count(count: int, size: int) -> int:
-    """K: how many segments each of the p ring blocks is cut into (0 when count is 0)."""
+def segment_count(count: int, size: int, segment: int | None = None) -> int:
+    """K: how many segments each of the p ring blocks is cut into (0 when count is 0).
+
+    ``segment``: the segment size in elements (None: :func:`segment_elements`'s default).
+    """
     largest, smallest = -(-count // size), count // size
     if largest == 0:
         return 0
     if smallest == 0:
         return 1
-    return max(1, min(-(-largest // segment_elements()), smallest))
+    return max(1, min(-(-largest // segment_elements(segment)), smallest))
 
 
 def _max_block(count, size):
@@ -107,12 +118,14 @@ def _pipelined_cost(p, n, a, b, g):
            formula="(p-1)(Kα + mβ) + (p-1)Σₖ max(α + mₖβ, mₖ₋₁γ), m = n/p, mₖ = segment k (K ≥ 2); "
                    "ring's 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ when K = 1",
            cost_exact="even", cost_bound="either", symmetry="rotation")
-def allreduce_ring_pipelined(rank, size, count, op):
+def allreduce_ring_pipelined(rank, size, count, op, segment=None):
     """Pipelined ring allreduce: the ring reduce-scatter and allgather, every block cut into K segments.
 
     Restrictions: commutative op (each block is reduced starting at a different rank).
-    Segments: K = ⌈⌈count/p⌉/S⌉ per block (at most ⌊count/p⌋), S = ``COMMKIT_SEGMENT_ELEMENTS``
-    or 65536 elements, read when the schedule is generated (plans cache it per call shape).
+    Segments: K = ⌈⌈count/p⌉/S⌉ per block (at most ⌊count/p⌋), S = ``segment`` elements
+    (``algorithm="ring_pipelined:256K"`` on the call, or the selection table's ``segment_bytes``),
+    else ``COMMKIT_SEGMENT_ELEMENTS``, else 65536, read when the schedule is generated (plans
+    cache it per call shape).
     Each exchange of segment k overlaps the reduction of segment k-1 received just before
     (the last reduction overlaps the allgather's first exchange); with K = 1 nothing can be
     overlapped and the schedule is exactly ``ring``'s (less the zero-length messages).
@@ -126,7 +139,7 @@ def allreduce_ring_pipelined(rank, size, count, op):
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
         return
-    k_segments = segment_count(count, size)
+    k_segments = segment_count(count, size, segment)
     if k_segments == 0:
         return
     blocks = partition(count, size)
