@@ -46,7 +46,7 @@ import time
 import uuid
 
 from ._checks import check_timeout
-from ._mpiexec import mpiexec_command, terminate_group
+from ._mpiexec import OUTER_JOB_PREFIXES, mpiexec_command, terminate_group
 from .errors import CommError, CommTimeout, InvalidArgument, RankError
 
 __all__ = ["launch", "launcher"]
@@ -58,9 +58,6 @@ _POLL = 0.05
 # After a rank has reported an error it aborts the job itself; give mpiexec
 # this long to wind down (and print its own diagnostics) before ending the group.
 _ABORT_GRACE = 2.0
-# Environment variables of an enclosing MPI job; a nested mpiexec that
-# inherits them would try to join the outer job instead of starting its own.
-_OUTER_JOB_PREFIXES = ("PMI_", "PMIX_", "HYDRA_")
 # Every process of a job carries this variable, set to a fresh id, so that the
 # final sweep can find any of them by that id (never by name).
 _TAG = "COMMKIT_LAUNCH_JOB"
@@ -194,7 +191,7 @@ def _pack(fn, args, kwargs, label) -> bytes:
 
 
 def _child_env(extra: dict | None, tag: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_OUTER_JOB_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(OUTER_JOB_PREFIXES)}
     name, _, value = tag.partition("=")
     env[name] = value
     # The ranks must import this very commkit, even when it is not installed

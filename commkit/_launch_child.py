@@ -16,6 +16,8 @@ import socket
 import sys
 import traceback
 
+from ._mpiexec import launcher_rank
+
 
 def _write(jobdir: str, name: str, data: bytes) -> str:
     """Write ``JOBDIR/name`` atomically: the parent sees all of it or nothing."""
@@ -93,13 +95,6 @@ def _setup_streams(rank: int, label: bool) -> None:
         setattr(sys, name, _Labelled(stream, f"[{rank}] " if label else ""))
 
 
-def _env_rank() -> int:
-    for var in ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK"):
-        if os.environ.get(var, "").isdigit():
-            return int(os.environ[var])
-    return -1
-
-
 def _record_failure(jobdir: str, rank: int, exc: BaseException, stage: str) -> None:
     """Leave ``error.R``, and claim ``first-error`` unless another rank failed earlier."""
     tb = exc.__traceback__
@@ -146,7 +141,9 @@ def main(argv: list[str]) -> None:
         job = pickle.load(f)
     parent_path = job["sys_path"]
     sys.path[:] = parent_path + [p for p in sys.path if p not in parent_path]
-    rank, comm, control, stage = _env_rank(), None, None, "start"
+    rank, comm, control, stage = launcher_rank(), None, None, "start"
+    if rank is None:
+        rank = -1  # no launcher variable to read: MPI tells the rank below
     try:
         import commkit
 

@@ -1,10 +1,16 @@
-"""Finding and running the ``mpiexec`` that came with the installed MPI.
+"""Finding and running the ``mpiexec`` that came with the installed MPI, and knowing a process it started.
 
 Used by the launcher, ``commkit bench -n N`` and the test-suite. Prefers the
 ``mpiexec`` next to the running Python (a virtual environment with the
 ``mpich`` wheels), then the one on PATH. Jobs start in their own process
 group so that a timeout or Ctrl-C can end every process of the job and no
 other (never by name).
+
+A process started by a launcher knows it from its environment, before MPI is
+initialised: :func:`under_mpiexec`, :func:`launcher_rank` and
+:func:`launcher_size` read the variables that MPICH's Hydra (``PMI_*``),
+Open MPI (``OMPI_COMM_WORLD_*``) and PMIx launchers such as ``srun`` or
+``prterun`` (``PMIX_*``) set in every rank.
 """
 
 from __future__ import annotations
@@ -18,7 +24,40 @@ import sys
 
 from .errors import TransportUnavailable
 
-__all__ = ["find_mpiexec", "mpiexec_command", "run_group", "run_job", "terminate_group"]
+__all__ = ["find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "run_group", "run_job",
+           "terminate_group", "under_mpiexec"]
+
+# The rank and the size of this process in its job, as each launcher names them.
+RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
+# Any of these says a launcher started this process.
+_LAUNCHED_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "HYDRA_CONTROL_FD")
+# Variables of an enclosing MPI job; a nested mpiexec that inherits them would try to join the
+# outer job instead of starting its own.
+OUTER_JOB_PREFIXES = ("PMI_", "PMIX_", "HYDRA_")
+
+
+def under_mpiexec() -> bool:
+    """Whether a launcher (mpiexec, mpirun, srun) started this process, judged from its environment."""
+    return any(var in os.environ for var in _LAUNCHED_VARS)
+
+
+def _first_int(names) -> int | None:
+    for name in names:
+        text = os.environ.get(name, "")
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def launcher_rank() -> int | None:
+    """This process's rank as its launcher set it in the environment, or None where none did."""
+    return _first_int(RANK_VARS)
+
+
+def launcher_size() -> int | None:
+    """The number of processes in this process's job as its launcher set it, or None where none did."""
+    return _first_int(SIZE_VARS)
 
 
 def find_mpiexec() -> str:

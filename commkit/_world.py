@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import threading
 import time
@@ -10,14 +11,12 @@ import traceback
 import weakref
 
 from ._checks import check_timeout
+from ._mpiexec import under_mpiexec
 from .communicator import Communicator
-from .errors import InvalidArgument, RankError
+from .errors import InvalidArgument, PeerFailed, RankError
+from .transports.local import LocalTransport, LocalWorld
 
 __all__ = ["init", "run_local", "local_world"]
-
-
-def _under_mpiexec() -> bool:
-    return any(v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "HYDRA_CONTROL_FD"))
 
 
 def init(transport: str | None = None, *, timeout: float | None = None, check: bool | None = None, **options) -> Communicator:
@@ -40,10 +39,8 @@ def init(transport: str | None = None, *, timeout: float | None = None, check: b
     timeout = check_timeout(timeout)
     transport = transport or os.environ.get("COMMKIT_TRANSPORT") or None
     if transport is None:
-        transport = "mpi" if _under_mpiexec() or _mpi_importable() else "local"
+        transport = "mpi" if under_mpiexec() or _mpi_importable() else "local"
     if transport == "local":
-        from .transports.local import LocalTransport, LocalWorld
-
         return Communicator(LocalTransport(LocalWorld(1), 0), timeout=timeout, check=check)
     if transport == "mpi":
         from .transports.mpi import MPI, MPITransport, install_abort_on_exception
@@ -78,7 +75,7 @@ def _exit_barrier() -> None:
     if not MPI.Is_initialized() or MPI.Is_finalized():
         return
     comm = _exit_barriers[0]() if _exit_barriers else None
-    recorder = comm._recorder if comm is not None else None
+    recorder = comm.flight_recorder if comm is not None else None
     world = MPI.COMM_WORLD
     peers = tuple(r for r in range(world.Get_size()) if r != world.Get_rank())
     try:
@@ -95,8 +92,6 @@ def _exit_barrier() -> None:
 
 def _mpi_importable() -> bool:
     try:
-        import importlib.util
-
         return importlib.util.find_spec("mpi4py") is not None
     except (ImportError, ValueError):
         return False
@@ -104,12 +99,15 @@ def _mpi_importable() -> bool:
 
 def local_world(size: int, *, timeout: float | None = None, check: bool | None = None) -> list[Communicator]:
     """``size`` communicators of one threads world, one per rank (drive them from your own threads)."""
-    from .transports.local import LocalTransport, LocalWorld
+    return _threads_world(size, timeout, check)[1]
 
+
+def _threads_world(size, timeout, check) -> tuple[LocalWorld, list[Communicator]]:
+    """A threads world of ``size`` ranks and a communicator over it for each rank."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise InvalidArgument(f"size must be a positive int, got {size!r}.")
     world = LocalWorld(size)
-    return [Communicator(LocalTransport(world, r), timeout=timeout, check=check) for r in range(size)]
+    return world, [Communicator(LocalTransport(world, r), timeout=timeout, check=check) for r in range(size)]
 
 
 def run_local(fn, size: int = 4, *args, timeout: float | None = None, check: bool | None = None, **kwargs) -> list:
@@ -121,8 +119,7 @@ def run_local(fn, size: int = 4, *args, timeout: float | None = None, check: boo
     """
     if not callable(fn):
         raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}.")
-    comms = local_world(size, timeout=timeout, check=check)
-    world = comms[0]._base.world
+    world, comms = _threads_world(size, timeout, check)
     results: list = [None] * size
     errors: list = [None] * size
     order: list[int] = []
@@ -147,8 +144,6 @@ def run_local(fn, size: int = 4, *args, timeout: float | None = None, check: boo
             t.join(5)
         raise
     if order:
-        from .errors import PeerFailed
-
         # Report the rank that failed first with its own error, not a peer's PeerFailed.
         first = next((r for r in order if not isinstance(errors[r], PeerFailed)), order[0])
         exc = errors[first]

@@ -41,11 +41,13 @@ import threading
 
 import numpy as np
 
+from . import _world
 from ._checks import array_module, check_timeout
 from .communicator import Communicator
 from .compat import as_array
 from .errors import CommError, InvalidArgument, InvalidBuffer, UnsupportedOp
 from .transports.base import ANY_SOURCE
+from .transports.local import LocalTransport, LocalWorld
 
 __all__ = [
     "ReduceOp", "reduce_op", "Work", "Group", "GroupMember", "is_available", "init_process_group",
@@ -215,9 +217,7 @@ def init_process_group(backend: str = "mpi", init_method: str | None = "env://",
                 f"the {backend} backend takes rank and size from the MPI environment, so init_method must be "
                 f"'env://'; got {init_method!r}."
             )
-        from ._world import init
-
-        comm = init(backend, timeout=timeout)
+        comm = _world.init(backend, timeout=timeout)
         local = False
     for name, given, actual in (("world_size", world_size, comm.size), ("rank", rank, comm.rank)):
         if given != -1 and given != actual:
@@ -238,8 +238,6 @@ def _int_arg(value, name: str) -> int:
 
 def _join_local(init_method, world_size: int, rank: int, timeout) -> Communicator:
     """Meet the other threads of a local job by ``init_method``; return this rank's communicator."""
-    from .transports.local import LocalTransport, LocalWorld
-
     if world_size < 1 or not 0 <= rank < world_size:
         raise InvalidArgument(
             f"the local backend needs world_size >= 1 and 0 <= rank < world_size (or comm=); "

@@ -41,11 +41,14 @@ from __future__ import annotations
 
 import keyword
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .communicator import Communicator
 from .errors import CollectiveMismatch, CommClosed, InvalidArgument
+
+if TYPE_CHECKING:  # only for the annotations: communicator.py imports this module (Communicator.mesh)
+    from .communicator import Communicator
 
 __all__ = ["STANDARD_AXES", "MeshLayout", "Mesh", "mesh_layout", "make_mesh"]
 
@@ -486,6 +489,11 @@ def _agree(comm: Communicator, layout: MeshLayout) -> None:
         raise CollectiveMismatch(f"ranks describe different meshes: {listed}.")
 
 
+def _is_communicator(comm) -> bool:
+    """Whether ``comm`` offers what a mesh uses of a communicator (known by its methods: see the imports)."""
+    return all(callable(getattr(comm, name, None)) for name in ("check_open", "split", "allgather_object"))
+
+
 def make_mesh(comm: Communicator, axes=None, /, *, data=None, model=None, pipeline=None,
               ranks_per_node: int | None = None) -> Mesh:
     """Split ``comm`` into one sub-communicator per mesh axis (collective: every rank calls it alike).
@@ -510,9 +518,9 @@ def make_mesh(comm: Communicator, axes=None, /, *, data=None, model=None, pipeli
         CollectiveMismatch: ranks described different meshes (always detected in
             debug mode, ``COMMKIT_DEBUG=check``; otherwise when the groups come out wrong).
     """
-    if not isinstance(comm, Communicator):
+    if not _is_communicator(comm):
         raise InvalidArgument(f"comm must be a commkit.Communicator, got {type(comm).__name__}.")
-    comm._check_open()
+    comm.check_open()
     layout = mesh_layout(comm.size, axes, data=data, model=model, pipeline=pipeline,
                          ranks_per_node=ranks_per_node)
     return Mesh(comm, layout)

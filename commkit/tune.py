@@ -78,7 +78,7 @@ def measure_alpha_beta(comm, sizes, reps: int = 5) -> list[tuple[int, float]]:
     """
     dup = comm.dup()
     try:
-        chan = dup._coll  # the channel collective schedules run on: the cost the model charges
+        chan = dup.collective_transport  # where collective schedules run: the cost the model charges
         points = []
         for nbytes in sizes:
             rounds = 200 if nbytes <= 4096 else 50 if nbytes <= 256 << 10 else 10

@@ -277,3 +277,24 @@ def test_arguments_are_checked_before_anything_starts():
         launch(lambda comm, lock: None, 2, threading.Lock())
     with pytest.raises(InvalidArgument, match="timeout"):
         launch(print, 2, timeout=-1)
+
+
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_SIZE",
+                  "HYDRA_CONTROL_FD")
+
+
+def test_a_launched_process_knows_its_rank_and_size_from_the_environment(monkeypatch):
+    from commkit._mpiexec import launcher_rank, launcher_size, under_mpiexec
+
+    for var in _LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert not under_mpiexec() and launcher_rank() is None and launcher_size() is None
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    assert under_mpiexec() and (launcher_rank(), launcher_size()) == (3, 8)
+    monkeypatch.setenv("PMI_RANK", "x")  # not a number: the next launcher's variable is read
+    assert launcher_rank() == 3
+    for var in _LAUNCHER_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HYDRA_CONTROL_FD", "7")  # Hydra's marker alone says "launched", with no rank to read
+    assert under_mpiexec() and launcher_rank() is None

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import TransportUnavailable
 
-__all__ = ["load_cupy", "gpu_status", "nccl_status", "is_device_array", "synchronize", "mpi_cuda_aware",
+__all__ = ["load_cupy", "gpu_status", "nccl_status", "is_device_array", "synchronize", "follow", "mpi_cuda_aware",
            "kinds_allow_cuda", "stage", "stage_native", "StagedPending", "INSTALL_HINT"]
 
 INSTALL_HINT = ("install CuPy for your CUDA version, e.g. `pip install 'commkit[gpu]'` (cupy-cuda12x) "
@@ -91,6 +91,18 @@ def synchronize() -> None:
     cupy = sys.modules.get("cupy")
     if cupy is not None:
         cupy.cuda.get_current_stream().synchronize()
+
+
+def follow(event, stream_ptr: int) -> None:
+    """Order the current CuPy stream after ``event``, recorded on the stream ``stream_ptr`` (a device-side wait).
+
+    Nothing to do when the current stream is that stream: its work runs in order.
+    """
+    import cupy
+
+    current = cupy.cuda.get_current_stream()
+    if current.ptr != stream_ptr:
+        current.wait_event(event)
 
 
 _cuda_aware: dict = {}

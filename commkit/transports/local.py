@@ -21,8 +21,8 @@ import pickle
 import threading
 import time
 
-from ..errors import InvalidBuffer, MessageTruncated, PeerFailed
-from .base import ANY_SOURCE, ANY_TAG, Status
+from ..errors import CommTimeout, InvalidBuffer, MessageTruncated, PeerFailed
+from .base import ANY_SOURCE, ANY_TAG, Status, allgather_objects
 
 __all__ = ["LocalWorld", "LocalTransport"]
 
@@ -298,7 +298,8 @@ class LocalTransport:
         self._children += 1
         label = ("split", self._children)
         ctl = LocalTransport(self.world, self.rank, self.ranks, self.ctx + (label, "ctl"))
-        entries = _allgather_objects(ctl, (color, key), timeout)
+        entries = allgather_objects(ctl, (color, key), 0, timeout, lambda peer: CommTimeout(
+            f"rank {self.rank} timed out in split waiting for rank {peer}."))
         if color is None:
             return None
         members = sorted((k, r) for r, (c, k) in enumerate(entries) if c == color)
@@ -322,22 +323,3 @@ class _RecvHandle(_Pending):
     @property
     def status(self):
         return self.receives[0].status
-
-
-def _allgather_objects(chan: LocalTransport, obj, timeout):
-    """Every rank sends ``obj`` to every other rank (used only for split's metadata)."""
-    for peer in range(chan.size):
-        if peer != chan.rank:
-            chan.send_object(obj, peer, 0)
-    out = []
-    for peer in range(chan.size):
-        if peer == chan.rank:
-            out.append(obj)
-            continue
-        got = chan.recv_object(peer, 0, timeout)
-        if got is None:
-            from ..errors import CommTimeout
-
-            raise CommTimeout(f"rank {chan.rank} timed out in split waiting for rank {peer}.")
-        out.append(got[0])
-    return out

@@ -19,13 +19,16 @@ way the current CuPy stream is synchronised first (see :mod:`._cuda`).
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import numpy as np
 
 from ..errors import MessageTruncated, TransportUnavailable
+from ..ops import OPS
 from . import _cuda
-from .base import ANY_SOURCE, ANY_TAG, Status, inline
+from .base import ANY_SOURCE, ANY_TAG, Backoff, Status, inline
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
     from mpi4py import MPI
@@ -35,15 +38,14 @@ except ImportError as exc:  # pragma: no cover
         "`pip install 'commkit[mpi]'` (mpi4py plus the mpich wheels)."
     ) from exc
 
+from ._mpi_vector import native_vector  # after the check: it imports mpi4py
+
 __all__ = ["MPITransport", "MPI"]
 
 BYTE = MPI.BYTE
 # Transfers that timed out: their requests (and the buffers mpi4py keeps with them) stay
 # alive for the life of the process, so MPI never reads or writes memory Python freed.
 _ABANDONED: list = []
-
-_SPIN_SECONDS = 2e-4
-_MAX_SLEEP = 1e-3
 
 
 def _src(source: int) -> int:
@@ -74,18 +76,11 @@ def _poll(test, timeout: float) -> bool:
     """Call ``test()`` until it returns True (all complete) or ``timeout`` passes (False)."""
     if test():
         return True
-    start = time.monotonic()
-    deadline = start + timeout
-    sleep = 1e-5
-    while True:
-        if test():
-            return True
-        now = time.monotonic()
-        if now >= deadline:
+    backoff = Backoff(timeout)
+    while not test():
+        if not backoff.pause():
             return False
-        if now - start > _SPIN_SECONDS:
-            time.sleep(min(sleep, deadline - now))
-            sleep = min(sleep * 2, _MAX_SLEEP)
+    return True
 
 
 class _Pending:
@@ -342,16 +337,10 @@ class MPITransport:
         if timeout is None:
             message = self.comm.mprobe(_src(source), _tag(tag), status)
         else:
-            deadline = time.monotonic() + timeout
-            sleep = 1e-5
-            while True:
-                message = self.comm.improbe(_src(source), _tag(tag), status)
-                if message is not None:
-                    break
-                if time.monotonic() >= deadline:
+            backoff = Backoff(timeout, spin=0)
+            while (message := self.comm.improbe(_src(source), _tag(tag), status)) is None:
+                if not backoff.pause():
                     return None
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP)
         nbytes = status.Get_count(BYTE)
         if object_bit and not status.Get_tag() & object_bit:
             message.Recv([bytearray(nbytes), BYTE])
@@ -391,7 +380,7 @@ class MPITransport:
         if op is None:
             return True
         kinds = _OP_KINDS.get(op.name)
-        if kinds is None or op.fn is not _builtin_fn(op.name) or dtype.kind not in kinds:
+        if kinds is None or op.fn is not OPS[op.name].fn or dtype.kind not in kinds:
             return False
         if dtype.itemsize == 2 and dtype.kind == "f":
             return False  # float16: MPICH has no reduction ops for MPIX_C_FLOAT16
@@ -417,8 +406,6 @@ class MPITransport:
     def _native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                 inplace: bool = False, nonblocking: bool = False):
         if collective.endswith("v"):  # allgatherv, gatherv, scatterv, alltoallv
-            from ._mpi_vector import native_vector
-
             req = native_vector(self.comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
             return _Pending([req], [-1]) if nonblocking else None
         form = "I" if nonblocking else ""
@@ -496,12 +483,6 @@ class MPITransport:
             return None
 
 
-def _builtin_fn(name: str):
-    from ..ops import OPS
-
-    return OPS[name].fn
-
-
 def install_abort_on_exception() -> None:
     """Make an uncaught exception on any rank end the whole job, as ``python -m mpi4py`` does.
 
@@ -510,24 +491,15 @@ def install_abort_on_exception() -> None:
     calls ``MPI_Abort`` so mpiexec stops every rank with a non-zero exit status.
     Set ``COMMKIT_ABORT_ON_EXCEPTION=0`` to keep Python's default behaviour.
     """
-    import os
-    import sys
-
     if os.environ.get("COMMKIT_ABORT_ON_EXCEPTION", "1") == "0" or getattr(sys.excepthook, "_commkit", False):
         return
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
         previous(exc_type, exc, tb)
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
-            sys.stderr.write(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} raised {exc_type.__name__}; "
-                             "aborting the MPI job so the other ranks do not hang.\n")
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            # MPI_Abort makes mpiexec kill every process at once, and output still in flight
-            # to mpiexec is lost with them: the traceback's last line went missing under load.
-            time.sleep(0.3)
-            MPI.COMM_WORLD.Abort(1)
+        if _in_a_job():
+            abort_job(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} raised {exc_type.__name__}; "
+                      "aborting the MPI job so the other ranks do not hang.")
 
     hook._commkit = True
     sys.excepthook = hook
@@ -539,17 +511,32 @@ def install_abort_on_exception() -> None:
 
     def exit_hook(status=None):
         code = status if isinstance(status, int) or status is None else 1
-        if code not in (0, None) and MPI.Is_initialized() and not MPI.Is_finalized() \
-                and MPI.COMM_WORLD.Get_size() > 1:
+        if code not in (0, None) and _in_a_job():
             if status is not None and not isinstance(status, int):
                 sys.stderr.write(f"{status}\n")
-            sys.stderr.write(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} called sys.exit({status!r}); "
-                             "aborting the MPI job so the other ranks do not hang.\n")
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            time.sleep(0.3)
-            MPI.COMM_WORLD.Abort(code if isinstance(code, int) and 0 < code < 256 else 1)
+            abort_job(f"commkit: rank {MPI.COMM_WORLD.Get_rank()} called sys.exit({status!r}); "
+                      "aborting the MPI job so the other ranks do not hang.",
+                      code if isinstance(code, int) and 0 < code < 256 else 1)
         original_exit(status)
 
     exit_hook._commkit = True
     sys.exit = exit_hook
+
+
+def _in_a_job() -> bool:
+    """Whether this process is one rank of several in a running MPI job."""
+    return MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1
+
+
+def abort_job(message: str, code: int = 1) -> None:  # pragma: no cover - ends the job
+    """Write the line ``message`` to stderr and end the whole MPI job with ``MPI_Abort(code)``.
+
+    MPI_Abort makes mpiexec kill every process at once, and output still in
+    flight to mpiexec is lost with them (the last line of a traceback went
+    missing under load): both streams are flushed, then given 0.3 s to drain.
+    """
+    sys.stderr.write(message + "\n")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    time.sleep(0.3)
+    MPI.COMM_WORLD.Abort(code)

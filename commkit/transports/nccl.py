@@ -58,111 +58,33 @@ spinning; the other ranks are told through MPI_Abort or the store.
 
 from __future__ import annotations
 
-import atexit
 import functools
-import os
 import socket
-import sys
-import threading
 import time
 from collections import deque
 
-import numpy as np
-
 from ..errors import InvalidArgument, InvalidBuffer, PeerFailed, TransportUnavailable
 from . import _cuda
-from .base import ANY_SOURCE, Status
+from ._nccl_bootstrap import bootstrap, env_int
+from ._nccl_requests import Enqueued, P2PRequest, SelfRequest
+from ._nccl_session import Session, install_hooks
+from ._nccl_support import NCCL_REDUCTIONS, choose_device, nccl_reduction, nccl_supports
+from .base import ANY_SOURCE, Backoff
 
 __all__ = ["NcclTransport", "choose_device", "nccl_reduction", "nccl_supports"]
+
+# The pieces of this transport, by concern: which GPU and which NCCL collectives
+# (._nccl_support), how the ranks meet (._nccl_bootstrap), the lifetime of one
+# init("nccl") and the failure hooks (._nccl_session), the handles it returns
+# (._nccl_requests). This module keeps the transport itself.
+
+_bootstrap = bootstrap  # the name tests/test_store.py imports
 
 cupy = None  # set by _load(): the transport imports CuPy only when one is created
 nccl = None
 
-_SPIN_SECONDS = 2e-4
-_MAX_SLEEP = 1e-3
 _HEALTH_EVERY = 0.05  # seconds between NCCL async-error checks while the host waits
 _REMOTE_EVERY = 0.5   # seconds between looks at the store's abort flag
-
-# NCCL's reduction types, by NumPy (kind, itemsize).
-_NCCL_TYPES = {("i", 1): "int8", ("u", 1): "uint8", ("i", 4): "int32", ("u", 4): "uint32",
-               ("i", 8): "int64", ("u", 8): "uint64", ("f", 2): "float16", ("f", 4): "float32",
-               ("f", 8): "float64"}
-# bool as uint8 0/1: "any true" is the maximum, "all true" the minimum.
-_BOOL_OPS = {"sum": "max", "lor": "max", "max": "max", "bor": "max",
-             "prod": "min", "land": "min", "min": "min", "band": "min"}
-_DATA_MOVING = frozenset({"broadcast", "allgather", "gather", "scatter", "alltoall"})
-_NCCL_REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter"})  # the reductions NCCL runs itself
-
-
-def nccl_reduction(dtype, op: str):
-    """How NCCL reduces ``dtype`` with commkit's builtin op ``op``, or None where it cannot.
-
-    Returns ``(nccl_type, nccl_op, view)``: NCCL's names for the element type
-    and the op (``"float32"``, ``"sum"``) and the NumPy dtype the buffers are
-    viewed as (uint8 for bool, the float part for complex).
-    """
-    dtype = np.dtype(dtype)
-    if dtype.byteorder not in "=|":
-        return None
-    if dtype.kind == "b":
-        nop = _BOOL_OPS.get(op)
-        return None if nop is None else ("uint8", nop, np.dtype(np.uint8))
-    if dtype.kind == "c":
-        part = _NCCL_TYPES.get(("f", dtype.itemsize // 2))
-        if op != "sum" or part is None:
-            return None
-        return part, "sum", np.dtype(f"f{dtype.itemsize // 2}")
-    name = _NCCL_TYPES.get((dtype.kind, dtype.itemsize))
-    if name is None:
-        return None
-    if op in ("sum", "prod") or (op in ("max", "min") and dtype.kind in "iu"):
-        return name, op, dtype
-    return None
-
-
-def nccl_supports(collective: str, dtype, op) -> bool:
-    """Whether NCCL (directly or as grouped send/recv) runs ``collective`` on ``dtype`` with ``op``."""
-    if collective == "barrier":
-        return True
-    if collective in _DATA_MOVING:
-        return op is None
-    if collective not in _NCCL_REDUCTIONS or op is None:
-        return False  # scan, exscan: NCCL has none
-    from ..ops import OPS
-
-    builtin = OPS.get(op.name)
-    if builtin is None or op.fn is not builtin.fn:
-        return False  # a user function: only commkit's schedules can apply it
-    return nccl_reduction(dtype, op.name) is not None
-
-
-def choose_device(local_rank: int, local_size: int, device_count: int, requested=None) -> int:
-    """The GPU for this rank: ``requested`` if given, else the rank's index among the ranks of its machine.
-
-    A process that sees exactly one GPU uses it (launchers that give each rank
-    its own ``CUDA_VISIBLE_DEVICES`` do that).
-
-    Raises:
-        TransportUnavailable: no GPU, or more ranks on this machine than GPUs.
-        InvalidArgument: ``requested`` is not a visible device.
-    """
-    if device_count < 1:
-        raise TransportUnavailable("the nccl transport needs a CUDA GPU, and none is visible to this process "
-                                   f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).")
-    if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or not 0 <= requested < device_count:
-            raise InvalidArgument(f"device must be an int in range(0, {device_count}) (the visible GPUs), "
-                                  f"got {requested!r}.")
-        return int(requested)
-    if device_count == 1:
-        return 0
-    if local_size > device_count:
-        raise TransportUnavailable(
-            f"{local_size} ranks run on this machine but only {device_count} GPUs are visible, and NCCL needs one "
-            f"GPU per rank. Start at most {device_count} ranks per machine, pass device= explicitly, or use the "
-            "threads world (commkit.run_local) to run several ranks on one GPU."
-        )
-    return local_rank
 
 
 def _load():
@@ -179,348 +101,6 @@ def _load():
     cupy, nccl = cp, bindings
 
 
-def _env_int(name):
-    text = os.environ.get(name)
-    if text in (None, ""):
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise InvalidArgument(f"{name} must be an integer, got {text!r}.") from None
-
-
-def _under_mpiexec() -> bool:
-    from .._world import _under_mpiexec as under
-
-    return under()
-
-
-# -- what the transports of one init() share -------------------------------------------------------------
-
-
-class _Session:
-    """The device, the bootstrap store and the live NCCL communicators of one ``init("nccl")``."""
-
-    def __init__(self, device: int, group, store=None, server=None):
-        self.device = device
-        self.group = group  # the world's bootstrap group: how to tell the other ranks about a failure
-        self.store = store
-        self.server = server
-        self.live: set = set()
-        self.failed: str | None = None
-        self.lock = threading.Lock()
-        _SESSIONS.add(self)
-
-    def attach(self, transport) -> None:
-        with self.lock:
-            self.live.add(transport)
-
-    def detach(self, transport) -> None:
-        with self.lock:
-            self.live.discard(transport)
-            last = not self.live
-        if last:
-            self.close()
-
-    def abort_all(self, reason: str) -> None:
-        """``ncclCommAbort`` every communicator of this session (their kernels stop waiting for peers)."""
-        with self.lock:
-            if self.failed is None:
-                self.failed = reason
-            live = list(self.live)
-        for transport in live:
-            transport._abort_comm()
-
-    def close(self) -> None:
-        """Release the bootstrap store: rank 0 serves until every other rank has disconnected (bounded)."""
-        _SESSIONS.discard(self)
-        store, server, self.store, self.server = self.store, self.server, None, None
-        if store is not None:
-            store.close()
-        if server is not None:
-            server.wait_for_disconnects(0, float(os.environ.get("COMMKIT_STORE_EXIT_TIMEOUT", "300")))
-            server.close()
-
-    def shutdown(self) -> None:
-        """At exit: destroy (or, after a failure, abort) what is still open, then close the store."""
-        with self.lock:
-            live = list(self.live)
-        for transport in live:
-            transport.free()
-        self.close()
-
-
-_SESSIONS: set = set()
-
-
-def _at_exit() -> None:
-    for session in list(_SESSIONS):
-        session.shutdown()
-
-
-def _install_hooks() -> None:
-    """Abort NCCL before an uncaught exception ends this process, and clean up at exit (once)."""
-    if getattr(sys.excepthook, "_commkit_nccl", False):
-        return
-    previous = sys.excepthook
-
-    def hook(exc_type, exc, tb):
-        reason = f"an uncaught {exc_type.__name__} on this rank: {exc}"
-        sessions = list(_SESSIONS)
-        for session in sessions:
-            session.abort_all(reason)  # local and quick: no kernel of this process waits on a peer any more
-        previous(exc_type, exc, tb)  # under mpiexec this is commkit's MPI hook, which ends the job
-        for session in sessions:
-            if not isinstance(session.group, _MPIGroup):
-                session.group.signal_abort(reason)
-
-    hook._commkit_nccl = True
-    sys.excepthook = hook
-    atexit.register(_at_exit)
-
-
-# -- bootstrap over MPI ------------------------------------------------------------------------------------
-
-
-class _MPIGroup:
-    """The bootstrap channel of a communicator under mpiexec: an MPI communicator of its own."""
-
-    def __init__(self, comm, owned: bool):
-        from .mpi import MPITransport
-
-        self.comm = comm
-        self.owned = owned
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        self._objects = MPITransport(comm)
-        self.tag_ub = self._objects.tag_ub
-
-    def bcast(self, obj, root: int = 0, timeout=None):
-        return self.comm.bcast(obj, root)
-
-    def allgather(self, obj, timeout=None) -> list:
-        return self.comm.allgather(obj)
-
-    def barrier(self, timeout=None) -> None:
-        self.comm.Barrier()
-
-    def send_object(self, obj, dest: int, tag: int) -> None:
-        self._objects.send_object(obj, dest, tag)
-
-    def recv_object(self, source: int, tag: int, timeout):
-        return self._objects.recv_object(source, tag, timeout)
-
-    def probe(self, source: int, tag: int):
-        return self._objects.probe(source, tag)
-
-    def dup(self) -> "_MPIGroup":
-        return _MPIGroup(self.comm.Dup(), True)
-
-    def split(self, color, key: int, timeout=None):
-        from .mpi import MPI
-
-        comm = self.comm.Split(MPI.UNDEFINED if color is None else color, key)
-        return None if comm == MPI.COMM_NULL else _MPIGroup(comm, True)
-
-    def free(self) -> None:
-        from .mpi import MPI
-
-        if self.owned and not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
-            self.comm.Free()
-
-    def signal_abort(self, reason: str) -> None:  # pragma: no cover - ends the job
-        from .mpi import MPI
-
-        sys.stderr.write(f"commkit: {reason}; aborting the MPI job.\n")
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-
-    def aborted(self):
-        return None  # MPI_Abort ends every process: there is nothing left to notice
-
-
-def _bootstrap(options):
-    """This rank's bootstrap group and session parts: ``(group, store, server)``.
-
-    Under mpiexec (or ``bootstrap="mpi"``) the group is a dup of MPI_COMM_WORLD.
-    Otherwise rank 0 starts a :class:`._store.StoreServer` with a secret (the
-    user's ``store_token``, else a fresh random one) on the named port or a
-    free one, and every rank connects to it with a :class:`._store.StoreClient`
-    that proves the secret. Unless the user gave every rank both the port and
-    the secret, rank 0 publishes address and secret in a rendezvous file only
-    this user can read (``store_file``, else :func:`._store.rendezvous_path`),
-    which the other ranks wait for.
-
-    Raises:
-        InvalidArgument: an option or environment variable has a wrong value.
-        TransportUnavailable: the store cannot be started, found or trusted.
-    """
-    from . import _store
-
-    how = options.pop("bootstrap", None) or os.environ.get("COMMKIT_NCCL_BOOTSTRAP") or None
-    rank = options.pop("rank", None)
-    size = options.pop("size", None)
-    host, port = _store.store_address(options.pop("store_host", None), options.pop("store_port", None))
-    token = options.pop("store_token", None) or os.environ.get("COMMKIT_STORE_TOKEN") or None
-    path = options.pop("store_file", None) or os.environ.get("COMMKIT_STORE_FILE") or None
-    connect_timeout = options.pop("connect_timeout", None)
-    if connect_timeout is None:
-        text = os.environ.get("COMMKIT_STORE_TIMEOUT") or "120"
-        try:
-            connect_timeout = float(text)
-        except ValueError:
-            raise InvalidArgument(f"COMMKIT_STORE_TIMEOUT must be a number of seconds, got {text!r}.") from None
-    if (isinstance(connect_timeout, bool) or not isinstance(connect_timeout, (int, float))
-            or not 0 < connect_timeout < float("inf")):
-        raise InvalidArgument(f"connect_timeout (COMMKIT_STORE_TIMEOUT) must be a finite positive number of seconds, "
-                              f"got {connect_timeout!r}.")
-    if how is None:
-        how = "mpi" if _under_mpiexec() and rank is None and size is None else "store"
-    if how == "mpi":
-        from .mpi import MPI, install_abort_on_exception
-
-        install_abort_on_exception()
-        return _MPIGroup(MPI.COMM_WORLD.Dup(), True), None, None
-    if how != "store":
-        raise InvalidArgument(f"bootstrap must be 'mpi' or 'store', got {how!r}.")
-    if rank is None:
-        rank = _env_int("COMMKIT_RANK")
-        rank = _env_int("RANK") if rank is None else rank
-    if size is None:
-        size = _env_int("COMMKIT_SIZE")
-        size = _env_int("WORLD_SIZE") if size is None else size
-    size = 1 if size is None else size
-    rank = 0 if rank is None else rank
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise InvalidArgument(f"size must be a positive int, got {size!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
-        raise InvalidArgument(f"rank must be an int in range(0, {size}), got {rank!r}.")
-    if size == 1:
-        memory = _store.MemoryStore()
-        return _store.StoreGroup(memory, "w", 0, 1), memory, None
-    # Port and secret both given to every rank: nothing to publish. Otherwise the rendezvous file carries them.
-    direct = bool(port) and token is not None and path is None
-    if not direct and path is None:
-        path = _store.rendezvous_path(port)
-    if rank == 0:
-        server = _store.StoreServer(host, port, token)
-        try:
-            if not direct:
-                server.publish(path, ranks=size)
-            client = _store.StoreClient(host, server.port, token=server.token, connect_timeout=connect_timeout)
-        except BaseException:
-            server.close()
-            raise
-        return _store.StoreGroup(client, "w", rank, size), client, server
-    if direct:
-        client = _store.StoreClient(host, port, token=token, connect_timeout=connect_timeout)
-    else:
-        client = _store.connect_rendezvous(path, size=size, token=token, connect_timeout=connect_timeout)
-    return _store.StoreGroup(client, "w", rank, size), client, None
-
-
-# -- requests ------------------------------------------------------------------------------------------------
-
-
-def _follow(event, stream_ptr: int) -> None:
-    """Make the current stream wait for ``event`` if the work was enqueued on another stream."""
-    current = cupy.cuda.get_current_stream()
-    if current.ptr != stream_ptr:
-        current.wait_event(event)
-
-
-class _Enqueued:
-    """Work enqueued on a stream: complete for that stream at once; ``wait(timeout)`` waits on the host.
-
-    ``wait()`` makes the result ready on the stream that is current when it is
-    called: if that is not the stream the work went to, the current stream is
-    made to wait for it (a device-side wait, the host does not block).
-    """
-
-    __slots__ = ("transport", "event", "stream", "peers", "host")
-
-    def __init__(self, transport, event, stream: int, peers, host: bool = False):
-        self.transport = transport
-        self.event = event
-        self.stream = stream
-        self.peers = peers
-        self.host = host
-
-    def test(self) -> bool:
-        if not self.host:
-            return True
-        if self.event.done:
-            return True
-        self.transport._check_health()
-        return False
-
-    def wait(self, timeout) -> list:
-        if timeout is None and not self.host:
-            _follow(self.event, self.stream)
-            return []
-        return self.transport._wait_event(self.event, timeout, self.peers)
-
-
-class _P2PRequest:
-    """A user ``isend``/``irecv``: issued, with the others waiting, at its first ``test()`` or ``wait()``."""
-
-    __slots__ = ("transport", "peer", "tag", "nbytes", "event", "stream", "recv")
-
-    def __init__(self, transport, peer, tag, nbytes, recv):
-        self.transport = transport
-        self.peer = peer
-        self.tag = tag
-        self.nbytes = nbytes
-        self.recv = recv
-        self.event = None
-        self.stream = None
-
-    def test(self) -> bool:
-        self.transport._flush()
-        return True
-
-    def wait(self, timeout) -> list:
-        self.transport._flush()
-        if timeout is None:
-            _follow(self.event, self.stream)
-            return []
-        return self.transport._wait_event(self.event, timeout, [self.peer])
-
-    @property
-    def status(self):
-        return Status(self.peer, self.tag, self.nbytes) if self.recv else None
-
-
-class _SelfRequest:
-    """A message from a rank to itself: a device copy, matched in order of posting."""
-
-    __slots__ = ("rank", "tag", "nbytes", "done", "recv")
-
-    def __init__(self, rank, tag, recv):
-        self.rank = rank
-        self.tag = tag
-        self.recv = recv
-        self.nbytes = 0
-        self.done = not recv
-
-    def test(self) -> bool:
-        return self.done
-
-    def wait(self, timeout) -> list:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        sleep = 1e-5
-        while not self.done:  # only another thread of this rank can post the matching send
-            if deadline is not None and time.monotonic() >= deadline:
-                return [self.rank]
-            time.sleep(sleep)
-            sleep = min(sleep * 2, _MAX_SLEEP)
-        return []
-
-    @property
-    def status(self):
-        return Status(self.rank, self.tag, self.nbytes) if self.recv else None
-
-
 # -- the transport ---------------------------------------------------------------------------------------------
 
 
@@ -534,7 +114,7 @@ class NcclTransport:
     name = "nccl"
     supports_any_source = False
 
-    def __init__(self, comm, group, session: _Session):
+    def __init__(self, comm, group, session: Session):
         self._comm = comm
         self._group = group
         self._session = session
@@ -554,7 +134,7 @@ class NcclTransport:
     # -- creation ------------------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, *, device=None, **options) -> "NcclTransport":
+    def create(cls, *, device=None, **options) -> NcclTransport:
         """The world transport: bootstrap, pick this rank's GPU, create the NCCL communicator.
 
         Args:
@@ -581,7 +161,7 @@ class NcclTransport:
         """
         _load()
         options = dict(options)
-        group, store, server = _bootstrap(options)
+        group, store, server = bootstrap(options)
         if options:
             raise InvalidArgument(f"unknown nccl option(s) {sorted(options)}; expected device, bootstrap, rank, size, "
                                   "store_host, store_port, store_token, store_file, connect_timeout.")
@@ -591,7 +171,7 @@ class NcclTransport:
             local_rank = sum(1 for h in hosts[: group.rank] if h == mine)
             local_size = hosts.count(mine)
             if device is None:
-                device = _env_int("COMMKIT_DEVICE")
+                device = env_int("COMMKIT_DEVICE")
             dev = choose_device(local_rank, local_size, cupy.cuda.runtime.getDeviceCount(), device)
             cupy.cuda.Device(dev).use()
         except BaseException:
@@ -600,8 +180,8 @@ class NcclTransport:
             if store is not None:
                 store.close()
             raise
-        session = _Session(dev, group, store, server)
-        _install_hooks()
+        session = Session(dev, group, store, server)
+        install_hooks()
         try:
             return cls._over(group, session)
         except BaseException:
@@ -609,7 +189,7 @@ class NcclTransport:
             raise
 
     @classmethod
-    def _over(cls, group, session) -> "NcclTransport":
+    def _over(cls, group, session) -> NcclTransport:
         """A transport with a new NCCL communicator over ``group`` (collective over the group)."""
         uid = group.bcast(nccl.get_unique_id() if group.rank == 0 else None, 0)
         with cupy.cuda.Device(session.device):
@@ -661,8 +241,11 @@ class NcclTransport:
 
     # -- health, waiting and failure ------------------------------------------------------------------------------
 
-    def _check_health(self) -> None:
-        """Raise PeerFailed (after aborting) on an NCCL asynchronous error or a peer's abort signal."""
+    def check_health(self) -> None:
+        """Raise PeerFailed (after aborting) on an NCCL asynchronous error or a peer's abort signal.
+
+        Looks at most every 50 ms (the store's abort flag every 0.5 s): cheap enough to call at every poll.
+        """
         now = time.monotonic()
         if now < self._next_health:
             return
@@ -685,23 +268,21 @@ class NcclTransport:
         self._session.abort_all(reason)
         raise PeerFailed(f"{reason}. Every NCCL communicator of this process was aborted, so no GPU keeps waiting.")
 
-    def _wait_event(self, event, timeout, peers) -> list:
-        """Wait on the host until ``event`` has happened; on timeout abort and return ``peers``."""
+    def wait_event(self, event, timeout, peers) -> list:
+        """Wait on the host until the CUDA ``event`` has happened: ``[]``, or on timeout ``peers`` after aborting.
+
+        NCCL work cannot be cancelled, so a timeout aborts every NCCL communicator
+        of this process. Raises PeerFailed on an NCCL error or a peer's abort.
+        """
         if event.done:
             return []
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        sleep = 1e-5
+        backoff = Backoff(timeout)
         while not event.done:
-            self._check_health()
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            self.check_health()
+            if not backoff.pause():
                 self._session.abort_all(f"rank {self.rank} timed out after {timeout:g} s waiting for rank(s) "
                                         f"{', '.join(map(str, peers))}")
                 return list(peers)
-            if now - start > _SPIN_SECONDS:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP)
         return []
 
     def _record(self, stream):
@@ -709,7 +290,8 @@ class NcclTransport:
         event.record(stream)
         return event
 
-    def _abort_comm(self) -> None:
+    def abort_communicator(self) -> None:
+        """``ncclCommAbort`` this communicator alone, at once and telling no one (its session aborts them all)."""
         comm, self._comm = self._comm, None
         if comm is not None:
             try:
@@ -733,8 +315,11 @@ class NcclTransport:
         for peer, buf in sends:
             n = buf.nbytes
             ops.append((True, peer, self._ptr(buf, "send buffer") if n else None, n))
-        if not ops:
-            return
+        if ops:
+            self._group_call(comm, ops, stream)
+
+    def _group_call(self, comm, ops, stream: int) -> None:
+        """Issue ``ops``, ``(is_send, peer, pointer or None, nbytes)``, as one NCCL group on ``stream``."""
         send_token, recv_token = self._token()
         uint8 = nccl.NCCL_UINT8
         nccl.groupStart()
@@ -749,12 +334,12 @@ class NcclTransport:
         finally:
             nccl.groupEnd()
 
-    def post(self, sends, recvs, tag: int) -> _Enqueued:
+    def post(self, sends, recvs, tag: int) -> Enqueued:
         """Enqueue one Transfer step on the current stream; the handle completes for the stream at once."""
         comm = self._usable()
         stream = cupy.cuda.get_current_stream()
         self._enqueue(comm, sends, recvs, stream.ptr)
-        return _Enqueued(self, self._record(stream), stream.ptr, [p for p, _ in recvs] + [p for p, _ in sends])
+        return Enqueued(self, self._record(stream), stream.ptr, [p for p, _ in recvs] + [p for p, _ in sends])
 
     def transfer(self, sends, recvs, tag: int, timeout) -> list:
         """Enqueue one Transfer step; with a timeout, also wait on the host until the GPU has done it."""
@@ -763,7 +348,7 @@ class NcclTransport:
         self._enqueue(comm, sends, recvs, stream.ptr)
         if timeout is None:
             return []
-        return self._wait_event(self._record(stream), timeout, [p for p, _ in recvs] + [p for p, _ in sends])
+        return self.wait_event(self._record(stream), timeout, [p for p, _ in recvs] + [p for p, _ in sends])
 
     # -- user point to point -------------------------------------------------------------------------------------------
 
@@ -773,7 +358,7 @@ class NcclTransport:
         ptr = self._ptr(buf, "send buffer") if buf.nbytes else None
         if dest == self.rank:
             return self._send_self(buf, tag)
-        request = _P2PRequest(self, dest, tag, buf.nbytes, False)
+        request = P2PRequest(self, dest, tag, buf.nbytes, False)
         self._deferred.append((True, dest, ptr, buf.nbytes, cupy.cuda.get_current_stream(), request))
         return request
 
@@ -788,11 +373,11 @@ class NcclTransport:
         ptr = self._ptr(buf, "receive buffer") if buf.nbytes else None
         if source == self.rank:
             return self._recv_self(buf, tag)
-        request = _P2PRequest(self, source, tag, buf.nbytes, True)
+        request = P2PRequest(self, source, tag, buf.nbytes, True)
         self._deferred.append((False, source, ptr, buf.nbytes, cupy.cuda.get_current_stream(), request))
         return request
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         """Issue every deferred user send and receive in one NCCL group on the current stream.
 
         Requests posted while another stream was current are ordered after that
@@ -806,16 +391,7 @@ class NcclTransport:
         stream = cupy.cuda.get_current_stream()
         for other in {entry[4].ptr: entry[4] for entry in deferred if entry[4].ptr != stream.ptr}.values():
             stream.wait_event(self._record(other))
-        send_token, recv_token = self._token()
-        uint8 = nccl.NCCL_UINT8
-        nccl.groupStart()
-        try:
-            for is_send, peer, ptr, n, _, _ in deferred:
-                if ptr is None:
-                    ptr, n = (send_token if is_send else recv_token), 1
-                (comm.send if is_send else comm.recv)(ptr, n, uint8, peer, stream.ptr)
-        finally:
-            nccl.groupEnd()
+        self._group_call(comm, [entry[:4] for entry in deferred], stream.ptr)
         event = self._record(stream)
         for *_, request in deferred:
             request.event = event
@@ -827,10 +403,10 @@ class NcclTransport:
             self._deliver_self(self._self_recvs.popleft(), payload)
         else:
             self._self_sends.append(payload)
-        return _SelfRequest(self.rank, tag, False)
+        return SelfRequest(self.rank, tag, False)
 
     def _recv_self(self, buf, tag):
-        request = _SelfRequest(self.rank, tag, True)
+        request = SelfRequest(self.rank, tag, True)
         if self._self_sends:
             self._deliver_self((buf, request), self._self_sends.popleft())
         else:
@@ -865,7 +441,7 @@ class NcclTransport:
 
     # -- communicators -----------------------------------------------------------------------------------------------------
 
-    def dup(self) -> "NcclTransport":
+    def dup(self) -> NcclTransport:
         """A new NCCL communicator (new unique id) over the same ranks (collective)."""
         self._usable()
         return self._over(self._group.dup(), self._session)
@@ -916,10 +492,10 @@ class NcclTransport:
             comm.allReduce(flag, flag, 1, nccl.NCCL_INT32, nccl.NCCL_SUM, s)
             event = self._record(stream)
             if nonblocking:
-                return _Enqueued(self, event, s, [-1], host=True)
-            self._wait_event(event, None, [-1])
+                return Enqueued(self, event, s, [-1], host=True)
+            self.wait_event(event, None, [-1])
             return None
-        if collective in _NCCL_REDUCTIONS:
+        if collective in NCCL_REDUCTIONS:
             self._native_reduction(comm, collective, sendbuf, recvbuf, op, root, counts, inplace, s)
         elif collective == "broadcast":
             ptr = self._ptr(recvbuf, "broadcast buffer")
@@ -936,7 +512,7 @@ class NcclTransport:
         else:
             raise ValueError(f"NCCL has no native {collective}")
         if nonblocking:
-            return _Enqueued(self, self._record(stream), s, [-1])
+            return Enqueued(self, self._record(stream), s, [-1])
         return None
 
     def _native_reduction(self, comm, collective, sendbuf, recvbuf, op, root, counts, inplace, s) -> None:
