@@ -43,6 +43,7 @@ import reprlib
 import numpy as np
 
 from . import algorithms
+from ._call import _Call
 from ._checks import array_module, check_out, check_rank, check_timeout, input_for, same_memory
 from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
 
@@ -120,10 +121,7 @@ def _check_algorithm(collective: str, algorithm) -> None:
             f"{sorted(algorithms.for_collective(collective))} or 'auto'.")
 
 
-def _call(*args, **kwargs):
-    from .communicator import _Call  # imported here: communicator.py imports this module
-
-    return _Call(*args, **kwargs)
+_call = _Call
 
 
 class VectorCollectives:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import InvalidArgument
+
 __all__ = ["Collective", "COLLECTIVES", "NAMES", "FIXED", "VECTOR", "REDUCING", "ROOTED", "get", "steps",
            "buffer_sizes"]
 
@@ -80,8 +82,6 @@ def get(name: str) -> Collective:
     try:
         return COLLECTIVES[name]
     except KeyError:
-        from .errors import InvalidArgument
-
         raise InvalidArgument(f"unknown collective {name!r}; expected one of {list(NAMES)}.") from None
 
 

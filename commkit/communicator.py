@@ -32,18 +32,20 @@ import numpy as np
 from . import algorithms, collectives, selection
 from . import tracing as _trace
 from . import watchdog as _watchdog
-from ._checks import (array_module, as_input, check_alias, check_out, check_rank, check_tag, check_timeout, input_for,
-                      same_memory)
-from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, CommClosed, CommTimeout,
-                     ConcurrentCall, InvalidArgument, InvalidBuffer, PeerFailed, UnsupportedOp)
+from ._call import _Call
+from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag,
+                      check_timeout, input_for, same_memory)
 from ._vector import VectorCollectives
-from .identity import TagLayout
 from .algorithms.recursive_halving import allreduce_recursive_doubling
+from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, CommClosed, CommError, CommTimeout,
+                     ConcurrentCall, InvalidArgument, InvalidBuffer, PeerFailed, UnsupportedOp)
+from .identity import TagLayout
+from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import Plan, PersistentRequest, compile_ops
 from .requests import Request, wait_all, wait_any
 from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, run_schedule
-from .transports.base import ANY_SOURCE, ANY_TAG, Status
+from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
 
@@ -207,32 +209,6 @@ class _Announcing:
                 and not comm._closed):
             comm._announce_failure(self.collective, exc)
         return False
-
-
-class _Call:
-    """One prepared collective call: flat buffers, sizes, and how to shape the result."""
-
-    __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",
-                 "shape", "has_result", "signature_count", "result", "key", "keep")
-
-    def __init__(self, collective, arg, src, dst, op=None, root=0, nbytes=0, dtype=None, xp=np,
-                 aliased=False, shape=None, has_result=True, signature_count=None):
-        self.collective = collective
-        self.arg = arg
-        self.src = src
-        self.dst = dst
-        self.op = op
-        self.root = root
-        self.nbytes = nbytes
-        self.dtype = dtype
-        self.xp = xp
-        self.aliased = aliased
-        self.shape = shape
-        self.has_result = has_result
-        self.signature_count = arg if signature_count is None else signature_count
-        self.result = None  # the array handed back to the caller (``out`` itself when given)
-        self.key = None     # the blocking call's plan-cache key, when its arrays may be bound (see plan.py)
-        self.keep = None    # the caller's arrays that key names by identity
 
 
 class Communicator(VectorCollectives):
@@ -437,8 +413,6 @@ class Communicator(VectorCollectives):
                 f"recv needs a buffer: pass {name}=array, or shape= and dtype= to allocate one."
             )
         dtype = np.dtype(dtype)
-        from ._checks import check_dtype
-
         check_dtype(dtype, "dtype")
         # An NCCL communicator receives into GPU memory (CuPy is loaded whenever one exists).
         xp = sys.modules["cupy"] if self._base.name == "nccl" else np
@@ -532,22 +506,12 @@ class Communicator(VectorCollectives):
     # -- object collectives (small metadata, on the ctl context) -------------------
 
     def _ctl_allgather(self, obj, tag, timeout):
-        for peer in range(self.size):
-            if peer != self.rank:
-                self._coll.send_object(obj, peer, tag)
-        out = []
-        for peer in range(self.size):
-            if peer == self.rank:
-                out.append(obj)
-                continue
-            got = self._coll.recv_object(peer, tag, timeout)
-            if got is None:
-                raise CommTimeout(
-                    f"rank {self.rank} timed out after {timeout:g} s exchanging call metadata with rank {peer}; "
-                    "that rank may not have reached the same call."
-                )
-            out.append(got[0])
-        return out
+        def timed_out(peer):
+            return CommTimeout(
+                f"rank {self.rank} timed out after {timeout:g} s exchanging call metadata with rank {peer}; "
+                "that rank may not have reached the same call."
+            )
+        return allgather_objects(self._coll, obj, tag, timeout, timed_out)
 
     def allgather_object(self, obj, *, timeout: float | None = None) -> list:
         """Every rank's ``obj``, in rank order, on every rank (small picklable objects)."""
@@ -1517,8 +1481,6 @@ class Communicator(VectorCollectives):
         ``comm.mesh(data=2, model=4)`` or ``comm.mesh({"pp": 2, "dp": -1, "tp": 2})``;
         see :func:`commkit.mesh.make_mesh` for the layout and the returned :class:`~commkit.mesh.Mesh`.
         """
-        from .mesh import make_mesh
-
         return make_mesh(self, axes, data=data, model=model, pipeline=pipeline, ranks_per_node=ranks_per_node)
 
 
@@ -1619,8 +1581,6 @@ def _checked_dup(transport):
     try:
         return transport.dup()
     except Exception as exc:  # noqa: BLE001 - the library's own exception types vary
-        from .errors import CommError
-
         if isinstance(exc, CommError):
             raise
         alive = _watchdog.alive()

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
-from .watchdog import STATE, STEP, STEP_OBJ, FlightRecorder
+from .watchdog import STATE, STEP, STEP_OBJ, FlightRecorder, recent_summary
 from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
 from . import tracing as _trace
 
@@ -468,8 +468,6 @@ class PersistentRequest(Request):
         return self._result
 
     def _timed_out(self, timeout):
-        from .watchdog import recent_summary
-
         step = self._rec[STEP_OBJ]
         peers = sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends}) if step is not None else []
         if self._pending is not None:

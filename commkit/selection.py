@@ -45,7 +45,9 @@ from functools import lru_cache
 from importlib import resources
 
 from . import algorithms
+from ._checks import parse_size
 from .errors import AlgorithmNotApplicable, InvalidArgument
+from .ops import get_op
 
 __all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice", "split_algorithm"]
 
@@ -94,8 +96,6 @@ def split_algorithm(text: str, collective: str, source: str = "algorithm= argume
     name, sep, size = str(text).partition(":")
     if not sep:
         return name, None
-    from ._checks import parse_size
-
     try:
         segment = parse_size(size)
     except InvalidArgument as exc:
@@ -193,8 +193,6 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     collectives without a reduction).
     """
     if isinstance(op, str):
-        from .ops import get_op
-
         op = get_op(op)
     forced, source = requested, "algorithm= argument"
     if forced is None or forced == "auto":

@@ -35,6 +35,8 @@ import threading
 import time
 import weakref
 
+from .errors import InvalidArgument
+
 __all__ = ["FlightRecorder", "dump_flight_records", "watchdog_seconds", "MARKER", "CAPACITY"]
 
 CAPACITY = 64
@@ -58,8 +60,6 @@ def watchdog_seconds() -> float:
     try:
         value = float(text)
     except ValueError:
-        from .errors import InvalidArgument
-
         raise InvalidArgument(f"COMMKIT_WATCHDOG must be a number of seconds (0 turns it off), got {text!r}.") from None
     return max(value, 0.0)
 
