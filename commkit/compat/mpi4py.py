@@ -251,6 +251,8 @@ class _Opaque(Exception):
     """The face cannot view this buffer spec as one typed run of memory; the message says why."""
 
 
+_NOTHING = object()  # matches no argument: the empty state of a last-call cache
+
 def _announced(what: str | None):
     """In check mode, a face call whose arguments fail on one rank fails on every rank.
 
@@ -305,6 +307,10 @@ class Comm:
         self._blocking = {} if self.comm is None else {name: getattr(self.comm, name) for name in (
             "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
             "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
+        self._allreduce = self._blocking.get("allreduce")
+        # The arguments of the last Allreduce that took the short path, and what they became:
+        # (sendbuf, recvbuf, op, x, commkit op). A loop repeating one call skips _short.
+        self._hot_allreduce = (_NOTHING,) * 5
 
     def __getattr__(self, name):
         if name in ("mpi", "comm"):  # not set yet (during unpickling or a failed __init__)
@@ -499,9 +505,14 @@ class Comm:
             InvalidBuffer: a spec mpi4py would refuse, send and receive buffers that
                 differ in datatype or count, or a count past the end of a buffer.
         """
+        h = self._hot_allreduce
+        if h[1] is recvbuf and h[0] is sendbuf and h[2] is op:
+            self._allreduce(h[3], h[4], out=recvbuf)
+            return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
-            self._blocking["allreduce"](short[0], short[1], out=recvbuf)
+            self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1])
+            self._allreduce(short[0], short[1], out=recvbuf)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
