@@ -27,11 +27,12 @@ the tag.
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import monotonic as _monotonic
 
 from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
-from .watchdog import STATE, STEP, STEP_OBJ, FlightRecorder, recent_summary
+from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
 from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
 from . import tracing as _trace
 
@@ -323,6 +324,7 @@ class PersistentRequest(Request):
         self._prologue = prologue
         self._timeout = timeout
         self._native = native  # a library persistent request (native algorithm), if any
+        self._append = comm._recorder.calls.append
         # Only a schedule with more than one transfer needs others to drive it: the library
         # progresses a started persistent transfer (or its own persistent collective) by itself,
         # and what follows the last transfer is local work that wait() or test() runs.
@@ -350,15 +352,17 @@ class PersistentRequest(Request):
         seq = comm._seq
         comm._seq = seq + 1
         self._seq = seq
-        self._rec = comm._recorder.start(seq, self._collective, self._algorithm, self._signature)
+        rec = self._rec = [seq, self._collective, self._algorithm, self._signature, _monotonic(), None, -1, None,
+                           "running"]  # as FlightRecorder.start, without the call
+        self._append(rec)
         self._active = True
-        self._index = 0
-        self._pending = None
         if self._prologue is not None:
             self._prologue(self._tag)
         if self._native is not None:
             self._native.Start()  # the library progresses it; test() and wait() look at it
             return self
+        self._index = 0
+        self._pending = None
         if self._driven:
             comm._progress.add(self)
         self._advance()
@@ -433,14 +437,19 @@ class PersistentRequest(Request):
             return self._result
         timeout = self._timeout if timeout is None else timeout
         comm = self._comm
-        comm._recorder.active = self._rec
+        recorder = comm._recorder
+        recorder.active = rec = self._rec
         if self._native is not None and timeout is None and not comm._progress.requests:
-            # Nothing to drive and no timeout: block in the library's own wait.
+            # Nothing to drive and no timeout: block in the library's own wait, then complete
+            # (what _complete does, written out: this is the whole per-run path of a native request).
             try:
                 self._native.Wait()
             finally:
-                comm._recorder.active = None
-            self._complete()
+                recorder.active = None
+            self._active = False
+            rec[T_END] = _monotonic()
+            rec[STATE] = "done"
+            self._result = self._finish() if self._finish is not None else self._result_value
             return self._result
         try:
             while self._active:

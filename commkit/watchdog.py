@@ -134,7 +134,8 @@ def _as_dict(rec, now) -> dict:
         "algorithm": rec[ALGORITHM],
         "signature": dict(rec[SIGNATURE]) if rec[SIGNATURE] else {},
         "state": rec[STATE],
-        "age_s": round((rec[T_END] or now) - rec[T_START], 6),
+        # Compiled plans record no start time (it would cost a clock read per call): no age for them.
+        "age_s": round((rec[T_END] or now) - rec[T_START], 6) if rec[T_START] else None,
         "step": rec[STEP] if rec[STEP] >= 0 else None,
         "step_text": repr(step_obj) if step_obj is not None else None,
         "peers": _peers(step_obj),
