@@ -6,6 +6,7 @@ Usage::
     python benchmarks/sim_speed.py -p 4096 -a allreduce_ring,broadcast_ring
     python benchmarks/sim_speed.py --no-symmetry -p 1024    # the event engine alone (every rank simulated)
     python benchmarks/sim_speed.py --json out.json          # also write the rows as JSON
+    python benchmarks/sim_speed.py --model loggp -p 1024    # another timing model's engine (see docs/cost_models.md)
 
 Each measurement runs in a fresh Python process (no warm caches carried from
 one algorithm to the next) and is stopped after ``--timeout`` seconds. The
@@ -39,7 +40,7 @@ def _parse_size(text: str) -> int:
     return int(text)
 
 
-def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool) -> dict:
+def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool, model: str | None = None) -> dict:
     """Measure one simulation in this process; return its row."""
     import inspect
 
@@ -48,12 +49,14 @@ def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool) -
     kwargs = {}
     if "use_symmetry" in inspect.signature(sim.simulate).parameters:
         kwargs["use_symmetry"] = symmetry
+    if model:
+        kwargs["model"] = model
     started, cpu = time.perf_counter(), time.process_time()
     res = sim.simulate(collective, algorithm, p, nbytes, **kwargs)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     return {"collective": collective, "algorithm": algorithm, "p": p, "nbytes": nbytes, "wall": wall, "cpu": cpu,
             "steps": res.steps, "ranks_run": getattr(res, "ranks_simulated", p) or p, "time": res.time,
-            "ok": res.ok}
+            "ok": res.ok, "model": model or "alpha-beta"}
 
 
 def _algorithms(only):
@@ -73,13 +76,14 @@ def main(argv=None) -> int:
     parser.add_argument("-s", "--size", default="1M", help="message size as the selector counts it (default 1M)")
     parser.add_argument("-a", "--algorithms", help="comma-separated collective_algorithm names (default: all)")
     parser.add_argument("--no-symmetry", action="store_true", help="simulate every rank (the event engine alone)")
+    parser.add_argument("--model", help="the simulator's timing model, e.g. loggp (default: alpha-beta)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement (default 600)")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--one", nargs=4, metavar=("COLL", "ALG", "P", "BYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         coll, alg, p, nbytes = args.one
-        print(json.dumps(_one(coll, alg, int(p), int(nbytes), not args.no_symmetry)))
+        print(json.dumps(_one(coll, alg, int(p), int(nbytes), not args.no_symmetry, args.model)))
         return 0
     nbytes = _parse_size(args.size)
     procs = [int(x) for x in args.procs.split(",")]
@@ -92,6 +96,8 @@ def main(argv=None) -> int:
             cmd = [sys.executable, os.path.abspath(__file__), "--one", collective, name, str(p), str(nbytes)]
             if args.no_symmetry:
                 cmd.append("--no-symmetry")
+            if args.model:
+                cmd += ["--model", args.model]
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
                 row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -109,7 +115,8 @@ def main(argv=None) -> int:
             print(line, flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"nbytes": nbytes, "symmetry": not args.no_symmetry, "python": sys.version.split()[0],
+            json.dump({"nbytes": nbytes, "symmetry": not args.no_symmetry, "model": args.model or "alpha-beta",
+                       "python": sys.version.split()[0],
                        "rows": rows}, f, indent=1)
     return 0
 

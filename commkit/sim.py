@@ -29,6 +29,18 @@ formulas of Thakur, Rabenseifner and Gropp, 2005):
 "Rounds on the critical path" is the same recurrence with alpha = 1 and
 beta = gamma = 0: the latency term of the algorithm, the coefficient of alpha.
 
+Two other clocks run the same schedules (``model=``; see docs/cost_models.md).
+:class:`commkit.cost.TwoLevel` groups ranks into nodes: a transfer costs the
+alpha-beta time of its messages within the node and of those between nodes,
+whichever is longer, with each level's own constants. :class:`commkit.cost.LogGP`
+gives each rank a processor and a link that work at once (overheads ``o``,
+latency ``L``, gap ``g``, ``G`` per byte): sends are eager, a rank's link sends
+its messages one after another while its processor goes on, and the local steps
+a transfer carries in ``overlap=`` run while its messages travel; it is run by
+an engine of its own (:class:`_LogGPEngine`), which shares the matching and
+checks. Neither changes which messages match or whether schedules deadlock,
+only the clock (``tests/test_cost_models.py``).
+
 If the work list empties while some rank has not finished, the schedules
 deadlock (or a message is never received); the result then names, for every
 stuck rank, the step it is blocked in and the peers it waits for.
@@ -66,9 +78,9 @@ from .schedule import COPY, REDUCE, TRANSFER, Exchange, partition
 __all__ = ["simulate", "simulate_steps", "schedule_args", "SimResult", "Waiting", "SimulationError", "SIMULATED"]
 
 _REDUCING = collectives.REDUCING
-SIMULATED = ("barrier", "broadcast", "reduce", "allreduce", "gather", "scatter", "allgather", "reduce_scatter",
-             "alltoall", "scan", "exscan")
-"""The collectives :func:`simulate` models (whose buffers and message sizes it knows)."""
+SIMULATED = collectives.NAMES
+"""The collectives :func:`simulate` models (whose buffers and message sizes it knows): every one."""
+_PER_RANK = ("reduce_scatter", "allgatherv", "gatherv", "scatterv")  # count argument: one count per rank
 
 
 class SimulationError(CommError, RuntimeError):
@@ -125,6 +137,10 @@ class SimResult:
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
             declared symmetry let rank 0 stand for all (see the module docstring).
+        model: the timing model: None for the alpha-beta-gamma model, else the
+            :class:`commkit.cost.LogGP` or :class:`commkit.cost.TwoLevel` it ran under
+            (``alpha``, ``beta``, ``gamma`` are then LogGP's ``2o + L``, ``G`` and ``gamma``,
+            or the two-level model's constants within a node).
     """
 
     collective: str
@@ -149,6 +165,7 @@ class SimResult:
     events: list | None = None
     wall: float = 0.0
     ranks_simulated: int = 0
+    model: object = None
 
     @property
     def deadlocked(self) -> bool:
@@ -191,11 +208,15 @@ class SimResult:
             lo, hi = min(values, default=0), max(values, default=0)
             return f"{lo}{unit}" if lo == hi else f"{lo}{unit} .. {hi}{unit}"
 
+        count = self.count
+        if isinstance(count, tuple):  # per-rank counts, or alltoallv's matrix: the elements in all
+            count = sum(sum(c) if isinstance(c, tuple) else c for c in count)
         lines = [
             f"{self.collective}_{self.algorithm}: p={self.p}, {self.nbytes} B message "
-            f"(count {self.count if not isinstance(self.count, tuple) else sum(self.count)} x {self.itemsize} B)",
+            f"(count {count} x {self.itemsize} B)",
             f"  predicted time   {_fmt_seconds(self.time)}   "
             f"(alpha={_fmt_seconds(self.alpha)}, beta={self.beta:.3g} s/B, gamma={self.gamma:.3g} s/B)",
+            *([f"  model            {self.model}"] if self.model is not None else []),
             f"  critical path    {self.rounds} rounds (alpha terms)",
             f"  messages/rank    {spread(self.messages)}   (total {self.total_messages})",
             f"  bytes sent/rank  {spread(self.bytes_sent)}   (total {self.total_bytes})",
@@ -246,15 +267,25 @@ def schedule_args(collective: str, p: int, nbytes: int, itemsize: int = 4):
     the block sent to each peer for alltoall. Sizes round down to whole
     elements (and whole per-rank blocks).
 
+    The vector collectives get even counts by default: allgatherv, gatherv and
+    scatterv split the whole gathered or scattered vector into p counts
+    differing by at most one element (as reduce_scatter does); alltoallv, whose
+    ``nbytes`` is the average block, gets that block from every rank to every
+    rank (the p x p matrix of equal counts). Pass ``counts=`` to
+    :func:`simulate` for uneven ones.
+
     Returns ``(count, actual_nbytes)``.
     """
     elems = nbytes // itemsize
     if collective in ("gather", "scatter", "allgather"):
         count = elems // p
         return count, count * p * itemsize
-    if collective == "reduce_scatter":
+    if collective in _PER_RANK:
         counts = tuple(hi - lo for lo, hi in partition(elems, p))
         return counts, elems * itemsize
+    if collective == "alltoallv":
+        row = (elems,) * p  # one row shared by every rank: p x p counts in O(p) memory
+        return (row,) * p, elems * itemsize
     if collective == "barrier":
         return 0, 0
     return elems, elems * itemsize
@@ -271,8 +302,9 @@ def _factory(collective, schedule, p, count, root, op):
 
 
 def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsize: int = 4, root: int = 0,
-             op="sum", count=None, alpha: float | None = None, beta: float | None = None,
-             gamma: float | None = None, events: bool = False, use_symmetry: bool = True) -> SimResult:
+             op="sum", count=None, counts=None, alpha: float | None = None, beta: float | None = None,
+             gamma: float | None = None, model=None, ranks_per_node: int | None = None, events: bool = False,
+             use_symmetry: bool = True) -> SimResult:
     """Simulate ``collective``'s ``algorithm`` on ``p`` ranks for a message of ``nbytes`` bytes.
 
     Args:
@@ -283,10 +315,26 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
         itemsize: bytes per element (4 for float32).
         root: the root of broadcast, reduce, gather and scatter.
         op: the reduction op (restrictions such as commutativity are checked against it).
-        count: the schedule's count argument directly, instead of ``nbytes`` (a tuple of
-            per-rank counts for reduce_scatter).
+        count: the schedule's count argument directly, instead of ``nbytes``: elements per
+            rank, or for reduce_scatter and the vector collectives a tuple of per-rank counts
+            (an int means that count for every rank), for alltoallv the p x p matrix
+            ``count[i][j]`` = elements rank i sends to rank j (an int: every block).
+        counts: the same as ``count``, by the name the per-rank counts of reduce_scatter
+            and the vector collectives usually go by (give one of the two).
         alpha, beta, gamma: seconds per message, per byte sent, per byte reduced
-            (default: :data:`commkit.cost.ALPHA`, ``BETA``, ``GAMMA``).
+            (default: :data:`commkit.cost.ALPHA`, ``BETA``, ``GAMMA``). Under
+            ``model="loggp"`` they are what the LogGP parameters are derived from
+            (:meth:`commkit.cost.LogGP.from_alpha_beta`); under the two-level model
+            they are the constants within a node.
+        model: the timing model: None or ``"alpha-beta"`` (the default, described in the
+            module docstring); ``"loggp"`` or a :class:`commkit.cost.LogGP` (processor and
+            link as separate resources, so overlapped and pipelined steps gain what they
+            should); ``"two-level"`` or a :class:`commkit.cost.TwoLevel` (ranks grouped into
+            nodes, messages between nodes dearer). Under a model other than the default,
+            every rank is simulated (no symmetry), and ``rounds`` still counts alpha terms.
+        ranks_per_node: ranks per node for the two-level model, ranks placed in blocks
+            (``ranks_per_node=8`` alone means ``model=cost.TwoLevel(8)`` with ``alpha``,
+            ``beta``, ``gamma`` as given and the default between-node constants).
         events: also return every step as a :mod:`commkit.tracing` event with model times.
         use_symmetry: let rank 0 stand for every rank when the algorithm declares a
             symmetry and the blocks are equal (see the module docstring); False runs
@@ -326,51 +374,112 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
     why = alg.why_not(p, op if collective in _REDUCING else None)
     if why is not None:
         raise AlgorithmNotApplicable(why + ".")
+    if counts is not None:
+        if count is not None:
+            raise InvalidArgument("give count= or counts=, not both (they are the same argument).")
+        count = counts
     if count is None:
         nbytes = _check_int(nbytes, "nbytes", 0)
         count, nbytes = schedule_args(collective, p, nbytes, itemsize)
     else:
         count = _check_count(collective, count, p)
         nbytes = _message_bytes(collective, count, p, itemsize)
+    timing = _model(model, ranks_per_node, alpha, beta, gamma)
     factory = _factory(collective, alg.schedule, p, count, root, op)
     result = None
-    if (use_symmetry and not events and alg.symmetry is not None and algorithms.even_blocks(collective, p, count)
-            and (alg.symmetry == "rotation" or algorithms.is_pow2(p))):
+    if (use_symmetry and not events and timing is None and alg.symmetry is not None
+            and algorithms.even_blocks(collective, p, count) and (alg.symmetry == "rotation" or algorithms.is_pow2(p))):
         result = _simulate_symmetric(factory, p, alg.symmetry, _buffer_sizes(collective, alg, 0, p, count, root),
                                      itemsize, alpha, beta, gamma, collective, algorithm)
     if result is None:
         sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in range(p)]
+        if timing is not None:
+            alpha = beta = gamma = None  # the model holds them now
         result = simulate_steps(factory, p, itemsize=itemsize, alpha=alpha, beta=beta, gamma=gamma, events=events,
-                                buffers=sizes, collective=collective, algorithm=algorithm)
+                                buffers=sizes, collective=collective, algorithm=algorithm, model=timing)
     result.count = count
     result.nbytes = nbytes
     return result
 
 
+def _is_count(c) -> bool:
+    return isinstance(c, int) and not isinstance(c, bool) and c >= 0
+
+
 def _check_count(collective, count, p):
-    if collective == "reduce_scatter":
-        if isinstance(count, int) and not isinstance(count, bool):
+    if collective in _PER_RANK:
+        if _is_count(count):
             count = (count,) * p
-        counts = tuple(count)
-        if len(counts) != p or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+        try:
+            counts = tuple(count)
+        except TypeError:
+            counts = ()
+        if len(counts) != p or not all(_is_count(c) for c in counts):
             raise InvalidArgument(
-                f"count for reduce_scatter must be {p} non-negative ints (one per rank), got {count!r}.")
+                f"counts for {collective} must be {p} non-negative ints (one per rank), got {count!r}.")
         return counts
+    if collective == "alltoallv":
+        if _is_count(count):
+            return ((count,) * p,) * p
+        try:
+            matrix = tuple(tuple(row) for row in count)
+        except TypeError:
+            matrix = ()
+        if len(matrix) != p or not all(len(row) == p and all(_is_count(c) for c in row) for row in matrix):
+            raise InvalidArgument(
+                f"counts for alltoallv must be a {p} x {p} matrix of non-negative ints (counts[i][j]: elements "
+                f"rank i sends to rank j), got {count!r}.")
+        return matrix
     return _check_int(count, "count", 0)
 
 
 def _message_bytes(collective, count, p, itemsize):
-    if collective == "reduce_scatter":
+    """The message size in bytes as :mod:`commkit.selection` counts it (``collectives.Collective.message``)."""
+    if collective in _PER_RANK:
         return sum(count) * itemsize
+    if collective == "alltoallv":
+        total = sum(map(sum, count)) * itemsize  # the average block: a whole number of bytes when it is one
+        return total // (p * p) if total % (p * p) == 0 else total / (p * p)
     if collective in ("gather", "scatter", "allgather"):
         return count * p * itemsize
     return count * itemsize
 
 
+def _model(model, ranks_per_node, alpha, beta, gamma):
+    """The timing model :func:`simulate` and :func:`simulate_steps` run under: None (alpha-beta) or an instance."""
+    from . import cost
+
+    given = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)) if v is not None}
+    if isinstance(model, (cost.LogGP, cost.TwoLevel)):
+        if given:
+            raise InvalidArgument(
+                f"{sorted(given)} cannot be given with a model instance, which holds its own constants; got "
+                f"model={model!r}.")
+        if ranks_per_node is not None and getattr(model, "ranks_per_node", None) != ranks_per_node:
+            raise InvalidArgument(
+                f"ranks_per_node={ranks_per_node!r} disagrees with model={model!r}; give it in the model only.")
+        return model
+    if model not in (None,) + cost.MODELS:
+        raise InvalidArgument(
+            f"model must be one of {list(cost.MODELS)}, a commkit.cost.LogGP or a commkit.cost.TwoLevel, "
+            f"got {model!r}.")
+    if model == "loggp":
+        if ranks_per_node is not None:
+            raise InvalidArgument("the LogGP model has one level; ranks_per_node= belongs to the two-level model.")
+        return cost.LogGP.from_alpha_beta(alpha, beta, gamma)
+    if ranks_per_node is None:
+        if model == "two-level":
+            raise InvalidArgument("the two-level model needs ranks_per_node= (ranks on each node).")
+        return None
+    if model == "alpha-beta":
+        raise InvalidArgument("ranks_per_node= asks for the two-level model, but model='alpha-beta' was given.")
+    return cost.TwoLevel(ranks_per_node, **given)
+
+
 def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int = 1,
                    alpha: float | None = None, beta: float | None = None, gamma: float | None = None,
                    events: bool = False, buffers: list | None = None, collective: str = "custom",
-                   algorithm: str = "custom") -> SimResult:
+                   algorithm: str = "custom", model=None, ranks_per_node: int | None = None) -> SimResult:
     """Simulate any schedules: ``factory(rank)`` returns rank's iterable of steps.
 
     The engine behind :func:`simulate`, for schedules of your own (a teaching
@@ -384,6 +493,7 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
         events: record :mod:`commkit.tracing`-style events with model times.
         buffers: optional per-rank ``{name: elements}``; every range is then checked against it.
         collective, algorithm: labels for the result and the events.
+        model, ranks_per_node: the timing model, as for :func:`simulate`.
 
     Cost: proportional to the total number of steps of all ranks.
     """
@@ -391,6 +501,16 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
 
     p = _check_int(p, "p", 1)
     itemsize = _check_int(itemsize, "itemsize", 1)
+    timing = _model(model, ranks_per_node, alpha, beta, gamma)
+    if timing is not None:
+        started = time.perf_counter()
+        if isinstance(timing, cost.LogGP):
+            engine = _LogGPEngine(factory, p, itemsize, timing, events, buffers, collective, algorithm)
+        else:
+            engine = _Engine(factory, p, itemsize, timing.alpha, timing.beta, timing.gamma, events, buffers,
+                             collective, algorithm, timing)
+        engine.run()
+        return engine.result(collective, algorithm, time.perf_counter() - started)
     alpha = cost.ALPHA if alpha is None else _check_nonneg(alpha, "alpha")
     beta = cost.BETA if beta is None else _check_nonneg(beta, "beta")
     gamma = cost.GAMMA if gamma is None else _check_nonneg(gamma, "gamma")
@@ -518,10 +638,16 @@ class _Engine:
     unmatched messages between one pair of ranks).
     """
 
-    def __init__(self, factory, p, itemsize, alpha, beta, gamma, events, buffers, collective, algorithm):
+    def __init__(self, factory, p, itemsize, alpha, beta, gamma, events, buffers, collective, algorithm,
+                 model=None):
         self.p = p
         self.itemsize = itemsize
         self.alpha, self.beta, self.gamma = alpha, beta, gamma
+        self.model = model
+        # Two-level model: each rank's node, and the between-node constants per element.
+        self.node = model.nodes(p) if hasattr(model, "nodes") else None
+        if self.node is not None:
+            self.alpha_inter, self.beta_inter_e = model.alpha_inter, model.beta_inter * itemsize
         self.factory = factory
         self.events = [] if events else None
         self.buffers = buffers
@@ -554,6 +680,7 @@ class _Engine:
         cost, kcost, waiting, index, current, done = (self.cost, self.kcost, self.waiting, self.index,
                                                        self.current, self.done)
         overlap_end = self.overlap_end
+        node = self.node
         msgs, sent, recvd, reduced = self.msgs, self.sent, self.recvd, self.reduced
         chan, overflow = self.chan, self.overflow
         chan_pop = chan.pop
@@ -755,7 +882,10 @@ class _Engine:
                             msgs[r] += ns
                             sent[r] += out_e
                             recvd[r] += in_e
-                        c = k * alpha + beta_e * (out_e if out_e > in_e else in_e)
+                        if node is None:
+                            c = k * alpha + beta_e * (out_e if out_e > in_e else in_e)
+                        else:
+                            c = self._two_level_cost(r, step)
                         # Local steps overlapped with the transfer run from its post; it ends when both have.
                         ov = getattr(step, "overlap", None)
                         local_end = t + gamma_e * self._overlapped(r, i, step, ov, sizes) if ov else -1.0
@@ -813,17 +943,31 @@ class _Engine:
                     lat[r] = lt
                     index[r] = i
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            tb = exc.__traceback__
-            while tb.tb_next is not None:
-                tb = tb.tb_next
-            if tb.tb_frame.f_code is not _Engine.run.__code__:
-                raise  # raised inside the schedule's own code (or a check above): not ours to rephrase
-            # Not a step, or a malformed one: say which rank and step, not where the loop tripped.
-            raise SimulationError(
-                f"rank {r} yielded {step!r} at step {i}, which is not a valid Transfer, Reduce or Copy step "
-                f"({type(exc).__name__}: {exc}); buffers this collective has: "
-                f"{sorted(buffers[r]) if buffers is not None and 0 <= r < p else 'any'}."
-            ) from None
+            raise self._not_a_step(exc, (_Engine.run.__code__,), r, i, step, buffers, p) from None
+
+    @staticmethod
+    def _not_a_step(exc, loops, r, i, step, buffers, p):
+        """The error for a malformed step that tripped an engine loop (``exc`` itself if the schedule raised it)."""
+        tb = exc.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb.tb_frame.f_code not in loops:
+            return exc  # raised inside the schedule's own code (or a check above): not ours to rephrase
+        # Not a step, or a malformed one: say which rank and step, not where the loop tripped.
+        return SimulationError(
+            f"rank {r} yielded {step!r} at step {i}, which is not a valid Transfer, Reduce or Copy step "
+            f"({type(exc).__name__}: {exc}); buffers this collective has: "
+            f"{sorted(buffers[r]) if buffers is not None and 0 <= r < p else 'any'}."
+        )
+
+    def _copy(self, r, i, step, t, sizes, events) -> None:
+        """Check a Copy step (and record its event): what the engines' loops do for one."""
+        name, lo, hi = step.dst
+        sname, slo, shi = step.src
+        if lo < 0 or hi < lo or hi > sizes[name] or slo < 0 or shi - slo != hi - lo or shi > sizes[sname]:
+            self._bad_step(r, i, step, sizes)
+        if events is not None:
+            self._event(r, i, step, t, t)
 
     def _start(self, r):
         steps = self.factory(r)
@@ -903,33 +1047,57 @@ class _Engine:
     def _event(self, r, i, step, start, end):
         size = self.itemsize
         kind = step.kind
+        event = {"rank": r, "collective": self.collective, "seq": 0, "algorithm": self.algorithm, "step": i}
         if kind == TRANSFER:
             sends = [[peer, (buf[2] - buf[1]) * size] for peer, buf in step.sends]
             recvs = [[peer, (buf[2] - buf[1]) * size] for peer, buf in step.recvs]
-            name = type(step).__name__.lower()
-            nbytes = sum(b for _, b in sends) + sum(b for _, b in recvs)
+            event.update(kind=type(step).__name__.lower(), sends=sends, recvs=recvs,
+                         bytes=sum(b for _, b in sends) + sum(b for _, b in recvs), start=start, end=end,
+                         send_ranges=[list(buf) for _, buf in step.sends],
+                         recv_ranges=[list(buf) for _, buf in step.recvs])
         else:
-            sends, recvs = [], []
-            name = "reduce" if kind == REDUCE else "copy"
-            buf = step.into if kind == REDUCE else step.dst
-            nbytes = (buf[2] - buf[1]) * size
-        self.events.append({
-            "rank": r, "collective": self.collective, "seq": 0, "algorithm": self.algorithm,
-            "step": i, "kind": name, "sends": sends, "recvs": recvs, "bytes": nbytes, "start": start, "end": end,
-        })
+            # As the tracer records them: a reduce writes ``into`` and folds in its operand; a copy dst <- src.
+            dst, src = (step.into, step.operand) if kind == REDUCE else (step.dst, step.src)
+            event.update(kind="reduce" if kind == REDUCE else "copy", sends=[], recvs=[],
+                         bytes=(dst[2] - dst[1]) * size, start=start, end=end, send_ranges=[], recv_ranges=[],
+                         range=list(dst), src_range=list(src))
+        self.events.append(event)
+
+    def _two_level_cost(self, r, step) -> float:
+        """A transfer's cost in the two-level model: each level's alpha-beta cost; the step takes the longer."""
+        node = self.node
+        here = node[r]
+        counts = [[0, 0, 0, 0], [0, 0, 0, 0]]  # per level (0 within the node, 1 between): sends, recvs, elements
+        for peer, (_, lo, hi) in step.sends:
+            level = counts[node[peer] != here]
+            level[0] += 1
+            level[2] += hi - lo
+        for peer, (_, lo, hi) in step.recvs:
+            level = counts[node[peer] != here]
+            level[1] += 1
+            level[3] += hi - lo
+        beta_e = self.beta * self.itemsize
+        (s0, r0, o0, i0), (s1, r1, o1, i1) = counts
+        within = max(s0, r0) * self.alpha + beta_e * max(o0, i0)
+        between = max(s1, r1) * self.alpha_inter + self.beta_inter_e * max(o1, i1)
+        return max(within, between)
+
+    def _heads(self):
+        """``(source, destination, is_send)`` of the oldest unmatched operation of every channel."""
+        p = self.p
+        for key, head in self.chan.items():
+            yield (*divmod(key, p), head > 0)
 
     def _stuck(self) -> list:
-        p = self.p
         sends_to: dict = {}
         recvs_from: dict = {}
-        for key, head in self.chan.items():
-            src, dst = divmod(key, p)
-            if head > 0:
+        for src, dst, is_send in self._heads():
+            if is_send:
                 sends_to.setdefault(src, []).append(dst)
             else:
                 recvs_from.setdefault(dst, []).append(src)
         stuck = []
-        for r in range(p):
+        for r in range(self.p):
             if not self.done[r]:
                 stuck.append(Waiting(r, self.index[r], repr(self.current[r]),
                                      tuple(sorted(sends_to.get(r, ()))), tuple(sorted(recvs_from.get(r, ())))))
@@ -948,5 +1116,194 @@ class _Engine:
             bytes_reduced=[e * size for e in self.reduced],
             finish=list(self.clock), time=max(self.clock), rounds=max(self.lat),
             steps=sum(self.index), waiting=self._stuck(), mismatches=list(self.mismatches),
-            events=self.events, wall=wall, ranks_simulated=self.p,
+            events=self.events, wall=wall, ranks_simulated=self.p, model=self.model,
         )
+
+
+class _LogGPEngine(_Engine):
+    """One simulation under :class:`commkit.cost.LogGP`: each rank's processor and link are separate clocks.
+
+    Matching and every check are the alpha-beta engine's (a rank still waits until
+    each of its operations is matched, so deadlocks are found alike); only the
+    clock differs. Clear rather than fast: it runs every rank, without symmetry.
+    A rank's step works in this order: its processor posts the sends (``o`` each)
+    while its link injects them; then it runs the step's overlapped local steps;
+    then it takes each message as it arrives (``o`` each, in order of arrival).
+    A send's arrival time is fixed when its sender posts it (messages are eager),
+    so it travels with the send in the channel until a receive matches it.
+    """
+
+    def __init__(self, factory, p, itemsize, model, events, buffers, collective, algorithm):
+        super().__init__(factory, p, itemsize, model.alpha, model.G, model.gamma, events, buffers, collective,
+                         algorithm, model)
+        self.link_out = [0.0] * p    # when each rank's link can start sending its next message
+        self.link_in = [0.0] * p     # when it can start receiving the next one
+        self.cpu = [0.0] * p         # when the pending transfer's processor work before its receives ends
+        self.sends_end = [0.0] * p   # when the pending transfer's last send has left the link
+        self.arrivals = [[] for _ in range(p)]  # (first byte at the link, elements) of its receives matched so far
+        self.queues: dict = {}       # channel key -> unmatched operations, oldest first: (is_send, elements, first)
+
+    def _heads(self):
+        p = self.p
+        for key, queue in self.queues.items():
+            if queue:
+                yield (*divmod(key, p), queue[0][0])
+
+    def _finish(self, r) -> float:
+        """When r's pending transfer ends: its receives taken in order of arrival, after its processor's work."""
+        model = self.model
+        o, g, G_e = model.o, model.g, model.G * self.itemsize
+        link_in = self.link_in[r]
+        cpu = self.cpu[r]
+        for first, n in sorted(self.arrivals[r]):
+            start = max(first, link_in)
+            busy = n * G_e
+            link_in = start + max(busy, g)
+            cpu = max(cpu, start + busy) + o
+        self.link_in[r] = link_in
+        self.arrivals[r] = []
+        return max(cpu, self.sends_end[r])
+
+    def _match(self, key, is_send, n, first, r, lt) -> int | None:
+        """Post one operation of rank r on channel ``key``; return the peer it matched (None: it waits)."""
+        queue = self.queues.get(key)
+        if queue and queue[0][0] != is_send:
+            _, other, other_first = queue.popleft()
+            src, dst = divmod(key, self.p)
+            peer = dst if is_send else src
+            if is_send:
+                if other != n:
+                    self._mismatch(r, peer, n, other)
+                self.arrivals[peer].append((first, n))
+            else:
+                if other != n:
+                    self._mismatch(peer, r, other, n)
+                self.arrivals[r].append((other_first, n))
+            if peer != r:
+                # The peer is blocked in its pending transfer: one operation fewer to wait for.
+                self.lready[peer] = max(self.lready[peer], lt)
+                self.waiting[peer] -= 1
+                if not self.waiting[peer]:
+                    self.work.append(peer)
+            return peer
+        if queue is None:
+            queue = self.queues[key] = deque()
+        queue.append((is_send, n, first))
+        return None
+
+    def run(self) -> None:
+        p = self.p
+        model = self.model
+        o, L, g, G_e = model.o, model.L, model.g, model.G * self.itemsize
+        gamma_e = model.gamma * self.itemsize
+        clock, lat, lready, waiting = self.clock, self.lat, self.lready, self.waiting
+        index, current, done, events = self.index, self.current, self.done, self.events
+        buffers = self.buffers
+        unbounded = _Unbounded()
+        gens = [None] * p
+        self.work = work = []
+        fresh = 0
+        r = i = -1
+        step = None
+        try:
+            while True:
+                if work:
+                    r = work.pop()
+                    t = self._finish(r)
+                    lt = lready[r] + self.kcost[r]
+                    i = index[r]
+                    if events is not None:
+                        self._event(r, i, current[r], clock[r], t)
+                    i += 1
+                    gen = gens[r]
+                elif fresh < p:
+                    r = fresh
+                    fresh += 1
+                    gen = gens[r] = self._start(r)
+                    t = 0.0
+                    lt = 0
+                    i = 0
+                else:
+                    break
+                sizes = buffers[r] if buffers is not None else unbounded
+                for step in gen:
+                    kind = step.kind
+                    if kind == TRANSFER:
+                        sends, recvs = step.sends, step.recvs
+                        for peer, (name, lo, hi) in sends + recvs:
+                            if lo < 0 or hi < lo or hi > sizes[name] or not 0 <= peer < p:
+                                self._bad_step(r, i, step, sizes)
+                        lrdy = lt
+                        unmatched = 0
+                        cpu = t
+                        sends_end = t
+                        link_out = self.link_out[r]
+                        for peer, (name, lo, hi) in sends:
+                            n = hi - lo
+                            cpu += o  # the processor posts it ...
+                            start = max(cpu, link_out)  # ... and the link sends it when free
+                            busy = n * G_e
+                            link_out = start + max(busy, g)
+                            sends_end = max(sends_end, start + busy)
+                            self.sent[r] += n
+                            matched = self._match(r * p + peer, True, n, start + L, r, lt)
+                            if matched is None:
+                                unmatched += 1
+                            elif lat[matched] > lrdy:
+                                lrdy = lat[matched]
+                        self.link_out[r] = link_out
+                        for peer, (name, lo, hi) in recvs:
+                            n = hi - lo
+                            self.recvd[r] += n
+                            matched = self._match(peer * p + r, False, n, None, r, lt)
+                            if matched is None:
+                                unmatched += 1
+                            elif matched == r:
+                                unmatched -= 1  # a send to myself in this same transfer
+                            elif lat[matched] > lrdy:
+                                lrdy = lat[matched]
+                        self.msgs[r] += len(sends)
+                        k = max(len(sends), len(recvs))
+                        ov = step.overlap
+                        if ov:
+                            cpu += gamma_e * self._overlapped(r, i, step, ov, sizes)
+                        self.cpu[r] = cpu
+                        self.sends_end[r] = sends_end
+                        self.kcost[r] = k
+                        if unmatched:
+                            clock[r] = t
+                            lat[r] = lt
+                            lready[r] = lrdy
+                            waiting[r] = unmatched
+                            current[r] = step
+                            index[r] = i
+                            break
+                        end = self._finish(r)
+                        if events is not None:
+                            self._event(r, i, step, t, end)
+                        t = end
+                        lt = lrdy + k
+                    elif kind == REDUCE:
+                        name, lo, hi = step.into
+                        n = hi - lo
+                        for bname, blo, bhi in (step.into, step.operand, step.src):
+                            if blo < 0 or bhi - blo != n or n < 0 or bhi > sizes[bname]:
+                                self._bad_step(r, i, step, sizes)
+                        self.reduced[r] += n
+                        if events is not None:
+                            self._event(r, i, step, t, t + gamma_e * n)
+                        t += gamma_e * n
+                    elif kind == COPY:
+                        self._copy(r, i, step, t, sizes, events)
+                    else:
+                        raise SimulationError(
+                            f"rank {r} yielded a step of unknown kind {kind!r} at step {i}: {step!r}.")
+                    i += 1
+                else:
+                    done[r] = True
+                    clock[r] = t
+                    lat[r] = lt
+                    index[r] = i
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise self._not_a_step(exc, (_LogGPEngine.run.__code__, _LogGPEngine._match.__code__, _Engine._copy.__code__),
+                                   r, i, step, buffers, p) from None

@@ -108,7 +108,26 @@ def expected(coll, name, p, c, root):
             ring = c - blocks[(j + 1) % p] if p > 1 else 0
             msgs[r] = len(kids) + (p - 1)
             elems[r] = scatter + ring
-        elif coll in ("reduce",) or key == ("gather", "naive"):
+        elif key == ("broadcast", "chain_pipelined"):
+            # At this test's counts every vector is one segment: the chain, and nothing when count is 0.
+            msgs[r], elems[r] = (1, c) if c and j != p - 1 else (0, 0)
+        elif key == ("broadcast", "binary_tree_segmented"):
+            kids = [k for k in (2 * j + 1, 2 * j + 2) if k < p]  # the heap-numbered binary tree
+            msgs[r], elems[r] = (len(kids), len(kids) * c) if c else (0, 0)
+        elif key == ("reduce", "rabenseifner"):
+            # Ranks relative to the rank after the root (so the root is never folded out): MPICH's
+            # fold, recursive halving, then a binomial gather towards new rank pof2-1, the root.
+            new = new_rank((r - root - 1) % p, rem)
+            if c and new < 0:
+                msgs[r], elems[r] = 1, c
+            elif c and p > 1:
+                sizes = [hi - lo for lo, hi in partition(c, pof2)]
+                m = (new + 1) & -(new + 1)  # it sends its group of m blocks in the round of its lowest clear bit
+                low = new & ~(2 * m - 1)
+                group = sum(sizes[low:low + m]) if new != pof2 - 1 else 0
+                msgs[r] = lg(pof2) + (1 if group else 0)
+                elems[r] = halving_sends(new, sizes) + group
+        elif key in (("reduce", "naive"), ("reduce", "binomial"), ("gather", "naive")):
             msgs[r], elems[r] = (0, 0) if r == root else (1, c)
         elif key == ("gather", "binomial"):
             msgs[r], elems[r] = (0, 0) if r == root else (1, subtree(j, p) * c)
@@ -167,6 +186,10 @@ def expected(coll, name, p, c, root):
         elif key == ("reduce_scatter", "ring"):
             if p > 1:
                 msgs[r], elems[r] = p - 1, sum(c) - c[r]
+        elif key == ("reduce_scatter", "ring_pipelined"):
+            # One segment per block at these counts: the ring's messages, less the empty blocks'.
+            sent = [c[(r - s - 1) % p] for s in range(p - 1)]
+            msgs[r], elems[r] = sum(1 for b in sent if b), sum(sent)
         elif key == ("reduce_scatter", "recursive_halving"):
             new = new_rank(r, rem)
             if new < 0:
@@ -187,9 +210,35 @@ def expected(coll, name, p, c, root):
         elif key in (("scan", "recursive_doubling"), ("exscan", "recursive_doubling")):
             msgs[r] = sum(1 for k in range(lg(p)) if r ^ (1 << k) < p)
             elems[r] = msgs[r] * c
+        # The vector collectives: c is the per-rank counts (alltoallv: the matrix); an empty block sends nothing.
+        elif key == ("allgatherv", "naive"):
+            msgs[r], elems[r] = ((p - 1, (p - 1) * c[r]) if c[r] else (0, 0))
+        elif key == ("allgatherv", "ring"):
+            # Step s passes block r - s to the right: every block but the right neighbour's.
+            sent = [c[(r - s) % p] for s in range(p - 1)]
+            msgs[r], elems[r] = sum(1 for b in sent if b), sum(sent)
+        elif key == ("gatherv", "naive"):
+            msgs[r], elems[r] = (0, 0) if r == root or not c[r] else (1, c[r])
+        elif key == ("gatherv", "binomial"):
+            below = sum(c[(q + root) % p] for q in range(j, j + subtree(j, p)))
+            msgs[r], elems[r] = (0, 0) if r == root or not below else (1, below)
+        elif key == ("scatterv", "naive"):
+            if r == root:
+                msgs[r] = sum(1 for q in range(p) if q != root and c[q])
+                elems[r] = sum(c) - c[root]
+        elif key == ("scatterv", "binomial"):
+            shares = [sum(c[(q + root) % p] for q in range(k, k + subtree(k, p))) for k in children(j, p)]
+            msgs[r], elems[r] = sum(1 for n in shares if n), sum(shares)
+        elif key in (("alltoallv", "naive"), ("alltoallv", "pairwise")):
+            msgs[r] = sum(1 for q in range(p) if q != r and c[r][q])
+            elems[r] = sum(c[r]) - c[r][r]
         else:
             raise AssertionError(f"no textbook counts for {coll}_{name}; add them here")
     return msgs, elems
+
+
+def matrix(p, f):
+    return tuple(tuple(f(i, j) for j in range(p)) for i in range(p))
 
 
 def counts_for(coll, p):
@@ -201,6 +250,12 @@ def counts_for(coll, p):
         return [0]
     if coll == "reduce_scatter":
         return [(0,) * p, (1,) * p, tuple(q % 3 for q in range(p)), tuple((5 * q + 2) % 7 for q in range(p))]
+    if coll == "alltoallv":
+        return [matrix(p, lambda i, j: 1), matrix(p, lambda i, j: 3), matrix(p, lambda i, j: (i + 2 * j) % 3 + 1)]
+    if coll in collectives.VECTOR:
+        # Non-empty blocks: the formulas promise their rounds only when no block is skipped (empty
+        # blocks are tested in test_vector_collectives_skip_empty_blocks).
+        return [(1,) * p, (3,) * p, tuple(q % 3 + 1 for q in range(p)), tuple((5 * q + 2) % 7 + 1 for q in range(p))]
     return sorted({0, 1, max(p - 1, 1), 3 * p + 1, p * fold(p)[0]})
 
 
@@ -353,6 +408,88 @@ def test_log_p_algorithms_at_4096_ranks():
     assert res.ok and sum(res.messages) == 4095 and res.rounds == 12
 
 
+# -- vector collectives ------------------------------------------------------------------------------
+
+
+VECTOR_ALGORITHMS = [(c, n) for c, n in ALL if c in collectives.VECTOR]
+
+
+def test_every_vector_collective_is_simulated():
+    assert set(collectives.VECTOR) <= set(sim.SIMULATED)
+    assert {c for c, _ in VECTOR_ALGORITHMS} == set(collectives.VECTOR)
+
+
+@pytest.mark.parametrize("coll,name", VECTOR_ALGORITHMS)
+def test_vector_collectives_skip_empty_blocks(coll, name):
+    # Zeros anywhere (a rank with nothing to give): no deadlock, no zero-byte message, textbook counts.
+    for p in range(1, 20):
+        if coll == "alltoallv":
+            cases = [matrix(p, lambda i, j: 0), matrix(p, lambda i, j: (i * j + i) % 3),
+                     matrix(p, lambda i, j: 4 if j == 0 else 0)]
+        else:
+            cases = [(0,) * p, tuple(q % 3 for q in range(p)), tuple(7 if q == p - 1 else 0 for q in range(p))]
+        for c in cases:
+            for root in (sorted({0, p - 1, p // 2}) if coll in ROOTED else [0]):
+                res = sim.simulate(coll, name, p, counts=c, root=root, itemsize=S, events=True)
+                where = f"{coll}_{name} p={p} counts={c} root={root}"
+                assert res.ok, f"{where}: {res.waiting[:2]} {res.mismatches[:2]}"
+                msgs, elems = expected(coll, name, p, c, root)
+                assert res.messages == msgs and res.bytes_sent == [e * S for e in elems], where
+                assert all(b > 0 for e in res.events for _, b in e["sends"]), f"{where}: a zero-byte message"
+
+
+@pytest.mark.parametrize("coll", collectives.VECTOR)
+def test_vector_defaults_come_from_nbytes(coll):
+    p, nbytes = 5, 4 * 103
+    count, actual = sim.schedule_args(coll, p, nbytes, 4)
+    if coll == "alltoallv":
+        # nbytes is the average block: every rank sends that block to every rank.
+        assert count == matrix(p, lambda i, j: 103) and actual == nbytes
+    else:
+        # nbytes is the whole gathered or scattered vector, split as evenly as it goes.
+        assert count == (21, 21, 21, 20, 20) and actual == nbytes
+    name = next(n for c, n in VECTOR_ALGORITHMS if c == coll)
+    res = sim.simulate(coll, name, p, nbytes)
+    assert res.count == count and res.nbytes == nbytes and res.ok
+    assert _fields(sim.simulate(coll, name, p, counts=count)) == _fields(res)
+
+
+def test_vector_counts_argument():
+    res = sim.simulate("gatherv", "binomial", 4, counts=[5, 0, 2, 9], root=2, itemsize=8)
+    assert res.count == (5, 0, 2, 9) and res.nbytes == 16 * 8 and res.ok
+    assert res.bytes_received[2] == (5 + 9) * 8  # the root receives everything but its own block
+    assert sim.simulate("allgatherv", "ring", 3, counts=4).count == (4, 4, 4)
+    res = sim.simulate("alltoallv", "pairwise", 2, counts=[[1, 2], [3, 5]], itemsize=4)
+    assert res.nbytes == 11 * 4 / 4 and res.bytes_sent == [2 * 4, 3 * 4]
+    assert sim.simulate("alltoallv", "naive", 3, counts=2).count == matrix(3, lambda i, j: 2)
+    with pytest.raises(ck.InvalidArgument, match="counts for allgatherv must be 3 non-negative ints"):
+        sim.simulate("allgatherv", "ring", 3, counts=[1, 2])
+    with pytest.raises(ck.InvalidArgument, match="counts for scatterv must be 2 non-negative ints"):
+        sim.simulate("scatterv", "naive", 2, counts=[1, -1])
+    with pytest.raises(ck.InvalidArgument, match="a 2 x 2 matrix"):
+        sim.simulate("alltoallv", "naive", 2, counts=[[1, 2], [3]])
+    with pytest.raises(ck.InvalidArgument, match="not both"):
+        sim.simulate("allgatherv", "ring", 2, count=(1, 1), counts=(1, 1))
+
+
+def test_vector_simulation_matches_a_real_run():
+    # The simulator's events are the tracer's: the same steps, messages and ranges on threads.
+    counts = (3, 0, 5, 1)
+
+    def body(comm):
+        return comm.allgatherv(np.arange(counts[comm.rank], dtype=np.float32), counts, algorithm="ring")
+
+    with ck.trace() as real:
+        ck.run_local(body, 4)
+    res = sim.simulate("allgatherv", "ring", 4, counts=counts, itemsize=4, events=True)
+
+    def shape(events):
+        return sorted((e["rank"], e["step"], e["kind"], str(e["sends"]), str(e["recvs"]), e["bytes"],
+                       str(e["send_ranges"]), str(e["recv_ranges"])) for e in events)
+
+    assert shape(res.events) == shape(real.events)
+
+
 # -- deadlock and malformed schedules ------------------------------------------------------------
 
 
@@ -483,6 +620,41 @@ def test_events_have_the_tracers_format_and_steps():
     for e in res.events:
         assert e["end"] >= e["start"] >= 0
     assert max(e["end"] for e in res.events) == pytest.approx(res.time)
+
+
+def test_events_carry_the_buffer_ranges_of_each_step():
+    p, n = 3, 9
+    res = sim.simulate("allreduce", "ring", p, count=n, events=True)
+    for e in res.events:
+        if e["kind"] in ("reduce", "copy"):
+            assert e["send_ranges"] == e["recv_ranges"] == [] and e["sends"] == e["recvs"] == []
+            (_, lo, hi), (_, slo, shi) = e["range"], e["src_range"]
+            assert hi - lo == shi - slo and e["bytes"] == (hi - lo) * 4
+        else:
+            assert "range" not in e and "src_range" not in e
+            assert len(e["send_ranges"]) == len(e["sends"]) and len(e["recv_ranges"]) == len(e["recvs"])
+            for (_, nbytes), (buf, lo, hi) in zip(e["sends"] + e["recvs"], e["send_ranges"] + e["recv_ranges"]):
+                assert nbytes == (hi - lo) * 4 and buf in ("in", "out", "tmp")
+    # Rank 0's first ring step sends block 0 (elements 0..3) of its input; it receives a block of 3 from rank 2.
+    first = next(e for e in res.events if e["rank"] == 0 and e["kind"] == "exchange")
+    assert first["send_ranges"] == [["in", 0, 3]] and first["recvs"] == [[2, 12]]
+    reduces = [e for e in res.events if e["rank"] == 0 and e["kind"] == "reduce"]
+    assert reduces and all(e["range"][0] == "out" for e in reduces)
+
+
+def test_events_ranges_equal_the_tracers():
+    def body(comm):
+        return comm.allreduce(np.arange(10, dtype=np.float32), algorithm="rabenseifner")
+
+    with ck.trace() as real:
+        ck.run_local(body, 4)
+    res = sim.simulate("allreduce", "rabenseifner", 4, count=10, itemsize=4, events=True)
+    keys = ("send_ranges", "recv_ranges", "range", "src_range")
+
+    def ranges(events):
+        return sorted((e["rank"], e["step"], e["kind"], *(str(e.get(k)) for k in keys)) for e in events)
+
+    assert ranges(res.events) == ranges(real.events)
 
 
 def test_events_times_follow_the_model():
