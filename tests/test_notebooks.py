@@ -69,7 +69,7 @@ def _run(notebook: Path) -> tuple[int, str, float]:
 def test_every_notebook_is_collected():
     assert {nb.name for nb in NOTEBOOKS} >= {
         "01_getting_started.ipynb", "02_how_the_algorithms_work.ipynb", "03_choosing_algorithms.ipynb",
-        "04_exercises.ipynb"}
+        "04_exercises.ipynb", "05_node_aware.ipynb"}
 
 
 def _params():
