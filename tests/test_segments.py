@@ -128,3 +128,40 @@ def test_the_segment_is_part_of_the_calls_identity():
 
     bases = ck.run_local(body, 2)[0]
     assert bases["ring_pipelined:16"] != bases["ring_pipelined:32"]
+
+
+@pytest.mark.parametrize("collective, name", [
+    ("broadcast", "chain_pipelined"), ("broadcast", "binary_tree_segmented"),
+    ("reduce_scatter", "ring_pipelined"), ("allreduce", "ring_pipelined"),
+])
+def test_every_segmented_algorithm_takes_the_segment_per_call(collective, name):
+    from commkit import algorithms, collectives
+    from commkit.ops import get_op
+    from commkit.schedule import TRANSFER
+
+    alg = algorithms.get(collective, name)
+    assert alg.segmented
+    count = 96 if collective != "reduce_scatter" else (32, 32, 32)
+    op = get_op("sum") if collective != "broadcast" else None
+
+    def transfers(segment):
+        return sum(1 for r in range(3)
+                   for step in collectives.steps(alg.schedule, collective, r, 3, count, op, 0, segment)
+                   if step.kind == TRANSFER)
+
+    assert transfers(2) > transfers(16) > 0
+    assert transfers(None) == transfers(1 << 16)  # the default: COMMKIT_SEGMENT_ELEMENTS or 65536
+
+    def body(c):
+        x = np.arange(96, dtype=np.float64) + c.rank
+        if collective == "broadcast":
+            return c.broadcast(x, root=1, algorithm=f"{name}:16")  # 2 float64 elements per segment
+        if collective == "reduce_scatter":
+            return c.reduce_scatter(x, algorithm=f"{name}:16")
+        return c.allreduce(x, algorithm=f"{name}:16")
+
+    total = sum(np.arange(96, dtype=np.float64) + r for r in range(3))
+    for rank, got in enumerate(ck.run_local(body, 3)):
+        want = {"broadcast": np.arange(96, dtype=np.float64) + 1, "allreduce": total,
+                "reduce_scatter": total[32 * rank:32 * (rank + 1)]}[collective]
+        np.testing.assert_array_equal(got, want)

@@ -13,8 +13,10 @@ k+1, as the pipelined ring allreduce of :mod:`.pipelined` does, with its
 helpers. Rabenseifner's reduce (recursive halving, then a binomial gather)
 lives here as the large-message reduce beside them; it cuts no segments.
 
-Segment size. :func:`.pipelined.segment_elements` (``COMMKIT_SEGMENT_ELEMENTS``,
-default 65536 elements), read when a schedule is generated; plans cache a call
+Segment size. The schedules' ``segment`` argument (``algorithm="chain_pipelined:256K"``
+or a selection rule's ``segment_bytes``, see :mod:`commkit.selection`), else
+:func:`.pipelined.segment_elements` (``COMMKIT_SEGMENT_ELEMENTS``, default 65536
+elements), read when a schedule is generated; plans cache a call
 shape's schedule, so set it before a shape's first call. The broadcasts cut a
 vector of c elements into K = ⌈c/S⌉ near-equal segments
 (:func:`.pipelined.segment_count` with one block; the first c mod K are one
@@ -46,9 +48,12 @@ from .recursive_halving import (
 )
 
 
-def _segments(count: int) -> tuple:
-    """The (lo, hi) segments a vector of ``count`` elements is cut into (none when count is 0)."""
-    return partition(count, segment_count(count, 1)) if count else ()
+def _segments(count: int, segment: int | None = None) -> tuple:
+    """The (lo, hi) segments a vector of ``count`` elements is cut into (none when count is 0).
+
+    ``segment``: the segment size in elements (None: :func:`.pipelined.segment_elements`'s default).
+    """
+    return partition(count, segment_count(count, 1, segment)) if count else ()
 
 
 def _cost_segments(n: float) -> list:
@@ -72,7 +77,7 @@ def _chain_cost(p, n, a, b, g):
 @algorithm("broadcast", "chain_pipelined", cost=_chain_cost,
            formula="(p-2)(α + s₀β) + Kα + nβ, s₀ the bytes of the first (longest) segment; "
                    "(p+K-2)(α + nβ/K) for equal segments")
-def broadcast_chain_pipelined(rank, size, count, root):
+def broadcast_chain_pipelined(rank, size, count, root, segment=None):
     """Pipelined chain broadcast: root -> root+1 -> ... -> root-1, the vector cut into K segments.
 
     Restrictions: none; every root, every count (count 0 sends nothing).
@@ -90,7 +95,7 @@ def broadcast_chain_pipelined(rank, size, count, root):
     input is needed.
     """
     whole = ("out", 0, count)
-    segs = _segments(count)
+    segs = _segments(count, segment)
     rel = (rank - root) % size
     if rel == 0:
         # The root sends every segment straight from its input; the copy into its own output
@@ -142,7 +147,7 @@ def _ring_reduce_scatter_cost(p, n, a, b, g):
                    "m = n/p in K segments mₖ (k-1 taken cyclically), K ≥ 2; "
                    "the ring's (p-1)α + ((p-1)/p)n(β+γ) when K = 1",
            cost_exact="even", cost_bound="lower", symmetry="rotation")
-def reduce_scatter_ring_pipelined(rank, size, counts, op):
+def reduce_scatter_ring_pipelined(rank, size, counts, op, segment=None):
     """Pipelined ring reduce-scatter: the ring of ``reduce_scatter_ring``, every block cut into K segments.
 
     Restrictions: commutative op (each block is reduced starting at a different rank). Per-rank
@@ -168,7 +173,7 @@ def reduce_scatter_ring_pipelined(rank, size, counts, op):
     if size == 1:
         yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
         return
-    k_segments = segment_count(offsets[-1], size)
+    k_segments = segment_count(offsets[-1], size, segment)
     if k_segments == 0:
         return
     segments = [tuple((s, e) for s, e in partition(counts[b], k_segments)) for b in range(size)]
@@ -319,7 +324,7 @@ def _tree_bcast_cost(p, n, a, b, g):
            formula="2(⌈log p⌉-2)(α + s₀β) + 2(Kα + nβ) (+ (s_{K-2} - s_{K-1})β for p a power of two), "
                    "s₀ the first (longest) segment, K ≥ 2, p ≥ 3; ⌈log p⌉(α + nβ) when K = 1; "
                    "Kα + nβ for p = 2")
-def broadcast_binary_tree_segmented(rank, size, count, root):
+def broadcast_binary_tree_segmented(rank, size, count, root, segment=None):
     """Segmented binary-tree broadcast: segments flow down a binary tree, each rank forwarding k while k+1 arrives.
 
     Restrictions: none; every root, every count (count 0 sends nothing).
@@ -336,7 +341,7 @@ def broadcast_binary_tree_segmented(rank, size, count, root):
     ⌈log p⌉(α + nβ), the bandwidth term stays about 2nβ however large p is.
     Messages: K to each child (2K from a rank with two children), none from a leaf.
     """
-    segs = _segments(count)
+    segs = _segments(count, segment)
     rel = (rank - root) % size
     kids = [(c + root) % size for c in _tree_children(rel, size)]
     if rel == 0:
