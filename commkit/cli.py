@@ -26,32 +26,21 @@ import subprocess
 import sys
 
 from . import algorithms
+from ._mpiexec import launcher_rank, launcher_size, mpiexec_command, terminate_group
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument, TransportUnavailable, UnsupportedOp
 
 __all__ = ["main"]
 
 _CHILD = "COMMKIT_CLI_CHILD"   # set in the processes `-n N` starts, so they do not start another job
 _TTY = "COMMKIT_CLI_TTY"       # the launching terminal shows a progress bar although mpiexec pipes stderr
-_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
-_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 
 
 class _Usage(CommError, ValueError):
     """A command-line argument is invalid."""
 
 
-def _env_int(names):
-    for name in names:
-        if name in os.environ:
-            try:
-                return int(os.environ[name])
-            except ValueError:
-                return None
-    return None
-
-
 def _rank() -> int:
-    return _env_int(_RANK_VARS) or 0
+    return launcher_rank() or 0
 
 
 # -- argument parsing ---------------------------------------------------------------------------------
@@ -221,8 +210,6 @@ def _positive(value, what, minimum=1):
 
 def _launch(nprocs: int, argv: list[str]) -> int:
     """Run ``commkit ARGV`` on ``nprocs`` processes under mpiexec; end every one of them on the way out."""
-    from ._mpiexec import mpiexec_command, terminate_group
-
     _positive(nprocs, "-n (the number of processes)")
     cmd = mpiexec_command(nprocs, [sys.executable, "-m", "commkit", *argv])
     env = dict(os.environ)
@@ -247,7 +234,7 @@ def _needs_launch(args) -> bool:
     """Whether this process must start the MPI job itself (``-n N`` outside mpiexec)."""
     if args.nprocs is None or os.environ.get(_CHILD):
         return False
-    size = _env_int(_SIZE_VARS)
+    size = launcher_size()
     if size is not None:
         if size != args.nprocs:
             raise _Usage(f"-n {args.nprocs} was given, but this is already an MPI job of {size} processes; "
@@ -482,5 +469,5 @@ _DETERMINISTIC = (_Usage, InvalidArgument, TransportUnavailable, UnsupportedOp, 
 
 
 def _abort_job(code: int) -> None:
-    if (_env_int(_SIZE_VARS) or 1) > 1 and "mpi4py.MPI" in sys.modules:
+    if (launcher_size() or 1) > 1 and "mpi4py.MPI" in sys.modules:
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)

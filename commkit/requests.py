@@ -15,9 +15,8 @@ questions, so :func:`wait_all` and :func:`wait_any` take any mix of them:
 
 from __future__ import annotations
 
-import time
-
 from .errors import CommTimeout, InvalidArgument
+from .transports.base import Backoff
 
 __all__ = ["Request", "wait_all", "wait_any"]
 
@@ -74,15 +73,10 @@ def wait_any(requests, timeout: float | None = None) -> tuple[int, object]:
     requests = list(requests)
     if not requests:
         raise InvalidArgument("wait_any needs at least one request, got none.")
-    start = time.monotonic()
-    sleep = 1e-6
+    backoff = Backoff(timeout, first=1e-6)
     while True:
         for index, request in enumerate(requests):
             if request.test():
                 return index, request.wait()
-        elapsed = time.monotonic() - start
-        if timeout is not None and elapsed >= timeout:
+        if not backoff.pause():
             raise CommTimeout(f"none of {len(requests)} requests completed within {timeout:g} s.")
-        if elapsed > 2e-4:
-            time.sleep(sleep)
-            sleep = min(sleep * 2, 1e-3)

@@ -28,8 +28,9 @@ import functools
 import time
 from typing import Any, Callable, Iterator
 
-from .errors import CommTimeout, InvalidBuffer, MessageTruncated
+from .errors import CommTimeout, InvalidArgument, InvalidBuffer, MessageTruncated
 from .requests import Request
+from .transports.base import Backoff
 from .watchdog import STEP, STEP_OBJ, FlightRecorder, blank_record
 
 __all__ = [
@@ -400,8 +401,6 @@ class Progress:
 
     def add(self, request) -> None:
         if len(self.requests) >= self.limit:
-            from .errors import InvalidArgument
-
             raise InvalidArgument(
                 f"{len(self.requests)} nonblocking collectives are outstanding on this communicator, the most "
                 "whose messages can be told apart; wait() for some before starting more."
@@ -428,22 +427,18 @@ class Progress:
 
     def wait(self, test: Callable[[], bool], timeout: float | None, skip=None) -> bool:
         """Poll ``test`` while driving the other requests; False if ``timeout`` passes without progress."""
-        start = last = time.monotonic()
-        sleep = 1e-6
+        backoff = Backoff(timeout, first=1e-6)
         while True:
             if test():
                 return True
-            now = time.monotonic()
             if self.drive(skip):
-                last, sleep = now, 1e-6
+                backoff.progressed()
                 continue
-            if timeout is not None and now - last >= timeout:
+            spinning = time.monotonic() - backoff.start <= backoff.spin
+            if not backoff.pause():
                 return False
-            if now - start > 2e-4:
-                time.sleep(sleep)
-                sleep = min(sleep * 2, 1e-3)
-            else:
-                self.relax()
+            if spinning:
+                self.relax()  # the pause does not sleep yet: let the threads of other ranks run
 
 
 class ScheduleRequest(Request):

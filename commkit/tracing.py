@@ -55,6 +55,7 @@ import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from ._units import format_seconds
 from .errors import InvalidArgument
 from .schedule import REDUCE, TRANSFER
 
@@ -267,14 +268,21 @@ def trace(comm=None, *, root: int = 0) -> Tracer:
     return Tracer(comm, root=root)
 
 
-def _communicator(comm):
-    """``comm``, or the commkit Communicator inside a compatibility face (mpi4py ``Comm``, distributed ``Group``)."""
-    from .communicator import Communicator
+# What the tracer uses of a communicator. It recognises one by these rather than by its class:
+# commkit.communicator imports this module (every call asks current()), so this one cannot import it.
+_COMMUNICATOR_API = ("rank", "size", "transport_name", "collective_transport", "gather_object", "allgather_object")
 
-    if isinstance(comm, Communicator):
+
+def _is_communicator(obj) -> bool:
+    return obj is not None and all(hasattr(obj, name) for name in _COMMUNICATOR_API)
+
+
+def _communicator(comm):
+    """``comm``, or the commkit Communicator a compatibility face holds as ``.comm`` (mpi4py ``Comm``, ``Group``)."""
+    if _is_communicator(comm):
         return comm
-    inner = getattr(comm, "__dict__", {}).get("comm")
-    if isinstance(inner, Communicator):
+    inner = getattr(comm, "comm", None)
+    if _is_communicator(inner):
         return inner
     raise InvalidArgument(
         f"comm must be a commkit Communicator (or an object holding one as .comm, such as a wrapped mpi4py "
@@ -283,10 +291,11 @@ def _communicator(comm):
 
 
 def _threads_world(comm):
-    """The shared world object of a threads communicator, or None."""
-    if comm is None or getattr(comm, "transport_name", None) != "local" or comm.size == 1:
+    """The world shared by the rank threads of a threads communicator, or None (other transports, one rank)."""
+    if comm is None or comm.transport_name != "local" or comm.size == 1:
         return None
-    return getattr(getattr(comm, "_base", None), "world", None)
+    # Every context of a threads world (dup, split) lives in the one world of its rank threads.
+    return comm.collective_transport.world
 
 
 def _nbytes(bufs, buf) -> int:
@@ -446,14 +455,6 @@ def calls(source) -> list[Call]:
     return out
 
 
-def _fmt_time(seconds: float) -> str:
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.3f} s"
-
-
 def summary(source) -> str:
     """A text table: one line per call with its ranks, time, steps, messages and bytes sent."""
     found = calls(source)
@@ -461,8 +462,8 @@ def summary(source) -> str:
         return "no collective steps recorded"
     rows = [("call", "seq", "ranks", "time", "steps", "messages", "bytes sent")]
     for c in found:
-        rows.append((c.name, str(c.seq), str(len(c.ranks)), _fmt_time(c.duration), str(c.steps), str(c.messages),
-                     str(c.bytes_sent)))
+        rows.append((c.name, str(c.seq), str(len(c.ranks)), format_seconds(c.duration), str(c.steps),
+                     str(c.messages), str(c.bytes_sent)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 

@@ -34,6 +34,7 @@ import time
 import numpy as np
 
 from . import algorithms, bench, collectives, cost
+from ._units import format_seconds
 from .errors import InvalidArgument
 from .ops import get_op
 from .schedule import CallInfo, Exchange, run_schedule
@@ -41,14 +42,6 @@ from .schedule import CallInfo, Exchange, run_schedule
 __all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary"]
 
 _REDUCING = collectives.REDUCING
-
-
-def _fmt(seconds: float) -> str:
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    if seconds >= 1e-6:
-        return f"{seconds * 1e6:.3g} us"
-    return f"{seconds * 1e9:.3g} ns"
 
 
 def _size(n) -> str:
@@ -229,11 +222,11 @@ def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutativ
     ranking = cost.best(collective, p, probe, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
     runner = next((x for x in ranking if x.algorithm != reg.algorithm), None)
     span = f"{_size(lo)} to {_size(hi)}" if hi is not None else f"{_size(lo)} and up"
-    text = (f"p={p}: with alpha={_fmt(alpha)}, beta={beta * 1e9:.3g} ns/B, gamma={gamma * 1e9:.3g} ns/B "
+    text = (f"p={p}: with alpha={format_seconds(alpha)}, beta={beta * 1e9:.3g} ns/B, gamma={gamma * 1e9:.3g} ns/B "
             f"(measured on {measured_p} ranks) the model predicts {reg.algorithm} fastest for {span}")
     if runner is not None:
-        text += (f" ({_fmt(ranking[0].seconds)} vs {runner.algorithm} {_fmt(runner.seconds)} at {_size(probe)}; "
-                 f"{ranking[0].formula})")
+        text += (f" ({format_seconds(ranking[0].seconds)} vs {runner.algorithm} {format_seconds(runner.seconds)} "
+                 f"at {_size(probe)}; {ranking[0].formula})")
     if not commutative:
         text += "; for non-commutative ops"
     if p != measured_p:
@@ -336,8 +329,8 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
     gamma, gpoints = measure_gamma(dtype, op, gsizes, reps)
     # Every rank measured its own gamma; use their mean (they share the machine's cores).
     gamma = float(comm.allreduce(np.array([gamma]), op="sum")[0]) / comm.size
-    log(f"alpha = {_fmt(alpha)}, beta = {beta * 1e9:.3g} ns/B ({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), "
-        f"gamma = {gamma * 1e9:.3g} ns/B ({dtype} {op})")
+    log(f"alpha = {format_seconds(alpha)}, beta = {beta * 1e9:.3g} ns/B "
+        f"({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), gamma = {gamma * 1e9:.3g} ns/B ({dtype} {op})")
     iters = 5 if quick else 20
 
     def confirm(collective, low, high, boundary, lower, upper):
@@ -360,7 +353,7 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
 def summary(table: dict) -> str:
     """A few lines describing a tuning table: the constants and each collective's thresholds."""
     m = table.get("measured", {})
-    lines = [f"alpha = {_fmt(m.get('alpha', 0))}, beta = {m.get('beta', 0) * 1e9:.3g} ns/B, "
+    lines = [f"alpha = {format_seconds(m.get('alpha', 0))}, beta = {m.get('beta', 0) * 1e9:.3g} ns/B, "
              f"gamma = {m.get('gamma', 0) * 1e9:.3g} ns/B (measured on {m.get('nprocs')} ranks)"]
     for collective in algorithms.COLLECTIVES:
         rules = table.get(collective)

@@ -205,6 +205,21 @@ def test_usage_errors_are_one_line(tmp_path, capsys, args, message):
     assert err.startswith(f"commkit {args[0]}: error: ")
 
 
+@pytest.mark.parametrize("rank_var,size_var", [
+    ("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMIX_RANK", "PMIX_SIZE")])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_dash_n_under_a_launcher_of_another_size(monkeypatch, capsys, rank_var, size_var, rank):
+    # Every launcher's variables are read: the job's size is checked against -n, and only rank 0 reports.
+    for var in (*MPI_VARS, "PMIX_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(rank_var, str(rank))
+    monkeypatch.setenv(size_var, "2")
+    assert main(["bench", "-n", "3", "--sizes", "8"]) == 2
+    err = capsys.readouterr().err
+    expected = "commkit bench: error: -n 3 was given, but this is already an MPI job of 2 processes"
+    assert (expected in err) if rank == 0 else (err == "")
+
+
 def test_missing_mpi_is_a_clear_message(tmp_path):
     fake = tmp_path / "fake" / "mpi4py"
     fake.mkdir(parents=True)

@@ -39,6 +39,35 @@ def _lg(p):
     return p.bit_length() - 1
 
 
+def _fold_in(rank, rem, op, mine, whole, incoming):
+    """The fold of an allreduce for p not a power of two (module docstring); returns where my data now is.
+
+    The even rank of a pair below ``2 * rem`` hands ``mine`` to the odd rank above
+    it and waits for the result in ``whole``: None, it takes no other part. The odd
+    rank folds its partner's vector in: ``whole``. Any other rank: ``mine``.
+    """
+    if rank >= 2 * rem:
+        return mine
+    if rank % 2 == 0:
+        # Even rank of a folded pair: hand my vector up, wait for the result.
+        yield Send(rank + 1, mine)
+        yield Recv(rank + 1, whole)
+        return None
+    yield Recv(rank - 1, incoming)
+    yield Reduce(whole, incoming, op, operand_first=True, src=mine)
+    return whole
+
+
+def doubling_rounds(new: int, pof2: int, rem: int) -> list[tuple[int, int]]:
+    """The rounds of recursive doubling for new rank ``new`` among ``pof2``: ``(mask, partner)`` each.
+
+    Round ``mask`` = 1, 2, 4, ... pairs ``new`` with new rank ``new ^ mask``;
+    ``partner`` is the actual rank that stands for it. Recursive halving runs
+    the same rounds in reverse order.
+    """
+    return [(1 << k, _old_rank(new ^ (1 << k), rem)) for k in range(_lg(pof2))]
+
+
 # -- cost helpers (the closed forms of what the schedules below do; tests/test_sim.py checks them) --
 
 
@@ -91,24 +120,14 @@ def allreduce_recursive_doubling(rank, size, count, op):
         return
     pof2, rem = _fold(size)
     new = _new_rank(rank, rem)
-    current = mine  # until the first reduction, my partial result is my input
-    if rank < 2 * rem:
-        if new < 0:
-            # Even rank of a folded pair: hand my vector up, wait for the result.
-            yield Send(rank + 1, mine)
-            yield Recv(rank + 1, whole)
-            return
-        yield Recv(rank - 1, incoming)
-        yield Reduce(whole, incoming, op, operand_first=True, src=mine)
-        current = whole
-    mask = 1
-    while mask < pof2:
-        partner = _old_rank(new ^ mask, rem)
+    current = yield from _fold_in(rank, rem, op, mine, whole, incoming)  # my partial result
+    if current is None:
+        return
+    for _, partner in doubling_rounds(new, pof2, rem):
         # Swap partial results with my partner; the lower one goes on the left.
         yield Exchange(partner, current, partner, incoming)
         yield Reduce(whole, incoming, op, operand_first=partner < rank, src=current)
         current = whole
-        mask <<= 1
     if rank < 2 * rem:
         yield Send(rank - 1, whole)
 
@@ -127,10 +146,8 @@ def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
     (default ``buf``): the first round reads it and writes ``buf``.
     """
     lo, hi = 0, pof2
-    mask = pof2 >> 1
     source = first or buf
-    while mask > 0:
-        partner = _old_rank(new ^ mask, rem)
+    for mask, partner in reversed(doubling_rounds(new, pof2, rem)):
         mid = (lo + hi) // 2
         if new & mask:
             keep, give = (mid, hi), (lo, mid)
@@ -143,15 +160,12 @@ def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
         yield Reduce((buf, klo, khi), ("tmp", 0, khi - klo), op, src=(source, klo, khi))
         source = buf
         lo, hi = keep
-        mask >>= 1
 
 
 def _doubling_allgather(new, pof2, rem, ranges, buf):
     """Recursive doubling among new ranks; new rank i starts with ranges[i] of ``buf``, ends with all."""
     lo, hi = new, new + 1
-    mask = 1
-    while mask < pof2:
-        partner = _old_rank(new ^ mask, rem)
+    for mask, partner in doubling_rounds(new, pof2, rem):
         if new & mask:
             theirs = (lo - mask, lo)
         else:
@@ -159,7 +173,6 @@ def _doubling_allgather(new, pof2, rem, ranges, buf):
         # Swap everything gathered so far with the partner's adjacent, equal-sized range.
         yield Exchange(partner, (buf, *_span(ranges, lo, hi)), partner, (buf, *_span(ranges, *theirs)))
         lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
-        mask <<= 1
 
 
 @algorithm("allreduce", "rabenseifner", commutative=True, scratch=lambda r, p, n: n,
@@ -182,15 +195,10 @@ def allreduce_rabenseifner(rank, size, count, op):
         return
     pof2, rem = _fold(size)
     new = _new_rank(rank, rem)
-    first = "in"
-    if rank < 2 * rem:
-        if new < 0:
-            yield Send(rank + 1, mine)
-            yield Recv(rank + 1, whole)
-            return
-        yield Recv(rank - 1, incoming)
-        yield Reduce(whole, incoming, op, operand_first=True, src=mine)
-        first = "out"
+    held = yield from _fold_in(rank, rem, op, mine, whole, incoming)
+    if held is None:
+        return
+    first = held[0]  # the buffer my data is in: "in", or "out" where the fold reduced into it
     ranges = partition(count, pof2)
     # Phase 1: reduce-scatter by recursive halving; new rank i then owns ranges[i].
     yield from _halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first)

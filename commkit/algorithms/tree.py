@@ -5,6 +5,9 @@ the binomial tree, relative rank ``j``'s parent is ``j`` with its lowest set
 bit cleared, and its children are ``j + mask`` for each power of two ``mask``
 below that bit. A subtree is a contiguous range of relative ranks, which is
 what lets gather and scatter move a whole subtree's blocks in one message.
+The walk itself (:func:`binomial_parent`, :func:`binomial_children`,
+:func:`binomial_subtree_size`) is written once here; the other binomial trees
+(``vector.py``'s v-collectives) use it too.
 """
 
 from __future__ import annotations
@@ -13,8 +16,28 @@ from ..schedule import Copy, Recv, Reduce, Send
 from . import algorithm, log2ceil
 
 
-def _subtree(rel: int, size: int) -> int:
-    """Number of relative ranks in the subtree rooted at ``rel``."""
+def binomial_parent(rel: int) -> int:
+    """The parent of relative rank ``rel`` > 0: ``rel`` with its lowest set bit cleared."""
+    return rel & (rel - 1)
+
+
+def binomial_children(rel: int, size: int) -> list[int]:
+    """The children of relative rank ``rel`` among ``size`` ranks, nearest (smallest subtree) first.
+
+    They are ``rel + mask`` for each power of two ``mask`` below ``rel``'s lowest
+    set bit (below ``size`` for the root, ``rel = 0``), as long as that is a rank.
+    """
+    low = rel & -rel if rel else size
+    children = []
+    mask = 1
+    while mask < low and rel + mask < size:
+        children.append(rel + mask)
+        mask <<= 1
+    return children
+
+
+def binomial_subtree_size(rel: int, size: int) -> int:
+    """Number of relative ranks in the subtree rooted at ``rel``: ``[rel, rel + this)``."""
     low = rel & -rel if rel else size
     return min(low, size - rel)
 
@@ -32,22 +55,15 @@ def broadcast_binomial(rank, size, count, root):
     """
     whole = ("out", 0, count)
     rel = (rank - root) % size
-    mask = 1
-    while mask < size:
-        if rel & mask:
-            # Wait for the parent: relative rank rel with its lowest set bit cleared.
-            yield Recv((rel - mask + root) % size, whole)
-            break
-        mask <<= 1
-    mask >>= 1
+    if rel:
+        # Wait for the parent.
+        yield Recv((binomial_parent(rel) + root) % size, whole)
     src = ("in", 0, count) if rank == root else whole
     pending_copy = (Copy(whole, src),) if rank == root else ()
-    while mask > 0:
+    for child in reversed(binomial_children(rel, size)):
         # Forward to each child, the farthest subtree first.
-        if rel + mask < size:
-            yield Send((rel + mask + root) % size, src, overlap=pending_copy)
-            pending_copy = ()
-        mask >>= 1
+        yield Send((child + root) % size, src, overlap=pending_copy)
+        pending_copy = ()
     if pending_copy:  # a root without children (p = 1)
         yield from pending_copy
 
@@ -57,18 +73,13 @@ def _binomial_reduce(rank, size, count, op, root):
     rel = (rank - root) % size
     whole = ("out", 0, count)
     yield Copy(whole, ("in", 0, count))
-    mask = 1
-    while mask < size:
-        if rel & mask:
-            # My subtree is complete: send it to my parent and stop.
-            yield Send((rel - mask + root) % size, whole)
-            return
-        child = rel + mask
-        if child < size:
-            # Fold in the child subtree, which holds the next higher ranks.
-            yield Recv((child + root) % size, ("tmp", 0, count))
-            yield Reduce(whole, ("tmp", 0, count), op)
-        mask <<= 1
+    for child in binomial_children(rel, size):
+        # Fold in the child subtree, which holds the next higher ranks.
+        yield Recv((child + root) % size, ("tmp", 0, count))
+        yield Reduce(whole, ("tmp", 0, count), op)
+    if rel:
+        # My subtree is complete: send it to my parent.
+        yield Send((binomial_parent(rel) + root) % size, whole)
 
 
 @algorithm("reduce", "binomial", scratch=lambda r, p, n: n,
@@ -100,19 +111,14 @@ def gather_binomial(rank, size, count, root):
     Scratch: the subtree's blocks, in relative order; the root rotates them into place.
     """
     rel = (rank - root) % size
+    # tmp holds the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
     yield Copy(("tmp", 0, count), ("in", 0, count))
-    have = 1  # blocks of relative ranks [rel, rel + have) sit at tmp[0 : have*count]
-    mask = 1
-    while mask < size:
-        if rel & mask:
-            yield Send((rel - mask + root) % size, ("tmp", 0, have * count))
-            return
-        child = rel + mask
-        if child < size:
-            n = _subtree(child, size)
-            yield Recv((child + root) % size, ("tmp", mask * count, (mask + n) * count))
-            have = mask + n
-        mask <<= 1
+    for child in binomial_children(rel, size):
+        lo = child - rel
+        yield Recv((child + root) % size, ("tmp", lo * count, (lo + binomial_subtree_size(child, size)) * count))
+    if rel:
+        yield Send((binomial_parent(rel) + root) % size, ("tmp", 0, binomial_subtree_size(rel, size) * count))
+        return
     # Root: tmp holds blocks of relative ranks 0..p-1; relative j is rank (j + root) % p.
     head = (size - root) * count
     yield Copy(("out", root * count, size * count), ("tmp", 0, head))
@@ -133,16 +139,11 @@ def scatter_binomial(rank, size, count, root):
         head = (size - root) * count
         yield Copy(("tmp", 0, head), ("in", root * count, size * count))
         yield Copy(("tmp", head, size * count), ("in", 0, root * count))
-    mask = 1
-    while mask < size:
-        if rel & mask:
-            yield Recv((rel - mask + root) % size, ("tmp", 0, _subtree(rel, size) * count))
-            break
-        mask <<= 1
-    mask >>= 1
-    while mask > 0:
-        child = rel + mask
-        if child < size:
-            yield Send((child + root) % size, ("tmp", mask * count, (mask + _subtree(child, size)) * count))
-        mask >>= 1
+    else:
+        # tmp receives the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
+        yield Recv((binomial_parent(rel) + root) % size, ("tmp", 0, binomial_subtree_size(rel, size) * count))
+    for child in reversed(binomial_children(rel, size)):
+        # Hand each child its subtree's blocks, the farthest first.
+        lo = child - rel
+        yield Send((child + root) % size, ("tmp", lo * count, (lo + binomial_subtree_size(child, size)) * count))
     yield Copy(("out", 0, count), ("tmp", 0, count))

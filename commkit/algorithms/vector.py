@@ -50,6 +50,7 @@ from __future__ import annotations
 
 from ..schedule import Copy, Exchange, Recv, Send, Transfer
 from . import algorithm, log2ceil
+from .tree import binomial_children, binomial_parent, binomial_subtree_size
 
 
 def _offsets(counts) -> list:
@@ -101,24 +102,18 @@ class _Tree:
 
     def subtree_end(self, j: int) -> int:
         """One past the last relative rank of the subtree rooted at ``j``."""
-        low = j & -j if j else self.size
-        return min(j + low, self.size)
+        return j + binomial_subtree_size(j, self.size)
 
     def span(self, first: int, last: int) -> int:
         return self.roffsets[last] - self.roffsets[first]
 
     def parent(self) -> int:
-        rel = self.rel
-        return self.actual(rel - (rel & -rel))
+        """The actual rank of this rank's parent."""
+        return self.actual(binomial_parent(self.rel))
 
-    def children(self):
+    def children(self) -> list[int]:
         """Child relative ranks in increasing distance (smallest subtree first)."""
-        rel = self.rel
-        low = rel & -rel if rel else self.size
-        mask = 1
-        while mask < low and rel + mask < self.size:
-            yield rel + mask
-            mask <<= 1
+        return binomial_children(self.rel, self.size)
 
     def out_range(self, first: int, last: int):
         """Where relative ranks ``[first, last)`` lie in rank order: one range, or two if they wrap past p-1."""
@@ -277,7 +272,7 @@ def scatterv_binomial(rank, size, counts, root):
     """
     tree = _Tree(rank, size, counts, root)
     rel, own = tree.rel, tree.rcounts[tree.rel]
-    children = list(tree.children())[::-1]  # largest subtree first: it has the most to forward
+    children = tree.children()[::-1]  # largest subtree first: it has the most to forward
     if rel == 0:
         for child in children:
             end = tree.subtree_end(child)

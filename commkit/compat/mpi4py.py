@@ -139,7 +139,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import time
 from functools import partial
 
 import numpy as np
@@ -150,6 +149,7 @@ from .._checks import array_module, check_rank, same_memory
 from ..communicator import Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
+from ..transports.base import Backoff
 from ..transports.mpi import MPITransport
 from . import as_array
 
@@ -164,7 +164,6 @@ _MPI_OP = MPI.Op
 _MPI_DATATYPE = MPI.Datatype
 _UINT8 = np.dtype(np.uint8)
 _NUMERIC = "biufc"
-_MAX_SLEEP = 1e-3
 _PACK_TAG = 0
 # Byte views of plain NumPy arrays a face keeps, and up to what size: like the
 # communicator's compiled plans (which they let it reuse), they keep small arrays alive.
@@ -191,7 +190,7 @@ def _predefined_dtypes() -> dict[int, np.dtype]:
     """Every predefined MPI datatype with a numeric NumPy equivalent, by handle."""
     table = {}
     names = [n for n in dir(MPI) if n.isupper() and isinstance(getattr(MPI, n), MPI.Datatype)]
-    for datatype in [getattr(MPI, n) for n in names] + list(MPI._typedict.values()):
+    for datatype in [getattr(MPI, n) for n in names]:
         if datatype == MPI.DATATYPE_NULL or datatype == MPI.PACKED:
             continue
         try:
@@ -1333,7 +1332,7 @@ class Comm:
             raise InvalidBuffer(f"{name}: {opaque}, and has no datatype in its spec; pass [buf, counts, displs, "
                                 "datatype] so that MPI can pack it.")
         log.debug("%s; MPI packs its blocks for commkit's algorithm.", opaque)
-        base = datatype if isinstance(datatype, _MPI_DATATYPE) else MPI._typedict[datatype]
+        base = datatype if isinstance(datatype, _MPI_DATATYPE) else MPI.Datatype.fromcode(datatype)
         extent, tsize = base.Get_extent()[1], base.Get_size()
         counts = _vcounts(counts, 0 if raw is None else raw.size, extent, size, name)
         displs = _vdispls(displs, counts, name)
@@ -1425,16 +1424,15 @@ class Request:
         if all(isinstance(r, MPI.Request) for r in requests):
             return MPI.Request.Waitall(requests, statuses)
         pending = list(range(len(requests)))
-        sleep = 1e-6
+        backoff = Backoff(spin=0, first=1e-6)
         while pending:
             # Testing every request in turn (never waiting on one alone) keeps each
             # commkit schedule moving while MPI completes the others.
             still = [i for i in pending if not requests[i].Test(statuses[i] if statuses else None)]
             if len(still) == len(pending):
-                time.sleep(sleep)
-                sleep = min(sleep * 2, _MAX_SLEEP)
+                backoff.pause()
             else:
-                sleep = 1e-6
+                backoff.progressed()
             pending = still
         return True
 
@@ -1720,9 +1718,10 @@ def _dtype(datatype, name: str) -> np.dtype:
     """The NumPy dtype of a predefined MPI datatype (or mpi4py type code); _Opaque for any other."""
     if isinstance(datatype, str):
         code = datatype
-        datatype = MPI._typedict.get(code)
-        if datatype is None:
-            raise InvalidBuffer(f"{name}: cannot map type code {code!r} to an MPI datatype.")
+        try:
+            datatype = MPI.Datatype.fromcode(code)
+        except ValueError:
+            raise InvalidBuffer(f"{name}: cannot map type code {code!r} to an MPI datatype.") from None
     if not isinstance(datatype, _MPI_DATATYPE):
         raise InvalidBuffer(f"{name}: expected an MPI datatype such as MPI.DOUBLE, got {type(datatype).__name__}.")
     dtype = _DTYPES.get(datatype.handle)
