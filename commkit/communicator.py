@@ -44,7 +44,7 @@ from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import Plan, PersistentRequest, compile_ops
 from .requests import Request, wait_all, wait_any
-from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, run_schedule
+from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, run_schedule
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -61,12 +61,9 @@ _ABANDONED: list = []
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
 # every algorithm: only the root reads "in", and the root never writes "out" except by
 # copying "in" there, which the executor skips when they are the same array.
-_INPLACE_SAFE = frozenset({
-    ("allreduce", "ring"), ("allreduce", "recursive_doubling"), ("allreduce", "rabenseifner"),
-    ("allreduce", "naive"), ("scan", "recursive_doubling"), ("scan", "naive"),
-    ("exscan", "recursive_doubling"),
-    ("broadcast", "naive"), ("broadcast", "binomial"), ("broadcast", "ring"),
-})
+# Whether a schedule may run with "in" and "out" as one array (an in-place call) without first
+# saving the input: computed from each rank's steps (schedule.inplace_safe), per call shape.
+_inplace_safe = inplace_safe
 _ROOTED = collectives.ROOTED
 
 
@@ -720,7 +717,7 @@ class Communicator(VectorCollectives):
         else:
             steps = tuple(self._steps(alg, call, segment))
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
-                    (call.collective, alg.name) in _INPLACE_SAFE, alg.name, tagbase, signature)
+                    _inplace_safe(steps), alg.name, tagbase, signature)
         if len(self._plans) >= 512:
             self._plans.clear()
         self._plans[key] = plan

@@ -24,6 +24,8 @@ algorithm asked for in its ``scratch`` declaration).
 
 from __future__ import annotations
 
+import bisect
+
 import functools
 import time
 from typing import Any, Callable, Iterator
@@ -139,6 +141,71 @@ def check_overlap(step: Transfer) -> list:
                 if _ranges_meet(r, t):
                     conflicts.append(f"{local!r} reads {r} while the transfer receives into {t}")
     return conflicts
+
+
+def inplace_safe(steps) -> bool:
+    """Whether this rank's ``steps`` compute the same result when ``in`` and ``out`` are one array.
+
+    An in-place call (``out=x``) gives the schedule one array as both ``in`` and
+    ``out``; the communicator saves the input first unless this says that is
+    not needed. It follows the data: a step may read a range of ``in`` only
+    while no earlier step (and no step running at the same time: a transfer's
+    sends and receives and its overlapped local steps) has written new values
+    into that range of ``out``. A copy of ``in`` onto the same range of ``out``
+    writes nothing new (in place it is skipped), and a reduction may read and
+    write exactly the same range (element by element). Conservative: any other
+    overlap, or a write to ``in``, counts as unsafe.
+    """
+    starts: list = []  # ranges of out that hold new values: sorted, disjoint, merged (starts[i], ends[i])
+    ends: list = []
+
+    def meets(ref, ranges):
+        return any(ref[1] < hi and lo < ref[2] for lo, hi in ranges)
+
+    def meets_written(ref):
+        i = bisect.bisect_right(starts, ref[1]) - 1  # the last range starting at or before ref's start
+        if i >= 0 and ends[i] > ref[1]:
+            return True
+        return i + 1 < len(starts) and starts[i + 1] < ref[2]
+
+    def write(lo, hi):
+        i = bisect.bisect_left(ends, lo)  # the first range that ends at or after lo: it may merge
+        j = bisect.bisect_right(starts, hi)  # ranges i .. j-1 touch [lo, hi)
+        if i < j:
+            lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
+        starts[i:j], ends[i:j] = [lo], [hi]
+
+    def effects(step):
+        """(reads of in, writes of out/in, exempt (read, write) pairs) of a local step."""
+        if step.kind == REDUCE:
+            reads = [r for r in (step.src, step.operand) if r[0] == "in" and r[2] > r[1]]
+            write = step.into
+            exempt = [r for r in reads if r[1:] == write[1:]]  # elementwise on the same elements
+            return reads, ([write] if write[0] in ("in", "out") and write[2] > write[1] else []), exempt
+        src, dst = step.src, step.dst
+        if src[0] == "in" and dst[0] == "out" and src[1:] == dst[1:]:
+            return [src], [], []  # the identity copy: nothing new is written
+        reads = [src] if src[0] == "in" and src[2] > src[1] else []
+        return reads, ([dst] if dst[0] in ("in", "out") and dst[2] > dst[1] else []), []
+
+    for step in steps:
+        if step.kind == TRANSFER:
+            group = [([b for _, b in step.sends if b[0] == "in" and b[2] > b[1]],
+                      [b for _, b in step.recvs if b[0] in ("in", "out") and b[2] > b[1]], [])]
+            group += [effects(local) for local in step.overlap]
+        else:
+            group = [effects(step)]
+        now = [(g, w[1], w[2]) for g, (_, writes, _) in enumerate(group) for w in writes]
+        for g, (reads, _, exempt) in enumerate(group):
+            for r in reads:
+                if meets_written(r):
+                    return False
+                # Writes at the same time: all of this group's but the one exempt write of this very step.
+                if meets(r, [(lo, hi) for wg, lo, hi in now if not (wg == g and r in exempt and (lo, hi) == r[1:])]):
+                    return False
+        for _, lo, hi in now:
+            write(lo, hi)
+    return True
 
 
 class Reduce:

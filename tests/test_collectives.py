@@ -111,7 +111,7 @@ def test_commutative_only_algorithms_refuse_non_commutative_ops():
 
 
 @given(size=st.integers(1, 9), n=st.integers(0, 40), seed=st.integers(0, 2**31),
-       algorithm=st.sampled_from(["naive", "ring", "recursive_doubling", "rabenseifner"]))
+       algorithm=st.sampled_from(["naive", "ring", "recursive_doubling", "rabenseifner", "ring_pipelined"]))
 def test_in_place_allreduce_changes_only_the_given_buffer(size, n, seed, algorithm):
     def body(comm):
         rng = np.random.default_rng([seed, comm.rank])
