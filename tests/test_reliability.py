@@ -374,3 +374,23 @@ sys.stdout.write(f"rank {comm.rank} large ok\\n")
 def test_messages_above_two_to_the_31_elements():
     result = run_mpi(2, LARGE, timeout=600)
     assert result.stdout.count("large ok") == 2
+
+
+_BIG_OBJECTS = """
+import numpy as np
+import commkit as ck
+
+c = ck.init()
+# 800 KB pickles go by rendezvous: ranks that all sent before receiving used to wait forever.
+got = c.allgather_object(np.full(100_000, c.rank, dtype=np.float64))
+assert [int(a[0]) for a in got] == list(range(c.size)), got
+print(f"rank {c.rank}: OK", flush=True)
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_allgather_object_of_large_objects_completes(nprocs):
+    result = run_mpi(nprocs, _BIG_OBJECTS, timeout=60)
+    assert result.stdout.count("OK") == nprocs, result.stdout

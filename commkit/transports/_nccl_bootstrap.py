@@ -63,6 +63,9 @@ class _MPIGroup:
     def send_object(self, obj, dest: int, tag: int) -> None:
         self._objects.send_object(obj, dest, tag)
 
+    def isend_object(self, obj, dest: int, tag: int):
+        return self._objects.isend_object(obj, dest, tag)
+
     def recv_object(self, source: int, tag: int, timeout):
         return self._objects.recv_object(source, tag, timeout)
 

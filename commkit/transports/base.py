@@ -105,13 +105,21 @@ class Backoff:
 def allgather_objects(chan, obj, tag: int, timeout: float | None, timed_out) -> list:
     """Every rank's ``obj``, in rank order, over ``chan``'s ``send_object`` / ``recv_object``.
 
-    Each rank sends to every other rank, then receives from each in rank order.
-    ``timed_out(peer)`` makes the exception raised when the receive from
-    ``peer`` gets nothing within ``timeout`` seconds.
+    Each rank sends to every other rank without waiting (``isend_object`` where the
+    channel has it: a large pickle goes by rendezvous, and ranks that all block in
+    sends before receiving would wait for each other forever), then receives from
+    each in rank order, then completes its sends. ``timed_out(peer)`` makes the
+    exception raised when the receive from ``peer`` gets nothing within ``timeout``
+    seconds.
     """
+    isend = getattr(chan, "isend_object", None)
+    pending = []
     for peer in range(chan.size):
         if peer != chan.rank:
-            chan.send_object(obj, peer, tag)
+            if isend is not None:
+                pending.append(isend(obj, peer, tag))
+            else:
+                chan.send_object(obj, peer, tag)
     out = []
     for peer in range(chan.size):
         if peer == chan.rank:
@@ -121,4 +129,7 @@ def allgather_objects(chan, obj, tag: int, timeout: float | None, timed_out) -> 
         if got is None:
             raise timed_out(peer)
         out.append(got[0])
+    for request in pending:
+        if request is not None:
+            request.wait()
     return out

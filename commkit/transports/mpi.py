@@ -326,6 +326,14 @@ class MPITransport:
     def send_object(self, obj, dest: int, tag: int) -> None:
         self.comm.send(obj, dest, tag)
 
+    def isend_object(self, obj, dest: int, tag: int):
+        """Send a picklable object without waiting for the receiver; returns a request with ``wait()``.
+
+        A large pickle goes by rendezvous, so a blocking send waits for the receive:
+        ranks that all send before they receive (an allgather) need this form.
+        """
+        return self.comm.isend(obj, dest, tag)
+
     def recv_object(self, source: int, tag: int, timeout: float | None, object_bit: int = 0):
         """Receive a pickled object; returns ``(obj, status)`` or ``None`` on timeout.
 

@@ -428,6 +428,14 @@ class NcclTransport:
         """Send a picklable object over the bootstrap channel (MPI or the store), not through the GPU."""
         self._group.send_object(obj, dest, tag)
 
+    def isend_object(self, obj, dest: int, tag: int):
+        """:meth:`send_object` without waiting for the receiver: a request with ``wait()``, or None when sent."""
+        isend = getattr(self._group, "isend_object", None)
+        if isend is not None:
+            return isend(obj, dest, tag)
+        self._group.send_object(obj, dest, tag)  # the store never waits for the receiver
+        return None
+
     def recv_object(self, source: int, tag: int, timeout, object_bit: int = 0):
         """Receive an object from the bootstrap channel: ``(obj, Status)``, or None on timeout.
 
