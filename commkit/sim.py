@@ -70,7 +70,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from . import _models as cost  # the constants and models, as commkit.cost names them
 from . import algorithms, collectives
+from ._units import format_seconds
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument
 from .ops import get_op
 from .schedule import COPY, REDUCE, TRANSFER, Exchange, partition
@@ -214,8 +216,8 @@ class SimResult:
         lines = [
             f"{self.collective}_{self.algorithm}: p={self.p}, {self.nbytes} B message "
             f"(count {count} x {self.itemsize} B)",
-            f"  predicted time   {_fmt_seconds(self.time)}   "
-            f"(alpha={_fmt_seconds(self.alpha)}, beta={self.beta:.3g} s/B, gamma={self.gamma:.3g} s/B)",
+            f"  predicted time   {format_seconds(self.time)}   "
+            f"(alpha={format_seconds(self.alpha)}, beta={self.beta:.3g} s/B, gamma={self.gamma:.3g} s/B)",
             *([f"  model            {self.model}"] if self.model is not None else []),
             f"  critical path    {self.rounds} rounds (alpha terms)",
             f"  messages/rank    {spread(self.messages)}   (total {self.total_messages})",
@@ -232,16 +234,6 @@ class SimResult:
         return "\n".join(lines)
 
     __str__ = summary
-
-
-def _fmt_seconds(s: float) -> str:
-    if s == 0:
-        return "0 s"
-    if s < 1e-3:
-        return f"{s * 1e6:.3g} us"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s:.3g} s"
 
 
 def _check_int(value, name: str, minimum: int) -> int:
@@ -447,8 +439,6 @@ def _message_bytes(collective, count, p, itemsize):
 
 def _model(model, ranks_per_node, alpha, beta, gamma):
     """The timing model :func:`simulate` and :func:`simulate_steps` run under: None (alpha-beta) or an instance."""
-    from . import cost
-
     given = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("gamma", gamma)) if v is not None}
     if isinstance(model, (cost.LogGP, cost.TwoLevel)):
         if given:
@@ -497,8 +487,6 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
 
     Cost: proportional to the total number of steps of all ranks.
     """
-    from . import cost
-
     p = _check_int(p, "p", 1)
     itemsize = _check_int(itemsize, "itemsize", 1)
     timing = _model(model, ranks_per_node, alpha, beta, gamma)

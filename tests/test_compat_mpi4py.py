@@ -251,7 +251,7 @@ class Case:
         if kind == "bytearray" and form == "bare" and self.collective in VECTORS:
             kind = "numpy"  # the other side counts entries of dtype, not bytes
         obj, read = self._object(rng, a, kind, data, undefined, displ)
-        t = MPI._typedict[self.dtype.char]
+        t = MPI.Datatype.fromcode(self.dtype.char)
         spec = {"bare": obj, "typed": [obj, t], "tuple": (obj, t), "code": [obj, self.dtype.str[1:]],
                 "count": [obj, count, t], "displ": [obj, (count, displ), t], "four": (obj, count, displ, t)}
         return spec[form], read
@@ -288,7 +288,7 @@ class Case:
             a[lo:hi] = self.values(rng, hi - lo)
         kind = "numpy" if self.kind == "bytearray" and form in ("bare", "listonly") else self.kind
         obj, read = self._object(rng, a, kind, data)
-        t = MPI._typedict[self.dtype.char]
+        t = MPI.Datatype.fromcode(self.dtype.char)
         spec = {"bare": obj, "typed": [obj, t], "uniform": [obj, counts[0], t],
                 "strided": [obj, (counts[0], displs[1] if size > 1 else 0), t], "counts": [obj, counts, t],
                 "listonly": [obj, counts], "tuple": (obj, (counts, displs), t), "four": [obj, counts, displs, t],

@@ -19,6 +19,7 @@ import pytest
 
 import commkit as ck
 from commkit import algorithms, collectives, cost, sim
+from commkit._units import format_seconds
 from commkit.schedule import Exchange, Recv, Reduce, Send, Transfer
 
 # Distinct scales so that every term shows in a total.
@@ -263,7 +264,7 @@ def test_cost_table_simulates_under_a_model():
     assert "simulated under loggp" in text and "rounds" in text
     text = cost.table("allreduce", 16, 1 << 20, ranks_per_node=4)
     ring = sim.simulate("allreduce", "ring", 16, 1 << 20, ranks_per_node=4).time
-    assert "ranks_per_node=4" in text and cost._fmt(ring) in text
+    assert "ranks_per_node=4" in text and format_seconds(ring, 4) in text
     assert "TwoLevel(ranks_per_node=4" in cost.table("allreduce", 16, 1 << 20, model=cost.TwoLevel(4))
 
 
