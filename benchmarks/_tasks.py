@@ -3,9 +3,12 @@
 Each job reads a JSON spec, runs one task and (on rank 0) writes a JSON result.
 Tasks under ``mpiexec``:
 
-* ``bench``    -- :func:`commkit.bench.measure` over collectives and sizes,
-  repeated in whole sweeps, so every ratio comes with the spread of repeated
-  identical runs;
+* ``bench``    -- :func:`measure_forms` over collectives and sizes, repeated
+  in whole sweeps (new input data every sweep), so every ratio comes with the
+  spread of repeated identical runs. With ``spec["raw"]``: the raw mpi4py call
+  on a ``Dup`` of COMM_WORLD, commkit ``auto`` and commkit ``native``, each out
+  of place and, where the collective allows it, in place; without: every
+  commkit algorithm with ``auto`` and ``native``;
 * ``gloo``     -- commkit ``auto``, ``native`` and torch.distributed's gloo
   backend interleaved on the same buffers (torch shares the NumPy memory);
 * ``overhead`` -- a tiny allreduce through commkit against the raw mpi4py
@@ -27,7 +30,6 @@ import sys
 import time
 
 import numpy as np
-
 
 
 def main(spec_path: str, result_path: str) -> int:
@@ -74,37 +76,226 @@ def _auto_choice(collective, p, size, op):
 
 
 def bench_task(spec):
+    """Every form of :func:`forms_task` (``spec["raw"]``), or every commkit algorithm with auto and native."""
+    return forms_task(spec)
+
+
+# -- forms: the raw mpi4py call and commkit's, out of place and in place ------------------------------
+
+IN_PLACE = " in place"
+
+
+def in_place_allowed(collective: str) -> bool:
+    """Whether commkit takes ``out=x`` for ``collective`` (read from :mod:`commkit.collectives`)."""
+    from commkit import collectives
+
+    return collectives.get(collective).in_place
+
+
+def form_names(collective: str, bases) -> list[str]:
+    """``bases`` ("raw", "auto", "native" or an algorithm), each followed by its in-place form where allowed.
+
+    The raw broadcast has one form: ``MPI_Bcast`` is in place (the root's buffer is
+    the one sent), so ``raw`` is the baseline of both of commkit's broadcast forms.
+    """
+    names = []
+    for base in bases:
+        names.append(base)
+        if in_place_allowed(collective) and not (base == "raw" and collective == "broadcast"):
+            names.append(base + IN_PLACE)
+    return names
+
+
+def raw_baseline(collective: str, name: str) -> str:
+    """The raw mpi4py form a commkit form is compared with: the same placement (broadcast: always ``raw``)."""
+    if name.endswith(IN_PLACE) and collective != "broadcast":
+        return "raw" + IN_PLACE
+    return "raw"
+
+
+_MPI_OPS = {"sum": "SUM", "prod": "PROD", "max": "MAX", "min": "MIN"}
+
+
+def _raw_form(case, raw, in_place):
+    """(prepare, call) of the mpi4py call a user would write for ``case``, on ``case``'s buffers."""
+    from mpi4py import MPI
+
+    c, x, out, root = case.collective, case.x, case.out, case.root
+    me = case.comm.rank
+    op = getattr(MPI, _MPI_OPS[case.op.name]) if case.op is not None else None
+    IP = MPI.IN_PLACE
+
+    def copy_in():
+        out[...] = x
+
+    if c in ("allreduce", "scan", "exscan"):
+        fn = getattr(raw, {"allreduce": "Allreduce", "scan": "Scan", "exscan": "Exscan"}[c])
+        prepare = copy_in if in_place else case.poison
+        if in_place:
+            return prepare, lambda: fn(IP, out, op)
+        return prepare, lambda: fn(x, out, op)
+    if c == "reduce":
+        if me != root:
+            return case.poison, lambda: raw.Reduce(x, None, op, root)
+        if in_place:
+            return copy_in, lambda: raw.Reduce(IP, out, op, root)
+        return case.poison, lambda: raw.Reduce(x, out, op, root)
+    if c == "broadcast":
+        return (copy_in if me == root else case.poison), lambda: raw.Bcast(out, root)
+    if c == "allgather":
+        return case.poison, lambda: raw.Allgather(x, out)
+    if c == "alltoall":
+        return case.poison, lambda: raw.Alltoall(x, out)
+    if c == "reduce_scatter":
+        if len(set(case.counts)) == 1:
+            return case.poison, lambda: raw.Reduce_scatter_block(x, out, op)
+        counts = list(case.counts)
+        return case.poison, lambda: raw.Reduce_scatter(x, out, counts, op)
+    raise AssertionError(c)
+
+
+def _commkit_form(case, algorithm, in_place):
+    """(prepare, call) of commkit's ``algorithm`` for ``case``; in place: ``out=x`` with ``x`` the output.
+
+    In place, the input is first copied into the output (untimed), so every run
+    reduces the same data. A reduce's non-root ranks have no output: their call
+    is the out-of-place one.
+    """
+    comm, c, x, out, root = case.comm, case.collective, case.x, case.out, case.root
+    if not in_place or (c == "reduce" and comm.rank != root):
+        return case.poison, (lambda: case.run(algorithm))
+    kw = {"algorithm": None if algorithm == "auto" else algorithm}
+
+    def copy_in():
+        out[...] = x
+
+    if c in ("allreduce", "scan", "exscan"):
+        method = getattr(comm, c)
+        return copy_in, lambda: method(out, case.op, out=out, **kw)
+    if c == "reduce":
+        return copy_in, lambda: comm.reduce(out, case.op, root, out=out, **kw)
+    if c == "broadcast":
+        return (copy_in if comm.rank == root else case.poison), lambda: comm.broadcast(out, root, out=out, **kw)
+    raise AssertionError(f"{c} has no in-place form")
+
+
+def forms(case, raw, names):
+    """name -> (prepare, call) for each of ``names`` (see :func:`form_names`); all share ``case``'s buffers.
+
+    ``prepare`` runs untimed before each call (poison the output, or copy the
+    input into it for an in-place call); ``call`` returns what is checked
+    against ``case``'s reference.
+    """
+    has_result = case.expected is not None
+    out = {}
+    for name in names:
+        in_place = name.endswith(IN_PLACE)
+        base = name[: -len(IN_PLACE)] if in_place else name
+        if base == "raw":
+            prepare, fn = _raw_form(case, raw, in_place)
+            if case.collective == "exscan" and case.comm.rank == 0:
+                # MPI defines no exscan result on rank 0 (commkit gives the identity): nothing to check there.
+                out[name] = (prepare, (lambda fn=fn: (fn(), case.expected)[1]))
+            else:
+                out[name] = (prepare, (lambda fn=fn: (fn(), case.out if has_result else None)[1]))
+        else:
+            out[name] = _commkit_form(case, base, in_place)
+    return out
+
+
+def measure_forms(comm, raw, case, names, iters, warmup):
+    """Interleaved timing of ``names`` on one case, as :func:`commkit.bench.measure` times algorithms.
+
+    Every timed run is preceded by its untimed preparation and an ``MPI_Barrier``
+    on ``raw``; the order of the forms rotates every repetition; a run's time is
+    the slowest rank's; every result is checked. Returns one dict per name, the
+    same on every rank.
+    """
+    table = forms(case, raw, names)
+    times = np.zeros((len(names), iters))
+    wrong = np.zeros(len(names), np.int64)
+    barrier, clock = raw.Barrier, time.perf_counter
+    for _ in range(warmup):
+        for k, name in enumerate(names):
+            prepare, call = table[name]
+            prepare()
+            wrong[k] += not case.correct(call())
+    for i in range(iters):
+        shift = i % len(names)
+        for k in list(range(shift, len(names))) + list(range(shift)):
+            prepare, call = table[names[k]]
+            prepare()
+            barrier()
+            t0 = clock()
+            result = call()
+            times[k, i] = clock() - t0
+            wrong[k] += not case.correct(result)
+    everyone = raw.allgather((times, wrong))
+    times = np.max([t for t, _ in everyone], axis=0)
+    wrong = np.sum([w for _, w in everyone], axis=0)
+    rows = []
+    for k, name in enumerate(names):
+        t = times[k]
+        median = float(np.median(t))
+        q25, q75 = np.percentile(t, [25, 75])
+        rows.append({"collective": case.collective, "size": case.size, "algorithm": name, "nprocs": comm.size,
+                     "time_us": median * 1e6, "min_us": float(t.min()) * 1e6,
+                     "spread": float((q75 - q25) / median) if median else 0.0, "wrong": int(wrong[k]),
+                     "runs": iters})
+    return rows
+
+
+def forms_task(spec):
+    """Collectives x sizes x sweeps through :func:`measure_forms`.
+
+    With ``spec["raw"]``: the raw mpi4py call, commkit ``auto`` and ``native``
+    (``spec["bases"]``), out of place and in place. Without: ``spec["names"]``,
+    or ``auto`` and every algorithm that applies, and ``native``, out of place.
+    (Timings are gathered with mpi4py's own allgather on the ``Dup``, so the
+    measurement never depends on commkit's object collectives.)
+    """
+    from mpi4py import MPI
+
     import commkit as ck
     from commkit import bench
 
     comm = ck.init("mpi")
+    raw = MPI.COMM_WORLD.Dup()
     p = comm.size
     op, dtype = spec.get("op", "sum"), spec.get("dtype", "float32")
     itemsize = np.dtype(dtype).itemsize
-    rows = []
+    rows, loads = [], []
     start = time.time()
-    for rep in range(spec["repeats"]):
-        for collective in spec["collectives"]:
-            names = spec["names"] or (["auto"] + bench.candidates(collective, p, op))
-            seen = set()
-            for size in spec["sizes"]:
-                actual = bench._actual_size(collective, p, size, itemsize)
-                if actual in seen or actual == 0:
-                    continue  # rounds to a size already measured (or to nothing)
-                seen.add(actual)
-                iters, warmup = iterations(actual, len(names), spec)
-                for row in bench.measure(comm, collective, size, names, dtype=dtype, op=op, iters=iters,
-                                         warmup=warmup):
-                    record = row.__dict__.copy()
-                    record["rep"] = rep
-                    record["auto_choice"] = _auto_choice(collective, p, row.size, op)
-                    rows.append(record)
-            _say(comm, f"{p} ranks, sweep {rep + 1}/{spec['repeats']}: {collective} done "
-                       f"({time.time() - start:.0f} s, load {os.getloadavg()[0]:.2f})")
+    try:
+        for rep in range(spec["repeats"]):
+            loads.append(os.getloadavg()[0])
+            for collective in spec["collectives"]:
+                if spec.get("raw"):
+                    names = form_names(collective, spec.get("bases", ["raw", "auto", "native"]))
+                else:
+                    names = spec.get("names") or ["auto", *bench.candidates(collective, p, op)]
+                seen = set()
+                for size in spec["sizes"]:
+                    actual = bench._actual_size(collective, p, size, itemsize)
+                    if actual in seen or actual == 0:
+                        continue  # rounds to a size already measured (or to nothing)
+                    seen.add(actual)
+                    # New data every sweep (seed = sweep), in buffers made for this size.
+                    case = bench._Case(comm, collective, size, dtype, op, 0, np, seed=rep)
+                    iters, warmup = iterations(actual, len(names), spec)
+                    for record in measure_forms(comm, raw, case, names, iters, warmup):
+                        record["rep"] = rep
+                        record["auto_choice"] = _auto_choice(collective, p, record["size"], op)
+                        rows.append(record)
+                _say(comm, f"{p} ranks, sweep {rep + 1}/{spec['repeats']}: {collective} done "
+                           f"({time.time() - start:.0f} s, load {os.getloadavg()[0]:.2f})")
+        loads.append(os.getloadavg()[0])
+    finally:
+        raw.Free()
     if comm.rank != 0:
         return None
     return {"rows": rows, "nprocs": p, "oversubscribed": p > (os.cpu_count() or 1),
-            "seconds": time.time() - start}
+            "seconds": time.time() - start, "load_per_sweep": loads}
 
 
 # -- torch.distributed with gloo ---------------------------------------------------------------------
@@ -465,6 +656,74 @@ def machine_task(spec):
     except ImportError:
         info["torch"] = None
     return info
+
+
+# -- helpers for the stand-alone scripts (inplace.py, memory_floor.py) ---------------------------------
+
+_LAUNCHED = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def relaunch(nprocs: int, script: str, argv) -> int | None:
+    """Run ``script`` under ``mpiexec -n nprocs`` unless this process is already a rank of a job.
+
+    Returns the job's exit status, or None when already inside a job (run the
+    script's body). The job runs in its own process group, which is ended --
+    every process of it -- when it finishes, fails or this process is interrupted.
+    """
+    if any(k in os.environ for k in _LAUNCHED):
+        return None
+    import subprocess
+
+    from commkit._mpiexec import mpiexec_command, terminate_group
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen(mpiexec_command(nprocs, [sys.executable, os.path.abspath(script), *argv]), env=env,
+                            start_new_session=True)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        terminate_group(proc)
+
+
+def git_revision(root: str) -> str | None:
+    """``git <short hash>``, marked when commkit/ has uncommitted changes; None outside a checkout."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "commkit"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not rev:
+        return None
+    return f"git {rev}" + (" with uncommitted changes to commkit/" if dirty else "")
+
+
+def machine_line(raw) -> str:
+    """One line naming the machine and the libraries, for the scripts' headers."""
+    import mpi4py
+    from mpi4py import MPI
+
+    info = machine_task({})
+    return (f"{raw.Get_size()} ranks on {info.get('cpu')} ({info.get('cores')} cores), "
+            f"{' '.join(MPI.Get_library_version().splitlines()[0].split())}, mpi4py {mpi4py.__version__}, "
+            f"NumPy {np.__version__}, Python {info.get('python')}, commkit at "
+            f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) or 'an unknown revision'}")
+
+
+def load_line(samples) -> str:
+    """The 1-minute load averages sampled during a run: min, median, max."""
+    if not samples:
+        return "load not recorded"
+    ordered = sorted(samples)
+    return (f"1-minute load average sampled {len(ordered)} times during the run: min {ordered[0]:.2f}, "
+            f"median {float(np.median(ordered)):.2f}, max {ordered[-1]:.2f} (each rank busy-waiting in MPI adds about 1)")
 
 
 TASKS = {"bench": bench_task, "gloo": gloo_task, "overhead": overhead_task, "null": null_task, "rss": rss_task,

@@ -8,10 +8,14 @@ What it runs, each part in its own job (started through ``commkit._mpiexec``,
 in its own process group, and ended -- the whole group -- when it finishes,
 fails, times out or the script is interrupted):
 
-1. 2 ranks: commkit ``auto`` against ``native`` for allreduce, broadcast,
-   reduce, allgather, reduce_scatter and alltoall, 4 B to 64 MiB in powers of
-   2, interleaved on the same buffers (``commkit.bench.measure``), in several
-   separate sweeps so that every ratio has the spread of repeated runs;
+1. 2 ranks: the raw mpi4py call on a ``Dup`` of COMM_WORLD (what a user would
+   otherwise write) against commkit ``auto`` and commkit ``native`` (its own
+   path to the same library call), each out of place and, for allreduce,
+   broadcast and reduce, in place (``out=x``; raw: ``MPI.IN_PLACE``, and
+   ``MPI_Bcast``, which is in place), for allreduce, broadcast, reduce,
+   allgather, reduce_scatter and alltoall, 4 B to 64 MiB in powers of 2,
+   interleaved on the same buffers, in several separate sweeps with new data
+   each, so that every ratio has the spread of repeated runs;
 2. every commkit algorithm with ``auto`` and ``native``, for 2 ranks and the
    other ``--ranks`` (3 and 4 oversubscribe a 2-core machine: reported, not
    targeted): the crossovers behind the selection table;
@@ -21,6 +25,11 @@ fails, times out or the script is interrupted):
 4. peak RSS of a 64 MiB allreduce per algorithm, each in a fresh job;
 5. torch.distributed with gloo (loopback TCP), interleaved with commkit in the
    same job -- skipped, with a note, when torch is not installed.
+
+The memory-work floor of a 2-rank allreduce and the in-place table of every
+algorithm are separate scripts (``memory_floor.py``, ``inplace.py``); their
+tables are pasted, with their commands, into a block of the page that this
+script keeps, as it keeps the hand-written analysis.
 
 Then it writes ``OUT/benchmarks.md``, ``OUT/_static/benchmarks.png`` and
 ``OUT/_static/benchmarks_algorithms.png`` and the raw results as JSON; the
@@ -226,8 +235,9 @@ def plan(args):
                "algorithms": ["auto", "native", "recursive_doubling", "ring", "rabenseifner", "naive"]}
     jobs = [("machine and versions", 0, {"task": "machine"}, "machine")]
     base = {"task": "bench", "collectives": collectives, "op": "sum", "dtype": "float32"}
-    jobs.append(("2 ranks: commkit auto vs native, every size", 2,
-                 dict(base, names=["auto", "native"], sizes=main_sizes, repeats=repeats, **timing), "bench/2"))
+    jobs.append(("2 ranks: raw mpi4py vs commkit auto and native, in and out of place, every size", 2,
+                 dict(base, raw=True, bases=["raw", "auto", "native"], sizes=main_sizes, repeats=repeats,
+                      **timing), "bench/2"))
     if "overhead" not in skip:
         jobs.append(("2 ranks: fixed overhead of one call", 2, dict(overhead, task="overhead"), "overhead"))
         jobs.append(("1 process: per-call Python with a null transport", 0, dict(null, task="null"), "null"))
@@ -256,16 +266,9 @@ def _torch_missing():
 
 
 def _git():
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "commkit"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if not rev:
-        return None
-    return f"git {rev}" + (" with uncommitted changes to commkit/" if dirty else "")
+    import _tasks
+
+    return _tasks.git_revision(ROOT)
 
 
 def measure_all(args, command):
@@ -312,6 +315,22 @@ def wrong_results(results) -> int:
     total += sum(r["wrong"] for r in (results.get("gloo") or {}).get("rows", []) if r["algorithm"] != "gloo")
     total += sum(x["wrong"] for r in results.get("rss", []) for x in r["ranks"])
     return total
+
+
+def _print_summary(results, page_path):
+    """The ratios (the page's target tables), the load during the run and the command that reproduces it."""
+    with open(page_path) as f:
+        text = f.read()
+    start, end = text.find("## Targets"), text.find("### Cells that miss")
+    if start >= 0 and end > start:
+        print(text[start:end].strip())
+    meta = results["meta"]
+    load = (meta.get("load") or {}).get("samples") or []
+    if load:
+        ones = sorted(s[1] for s in load)
+        print(f"\nload average (1 min) during the run: min {ones[0]:.2f}, median {ones[len(ones) // 2]:.2f}, "
+              f"max {ones[-1]:.2f}")
+    print(f"reproduce: {meta.get('command', 'python benchmarks/compare.py')}\n")
 
 
 def _interrupt(signum, frame):
@@ -372,6 +391,7 @@ def main(argv=None) -> int:
             json.dump(results, f, separators=(",", ":"))
     paths = _report.write(results, out)
     wrong = wrong_results(results)
+    _print_summary(results, paths["page"])
     print(f"wrote {paths['page']}")
     for key in ("main", "algorithms"):
         if key in paths:

@@ -1,9 +1,11 @@
-"""A short smoke of benchmarks/compare.py, so the script behind docs/benchmarks.md keeps working.
+"""Short smokes of the benchmark scripts behind docs/benchmarks.md, so they keep working.
 
 It runs ``compare.py --quick`` (two sizes, a few runs, 2 ranks) into a temporary
 directory and checks that the page, the figures and the raw results are written,
-parse, and hold no wrong result. Benchmarks are never timed unit tests: nothing
-here asserts on speed.
+parse, and hold no wrong result; and ``memory_floor.py --quick`` and
+``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
+and that the floor leaves no shared segment behind. Benchmarks are never timed
+unit tests: nothing here asserts on speed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
+FLOOR = os.path.join(ROOT, "benchmarks", "memory_floor.py")
+INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -30,6 +34,49 @@ def _report():
     finally:
         sys.path.pop(0)
     return _report
+
+
+def _run(argv, timeout=120):
+    """Run a script in its own process group (it starts its own mpiexec job); end the group afterwards."""
+    from commkit._mpiexec import terminate_group
+
+    env = {k: v for k, v in os.environ.items() if k not in OUTER}
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        terminate_group(proc)
+    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "Traceback" not in err
+    return out
+
+
+def _floor_segments():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("commkit-floor-")} \
+        if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.mpi
+def test_quick_memory_floor_prints_its_table_and_leaves_no_segment(mpi, tmp_path):
+    before = _floor_segments()
+    md = tmp_path / "floor.md"
+    out = _run([FLOOR, "--quick", "--markdown", str(md)])
+    assert "Command: `mpiexec -n 2 python benchmarks/memory_floor.py --quick" in out
+    row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
+    assert row.count("|") == 13 and "Wrong results: 0." in out
+    assert md.read_text() in out + "\n"
+    assert _floor_segments() == before
+
+
+@pytest.mark.mpi
+def test_quick_inplace_table_covers_every_in_place_collective(mpi):
+    out = _run([INPLACE, "--quick"])
+    assert "Wrong results: 0." in out
+    for collective in ("allreduce", "broadcast", "reduce", "scan", "exscan"):
+        for name in ("raw mpi4py", "`native`"):
+            assert f"| {collective} | {name} | 1 KiB |" in out, (collective, name)
+    assert "| allreduce | `ring` | 64 KiB |" in out
 
 
 @pytest.mark.mpi
@@ -50,7 +97,15 @@ def test_quick_comparison_writes_page_figures_and_right_results(mpi, tmp_path):
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     rows = results["bench"]["2"]["rows"]
     assert {r["collective"] for r in rows} == set(COLLECTIVES)
-    assert {r["algorithm"] for r in rows} == {"auto", "native"}
+    forms = {"raw", "auto", "native"}
+    for collective in COLLECTIVES:
+        # In place where commkit allows out=x; the raw MPI_Bcast is in place by nature, so it has one form.
+        want = set(forms)
+        if collective in ("allreduce", "reduce"):
+            want |= {f"{f} in place" for f in forms}
+        elif collective == "broadcast":
+            want |= {"auto in place", "native in place"}
+        assert {r["algorithm"] for r in rows if r["collective"] == collective} == want, collective
     assert all(r["wrong"] == 0 and r["time_us"] > 0 for r in rows)
     assert sum(r["wrong"] for r in results["detail"]["2"]["rows"]) == 0
     # auto is the shipped table's choice, not the environment's override.
@@ -64,10 +119,11 @@ def test_quick_comparison_writes_page_figures_and_right_results(mpi, tmp_path):
     page = (tmp_path / "benchmarks.md").read_text()
     assert page.startswith("# Benchmarks")
     assert "python benchmarks/compare.py --quick" in page
+    assert "reproduce: python benchmarks/compare.py --quick" in out and "## Targets" in out
     targets = page.split("## Targets", 1)[1].split("###", 1)[0]
     for collective in COLLECTIVES:
         assert f"| `{collective}` |" in targets
-    assert "Wrong results in these runs: **0**" in page
+    assert "Wrong results in these runs (every form): **0**" in page
     for name in ("benchmarks.png", "benchmarks_algorithms.png"):
         png = tmp_path / "_static" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -78,8 +134,10 @@ def test_page_keeps_the_hand_written_analysis_and_notes_a_skipped_gloo(tmp_path)
     report = _report()
     rows = [{"collective": "allreduce", "size": size, "algorithm": name, "rep": rep, "time_us": t,
              "spread": 0.05, "runs": 10, "wrong": 0, "auto_choice": "recursive_doubling"}
-            for rep in range(2) for size, name, t in ((1024, "auto", 12.0), (1024, "native", 10.0),
-                                                      (8 << 20, "auto", 900.0), (8 << 20, "native", 1000.0))]
+            for rep in range(2) for size, name, t in ((1024, "auto", 12.0), (1024, "raw", 10.0),
+                                                      (8 << 20, "auto", 900.0), (8 << 20, "raw", 1000.0),
+                                                      (8 << 20, "auto in place", 1100.0),
+                                                      (8 << 20, "raw in place", 1000.0))]
     results = {"meta": {"collectives": ["allreduce"], "repeats": 2, "machine": {"mpi_library": "MPICH"}},
                "bench": {"2": {"rows": rows}}, "gloo": {"skipped": "torch is not installed"}}
     (tmp_path / "benchmarks.md").write_text(
@@ -88,7 +146,18 @@ def test_page_keeps_the_hand_written_analysis_and_notes_a_skipped_gloo(tmp_path)
     page = (tmp_path / "benchmarks.md").read_text()
     assert "The 8 MiB cell misses because of X." in page and "old page" not in page
     assert "Skipped: torch is not installed" in page
-    # 1 KiB: 1.2 <= 1.5 passes; 8 MiB: 0.9 > 0.8 misses, by 12%.
+    # Against the raw mpi4py call: 1 KiB: 1.2 <= 1.3 passes; 8 MiB: 0.9 > 0.8 misses, by 12%.
     line = next(line for line in page.splitlines() if line.startswith("| `allreduce` |"))
     assert line.count("PASS") == 1 and line.count("**MISS**") == 1
     assert "8 MiB 0.90 (+12%" in page
+    # In place, 8 MiB: 1.1 over the raw in-place call, and slower than out of place (1.1 / 0.9).
+    assert "8 MiB 1.10 (+38%" in page
+    assert "| `allreduce` | `auto` | 1.22 at 8 MiB" in page
+
+
+def test_pasted_tables_survive_a_rewrite(tmp_path):
+    report = _report()
+    results = {"meta": {"collectives": ["allreduce"], "repeats": 1, "machine": {"mpi_library": "MPICH"}}}
+    (tmp_path / "benchmarks.md").write_text(f"{report.PASTED_START}\n| floor | 1.00 |\n{report.PASTED_END}\n")
+    report.write(results, str(tmp_path))
+    assert "| floor | 1.00 |" in (tmp_path / "benchmarks.md").read_text()
