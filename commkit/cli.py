@@ -123,6 +123,10 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--beta", type=float, help="seconds per byte (default: commkit.cost.BETA)")
     sim.add_argument("--gamma", type=float, help="seconds per byte reduced (default: commkit.cost.GAMMA)")
     sim.add_argument("--crossovers", action="store_true", help="also print the size ranges where each wins")
+    sim.add_argument("--model", choices=("alpha-beta", "loggp", "two-level"),
+                     help="the simulator's timing model (default alpha-beta; see docs/cost_models.md)")
+    sim.add_argument("--ranks-per-node", type=int, metavar="K",
+                     help="ranks per node for the two-level model (block placement); implies --model two-level")
     sim.set_defaults(func=_sim)
 
     doctor = sub.add_parser(
@@ -418,14 +422,18 @@ def _sim(args, argv) -> int:
     size = bench.parse_size(args.size)
     _positive(args.procs, "-p (the number of ranks)")
     model = {"alpha": args.alpha, "beta": args.beta, "gamma": args.gamma}
+    # The timing model only changes the simulation; the formulas are the alpha-beta-gamma model's.
+    timing = {"model": args.model, "ranks_per_node": args.ranks_per_node}
+    if args.ranks_per_node is not None:
+        _positive(args.ranks_per_node, "--ranks-per-node")
     if args.algorithm:
-        res = sim.simulate(args.collective, args.algorithm, args.procs, size, **model)
+        res = sim.simulate(args.collective, args.algorithm, args.procs, size, **model, **timing)
         print(res.summary())
         if algorithms.get(args.collective, args.algorithm).cost is not None:  # a user algorithm may have none
             predicted = cost.predict(args.collective, args.algorithm, args.procs, res.nbytes, **model)
             print(f"  formula          {cost.formula(args.collective, args.algorithm)} = {predicted:.4g} s")
         return 1 if res.deadlocked else 0
-    print(cost.table(args.collective, args.procs, size, simulate=True, **model))
+    print(cost.table(args.collective, args.procs, size, simulate=True, **model, **timing))
     if args.crossovers:
         print("crossovers (bytes):")
         for reg in cost.crossovers(args.collective, args.procs, **model):

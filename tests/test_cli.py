@@ -255,6 +255,21 @@ def test_sim_ranks_the_algorithms(capsys):
     assert "allgather_bruck: p=12" in out and "4 rounds" in out and "formula" in out
 
 
+def test_sim_under_the_loggp_and_two_level_models(capsys):
+    from commkit import sim
+
+    assert main(["sim", "allreduce", "-p", "64", "-s", "16M", "--ranks-per-node", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "simulated under ranks_per_node=8" in out
+    two_level = sim.simulate("allreduce", "ring", 64, 16 << 20, ranks_per_node=8).time
+    flat = sim.simulate("allreduce", "ring", 64, 16 << 20).time
+    assert two_level > flat  # crossing nodes costs more than staying inside one
+    assert main(["sim", "allreduce", "-p", "16", "-s", "1M", "--model", "loggp", "-a", "ring"]) == 0
+    assert "LogGP(" in capsys.readouterr().out
+    assert main(["sim", "allreduce", "-p", "16", "--ranks-per-node", "0"]) == 2
+    assert "--ranks-per-node must be an integer >= 1" in capsys.readouterr().err
+
+
 def test_python_dash_m_commkit_help():
     result = run_commkit(["--help"], timeout=60)
     assert result.returncode == 0 and "bench" in result.stdout and "tune" in result.stdout
