@@ -1553,7 +1553,10 @@ class _NativeRequest(Request):
                 comm._break(f"{self._info.collective} #{self._info.seq} (native) timed out on rank {self._info.rank}.")
                 raise CommTimeout(
                     f"rank {self._info.rank} timed out after {timeout:g} s in {self._info.collective} "
-                    f"#{self._info.seq} (algorithm 'native')."
+                    f"#{self._info.seq} (algorithm 'native'): the library's own collective made no progress. "
+                    "A peer may have stopped, called a different collective (or the same one with another root, "
+                    "count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports mismatched collectives. "
+                    f"Recent calls on this rank: {_watchdog.recent_summary(comm._recorder)}."
                 )
             self._complete()
         return self._result

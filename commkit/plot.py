@@ -1006,7 +1006,7 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
 
     from . import tracing
 
-    states, events = tracing._buffer_run(collective, algorithm, p, count, root)
+    states, events = tracing.buffer_states(collective, algorithm, p, count, root=root, with_events=True)
     if columns == "round":
         states, labels = _by_round(states, events)
     else:

@@ -570,7 +570,8 @@ class _StateTracer(Tracer):
         self.snapshots.append((info.rank, index, step.kind == TRANSFER, bufs["out"].copy()))
 
 
-def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0) -> list:
+def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0,
+                  with_events: bool = False) -> list | tuple:
     """Whose contributions each element of every rank's output holds, after each step of a real run.
 
     The textbook picture of ring allreduce (block i's partial sum travelling round the
@@ -586,19 +587,17 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
         p: number of ranks, 1 to 62.
         count: elements per rank (default ``p``: one element per block).
         root: the root of reduce and broadcast.
+        with_events: also return the run's trace events (to align the states by round, as
+            :func:`commkit.plot.buffer_states` does).
 
     Returns:
         For each rank, a list of ``(step, is_transfer, bits)``: ``bits`` is the rank's whole
         output (a 1-D int64 array) after that step, starting with ``(-1, False, zeros)``.
+        With ``with_events``, the pair ``(states, events)``.
 
     Raises:
         InvalidArgument: an unsupported collective, or ``p`` outside 1..62.
     """
-    return _buffer_run(collective, algorithm, p, count, root)[0]
-
-
-def _buffer_run(collective, algorithm, p, count, root):
-    """:func:`buffer_states`, and the run's events (for pictures that align the states by round)."""
     import numpy as np
 
     from ._world import run_local
@@ -634,4 +633,4 @@ def _buffer_run(collective, algorithm, p, count, root):
         if not states[rank]:
             states[rank].append((-1, False, np.zeros_like(bits)))
         states[rank].append((step, is_transfer, bits))
-    return states, tracer.events
+    return (states, tracer.events) if with_events else states

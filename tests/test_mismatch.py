@@ -525,3 +525,31 @@ def test_face_argument_error_on_one_rank_raises_on_every_rank_in_check_mode(npro
                              rf"rank\(s\) \[{bad}\]", out), out
     assert "COMPLETED" not in out, out
     assert out.count(f"after {(np.arange(4.0) * nprocs).tolist()}") == nprocs, out
+
+
+_FACE_UNCAUGHT = """
+import time
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+
+comm = wrap(MPI.COMM_WORLD)
+x, out = np.arange(4.0), np.empty(4)
+ro = np.empty(4)
+ro.flags.writeable = False
+start = time.monotonic()
+comm.Allreduce(x, ro if comm.Get_rank() == 1 else out, op=MPI.SUM)  # rank 1 raises, uncaught
+print(f"rank {comm.Get_rank()}: COMPLETED after {time.monotonic() - start:.1f} s", flush=True)
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_an_uncaught_face_error_ends_the_job_instead_of_leaving_the_others_waiting():
+    # Plain `mpiexec -n 2 python prog.py`, as an mpi4py user runs it (not `python -m mpi4py`).
+    start = time.monotonic()
+    result = _run_plain(2, _FACE_UNCAUGHT, {"COMMKIT_WATCHDOG": "0", "COMMKIT_TIMEOUT": ""})
+    assert time.monotonic() - start < 45, "the job waited"
+    assert result.returncode != 0
+    assert "InvalidBuffer" in result.stderr and "aborting the MPI job" in result.stderr, result.stderr
+    assert "COMPLETED" not in result.stdout

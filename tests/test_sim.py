@@ -251,11 +251,14 @@ def counts_for(coll, p):
     if coll == "reduce_scatter":
         return [(0,) * p, (1,) * p, tuple(q % 3 for q in range(p)), tuple((5 * q + 2) % 7 for q in range(p))]
     if coll == "alltoallv":
-        return [matrix(p, lambda i, j: 1), matrix(p, lambda i, j: 3), matrix(p, lambda i, j: (i + 2 * j) % 3 + 1)]
+        return [matrix(p, lambda i, j: 0), matrix(p, lambda i, j: 1), matrix(p, lambda i, j: 3),
+                matrix(p, lambda i, j: (i + 2 * j) % 3 + 1)]
     if coll in collectives.VECTOR:
-        # Non-empty blocks: the formulas promise their rounds only when no block is skipped (empty
-        # blocks are tested in test_vector_collectives_skip_empty_blocks).
-        return [(1,) * p, (3,) * p, tuple(q % 3 + 1 for q in range(p)), tuple((5 * q + 2) % 7 + 1 for q in range(p))]
+        # Every block empty (nothing moves, and the formulas say 0), or none: the formulas promise
+        # their rounds only when no block is skipped (some empty blocks are tested in
+        # test_vector_collectives_skip_empty_blocks).
+        return [(0,) * p, (1,) * p, (3,) * p, tuple(q % 3 + 1 for q in range(p)),
+                tuple((5 * q + 2) % 7 + 1 for q in range(p))]
     return sorted({0, 1, max(p - 1, 1), 3 * p + 1, p * fold(p)[0]})
 
 

@@ -37,7 +37,7 @@ from . import algorithm
 SEGMENT = 1 << 16
 """Default segment size in elements (``COMMKIT_SEGMENT_ELEMENTS`` overrides it)."""
 ENV_SEGMENT = "COMMKIT_SEGMENT_ELEMENTS"
-_COST_ITEMSIZE = 4  # the cost model's elements, in bytes (see the module docstring)
+COST_ITEMSIZE = 4  # the cost model's elements, in bytes (see the module docstring)
 
 
 def segment_elements(segment: int | None = None) -> int:
@@ -76,7 +76,7 @@ def _max_block(count, size):
     return -(-count // size)
 
 
-def _step(send_to, send, recv_from, recv, local):
+def segment_step(send_to, send, recv_from, recv, local):
     """The transfer of one segment (None if both sides are empty) and the local step left to run alone."""
     has_send, has_recv = send[2] > send[1], recv[2] > recv[1]
     overlap = (local,) if local is not None else ()
@@ -104,11 +104,11 @@ def _plain_args(step):
 def _pipelined_cost(p, n, a, b, g):
     if p == 1 or n <= 0:
         return 0.0
-    count = math.ceil(n / _COST_ITEMSIZE)
+    count = math.ceil(n / COST_ITEMSIZE)
     k_segments = segment_count(count, p)
     if k_segments <= 1:
         return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
-    segs = [(hi - lo) * _COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
+    segs = [(hi - lo) * COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
     overlapped = sum(max(a + segs[k] * b, segs[k - 1] * g) for k in range(k_segments))
     return (p - 1) * (k_segments * a + sum(segs) * b) + (p - 1) * overlapped
 
@@ -156,7 +156,7 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
             slo, shi = segments[send_b][k]
             rlo, rhi = segments[recv_b][k]
             landing = ("tmp", rlo - base, rhi - base)
-            transfer, alone = _step(right, ("in" if step == 0 else "out", slo, shi), left, landing, pending)
+            transfer, alone = segment_step(right, ("in" if step == 0 else "out", slo, shi), left, landing, pending)
             if alone is not None:
                 yield alone
             if transfer is not None:
@@ -166,7 +166,7 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
     for step in range(size - 1):
         send_b, recv_b = (rank - step + 1) % size, (rank - step) % size
         for k in range(k_segments):
-            transfer, alone = _step(right, ("out", *segments[send_b][k]), left, ("out", *segments[recv_b][k]),
+            transfer, alone = segment_step(right, ("out", *segments[send_b][k]), left, ("out", *segments[recv_b][k]),
                                     pending)
             pending = None
             if alone is not None:

@@ -20,22 +20,22 @@ from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
 from . import algorithm, log2ceil
 
 
-def _fold(size):
+def fold(size):
     pof2 = 1 << (size.bit_length() - 1)
     return pof2, size - pof2
 
 
-def _new_rank(rank, rem):
+def new_rank(rank, rem):
     if rank < 2 * rem:
         return rank // 2 if rank % 2 else -1
     return rank - rem
 
 
-def _old_rank(new, rem):
+def old_rank(new, rem):
     return 2 * new + 1 if new < rem else new + rem
 
 
-def _lg(p):
+def lg(p):
     return p.bit_length() - 1
 
 
@@ -65,7 +65,7 @@ def doubling_rounds(new: int, pof2: int, rem: int) -> list[tuple[int, int]]:
     ``partner`` is the actual rank that stands for it. Recursive halving runs
     the same rounds in reverse order.
     """
-    return [(1 << k, _old_rank(new ^ (1 << k), rem)) for k in range(_lg(pof2))]
+    return [(1 << k, old_rank(new ^ (1 << k), rem)) for k in range(lg(pof2))]
 
 
 # -- cost helpers (the closed forms of what the schedules below do; tests/test_sim.py checks them) --
@@ -78,8 +78,8 @@ def _fold_blocks(p):
     holds the largest group in every round: 2^k + min(r, 2^k) blocks in the round of
     distance 2^k, so the rounds move p' - 1 + R blocks, R = Σₖ min(r, 2^k).
     """
-    r = p - (1 << _lg(p))
-    return sum((1 << k) + min(r, 1 << k) for k in range(_lg(p)))
+    r = p - (1 << lg(p))
+    return sum((1 << k) + min(r, 1 << k) for k in range(lg(p)))
 
 
 def _scan_cost(p, n, a, b, g, inclusive):
@@ -96,7 +96,7 @@ def _scan_cost(p, n, a, b, g, inclusive):
     q = log2ceil(p)
     t = p - (1 << (q - 1))
     skip = 0 if inclusive else 1
-    full = q * (a + n * b) + (q + 1 + _lg(t) - skip) * n * g
+    full = q * (a + n * b) + (q + 1 + lg(t) - skip) * n * g
     inner = (q - 1) * (a + n * b) + max(2 * (q - 1) - skip, 0) * n * g
     return max(full, inner)
 
@@ -105,7 +105,7 @@ _FOLD = "p' = 2^⌊log p⌋, R = Σₖ min(p-p', 2ᵏ)"
 
 
 @algorithm("allreduce", "recursive_doubling", scratch=lambda r, p, n: n,
-           cost=lambda p, n, a, b, g: _lg(p) * (a + n * b + n * g)
+           cost=lambda p, n, a, b, g: lg(p) * (a + n * b + n * g)
            + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
            formula="⌊log p⌋(α+nβ+nγ) (+ 2(α+nβ)+nγ when p is not a power of two)", symmetry="xor")
 def allreduce_recursive_doubling(rank, size, count, op):
@@ -118,8 +118,8 @@ def allreduce_recursive_doubling(rank, size, count, op):
     if size == 1:
         yield Copy(whole, mine)
         return
-    pof2, rem = _fold(size)
-    new = _new_rank(rank, rem)
+    pof2, rem = fold(size)
+    new = new_rank(rank, rem)
     current = yield from _fold_in(rank, rem, op, mine, whole, incoming)  # my partial result
     if current is None:
         return
@@ -132,14 +132,14 @@ def allreduce_recursive_doubling(rank, size, count, op):
         yield Send(rank - 1, whole)
 
 
-def _span(ranges, first, last):
+def span(ranges, first, last):
     """Elements covered by consecutive ranges[first:last] (which are contiguous)."""
     if first >= last:
         return 0, 0
     return ranges[first][0], ranges[last - 1][1]
 
 
-def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
+def halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
     """Recursive halving among new ranks; afterwards new rank i holds ranges[i] of ``buf`` reduced.
 
     ``first`` names the buffer holding this rank's data before the first round
@@ -153,8 +153,8 @@ def _halving_reduce_scatter(new, pof2, rem, ranges, buf, op, first=None):
             keep, give = (mid, hi), (lo, mid)
         else:
             keep, give = (lo, mid), (mid, hi)
-        klo, khi = _span(ranges, *keep)
-        glo, ghi = _span(ranges, *give)
+        klo, khi = span(ranges, *keep)
+        glo, ghi = span(ranges, *give)
         # Send the half my partner keeps; receive its share of the half I keep.
         yield Exchange(partner, (source, glo, ghi), partner, ("tmp", 0, khi - klo))
         yield Reduce((buf, klo, khi), ("tmp", 0, khi - klo), op, src=(source, klo, khi))
@@ -171,13 +171,13 @@ def _doubling_allgather(new, pof2, rem, ranges, buf):
         else:
             theirs = (hi, hi + mask)
         # Swap everything gathered so far with the partner's adjacent, equal-sized range.
-        yield Exchange(partner, (buf, *_span(ranges, lo, hi)), partner, (buf, *_span(ranges, *theirs)))
+        yield Exchange(partner, (buf, *span(ranges, lo, hi)), partner, (buf, *span(ranges, *theirs)))
         lo, hi = min(lo, theirs[0]), max(hi, theirs[1])
 
 
 @algorithm("allreduce", "rabenseifner", commutative=True, scratch=lambda r, p, n: n,
-           cost=lambda p, n, a, b, g: 2 * _lg(p) * a + 2 * ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * b
-           + ((1 << _lg(p)) - 1) / (1 << _lg(p)) * n * g
+           cost=lambda p, n, a, b, g: 2 * lg(p) * a + 2 * ((1 << lg(p)) - 1) / (1 << lg(p)) * n * b
+           + ((1 << lg(p)) - 1) / (1 << lg(p)) * n * g
            + (0 if p & (p - 1) == 0 else 2 * (a + n * b) + n * g),
            formula="2⌊log p⌋α + 2((p'-1)/p')nβ + ((p'-1)/p')nγ (+ 2(α+nβ)+nγ when p ≠ p'); p' = 2^⌊log p⌋",
            cost_exact="even", cost_bound="lower", symmetry="xor")
@@ -193,15 +193,15 @@ def allreduce_rabenseifner(rank, size, count, op):
     if size == 1:
         yield Copy(whole, mine)
         return
-    pof2, rem = _fold(size)
-    new = _new_rank(rank, rem)
+    pof2, rem = fold(size)
+    new = new_rank(rank, rem)
     held = yield from _fold_in(rank, rem, op, mine, whole, incoming)
     if held is None:
         return
     first = held[0]  # the buffer my data is in: "in", or "out" where the fold reduced into it
     ranges = partition(count, pof2)
     # Phase 1: reduce-scatter by recursive halving; new rank i then owns ranges[i].
-    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first)
+    yield from halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first)
     # Phase 2: allgather the reduced ranges by recursive doubling.
     yield from _doubling_allgather(new, pof2, rem, ranges, "out")
     if rank < 2 * rem:
@@ -220,7 +220,7 @@ def _new_rank_ranges(size, rem, offsets):
 
 @algorithm("reduce_scatter", "recursive_halving", commutative=True,
            scratch=lambda r, p, counts: 2 * sum(counts),
-           cost=lambda p, n, a, b, g: _lg(p) * a + _fold_blocks(p) / p * n * (b + g)
+           cost=lambda p, n, a, b, g: lg(p) * a + _fold_blocks(p) / p * n * (b + g)
            + (0 if p & (p - 1) == 0 else 2 * a + (p + 1) / p * n * b + n * g),
            formula="⌊log p⌋α + ((p'-1+R)/p)n(β+γ) (+ 2α + ((p+1)/p)nβ + nγ when p ≠ p'); " + _FOLD,
            cost_exact="even", cost_bound="either", symmetry="xor")
@@ -239,8 +239,8 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
         offsets.append(offsets[-1] + c)
     total = offsets[-1]
     mine = (offsets[rank], offsets[rank + 1])
-    pof2, rem = _fold(size)
-    new = _new_rank(rank, rem)
+    pof2, rem = fold(size)
+    new = new_rank(rank, rem)
     if rank < 2 * rem and new < 0:
         # Even rank of a folded pair: hand over the whole vector, then receive my block.
         yield Send(rank + 1, ("in", 0, total))
@@ -253,7 +253,7 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
         yield Recv(rank - 1, ("tmp", 0, total))
         yield Reduce(("tmp", total, 2 * total), ("tmp", 0, total), op, operand_first=True)
     ranges = [(lo + total, hi + total) for lo, hi in _new_rank_ranges(size, rem, offsets)]
-    yield from _halving_reduce_scatter(new, pof2, rem, ranges, "tmp", op)
+    yield from halving_reduce_scatter(new, pof2, rem, ranges, "tmp", op)
     if rank < 2 * rem:
         # I stand for ranks rank-1 and rank: give my even partner its block.
         yield Send(rank - 1, ("tmp", total + offsets[rank - 1], total + offsets[rank]))
@@ -261,7 +261,7 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
 
 
 @algorithm("allgather", "recursive_doubling",
-           cost=lambda p, n, a, b, g: _lg(p) * a + _fold_blocks(p) / p * n * b
+           cost=lambda p, n, a, b, g: lg(p) * a + _fold_blocks(p) / p * n * b
            + (0 if p & (p - 1) == 0 else 2 * a + (p + 1) / p * n * b),
            formula="⌊log p⌋α + ((p'-1+R)/p)nβ (+ 2α + ((p+1)/p)nβ when p ≠ p'); " + _FOLD, symmetry="xor")
 def allgather_recursive_doubling(rank, size, count):
@@ -273,8 +273,8 @@ def allgather_recursive_doubling(rank, size, count):
     """
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
-    pof2, rem = _fold(size)
-    new = _new_rank(rank, rem)
+    pof2, rem = fold(size)
+    new = new_rank(rank, rem)
     if rank < 2 * rem:
         if new < 0:
             yield Send(rank + 1, mine)

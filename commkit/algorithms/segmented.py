@@ -37,14 +37,14 @@ import math
 
 from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition
 from . import algorithm, is_pow2, log2ceil
-from .pipelined import _COST_ITEMSIZE, _step, segment_count
+from .pipelined import COST_ITEMSIZE, segment_step, segment_count
 from .recursive_halving import (
-    _fold,
-    _halving_reduce_scatter,
-    _lg,
-    _new_rank,
-    _old_rank,
-    _span,
+    fold,
+    halving_reduce_scatter,
+    lg,
+    new_rank,
+    old_rank,
+    span,
 )
 
 
@@ -58,8 +58,8 @@ def _segments(count: int, segment: int | None = None) -> tuple:
 
 def _cost_segments(n: float) -> list:
     """Bytes of each segment of an n-byte vector, as the schedules cut it (4-byte elements)."""
-    count = math.ceil(n / _COST_ITEMSIZE)
-    return [(hi - lo) * _COST_ITEMSIZE for lo, hi in _segments(count)]
+    count = math.ceil(n / COST_ITEMSIZE)
+    return [(hi - lo) * COST_ITEMSIZE for lo, hi in _segments(count)]
 
 
 # -- pipelined chain broadcast -------------------------------------------------------------------
@@ -128,14 +128,14 @@ def broadcast_chain_pipelined(rank, size, count, root, segment=None):
 
 
 def _ring_reduce_scatter_cost(p, n, a, b, g):
-    count = math.ceil(n / _COST_ITEMSIZE)
+    count = math.ceil(n / COST_ITEMSIZE)
     k_segments = segment_count(count, p)
     if p == 1 or k_segments == 0:
         return 0.0
     if k_segments == 1:
         # Nothing to overlap: the ring's p-1 transfers, each followed by its reduction.
         return (p - 1) * a + (p - 1) / p * n * (b + g)
-    segs = [(hi - lo) * _COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
+    segs = [(hi - lo) * COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
     # Every transfer but the first hides the reduction of the segment received just before it.
     hidden = [max(a + segs[k] * b, segs[k - 1] * g) for k in range(k_segments)]
     return a + segs[0] * b + (p - 2) * sum(hidden) + sum(hidden[1:]) + segs[-1] * g
@@ -195,7 +195,7 @@ def reduce_scatter_ring_pipelined(rank, size, counts, op, segment=None):
             slo, shi = segments[send_b][k]
             rlo, rhi = segments[recv_b][k]
             landing = (recv_buf, recv_base + rlo, recv_base + rhi)
-            transfer, alone = _step(right, (send_buf, send_base + slo, send_base + shi), left, landing, pending)
+            transfer, alone = segment_step(right, (send_buf, send_base + slo, send_base + shi), left, landing, pending)
             if alone is not None:
                 yield alone
             if transfer is not None:
@@ -227,10 +227,10 @@ def _relabelled(steps, rank_of):
 def _rabenseifner_reduce_cost(p, n, a, b, g):
     if p == 1 or n <= 0:
         return 0.0
-    lg = _lg(p)
-    pof2 = 1 << lg
-    fold = 0.0 if pof2 == p else a + n * b + n * g
-    return fold + 2 * lg * a + (pof2 - 1) / pof2 * n * (2 * b + g)
+    rounds = lg(p)
+    pof2 = 1 << rounds
+    folding = 0.0 if pof2 == p else a + n * b + n * g
+    return folding + 2 * rounds * a + (pof2 - 1) / pof2 * n * (2 * b + g)
 
 
 @algorithm("reduce", "rabenseifner", commutative=True, scratch=lambda r, p, n: n,
@@ -266,8 +266,8 @@ def reduce_rabenseifner(rank, size, count, op, root):
         return (rel + root + 1) % size
 
     rel = (rank - root - 1) % size
-    pof2, rem = _fold(size)
-    new = _new_rank(rel, rem)
+    pof2, rem = fold(size)
+    new = new_rank(rel, rem)
     first = "in"
     if rel < 2 * rem:
         if new < 0:
@@ -279,14 +279,14 @@ def reduce_rabenseifner(rank, size, count, op, root):
         first = "out"
     ranges = partition(count, pof2)
     # Phase 1: reduce-scatter by recursive halving; new rank i then owns ranges[i] of "out".
-    yield from _relabelled(_halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first), rank_of)
+    yield from _relabelled(halving_reduce_scatter(new, pof2, rem, ranges, "out", op, first), rank_of)
     # Phase 2: binomial gather towards new rank p'-1 (the root): each round the ranks whose bit is
     # clear hand everything they hold to the partner across that bit, which holds the adjacent range.
     mask = 1
     while mask < pof2:
         low = new & ~(2 * mask - 1)  # first new rank of my pair of groups
-        below = _span(ranges, low, low + mask)
-        partner = rank_of(_old_rank(new ^ mask, rem))
+        below = span(ranges, low, low + mask)
+        partner = rank_of(old_rank(new ^ mask, rem))
         if below[1] > below[0]:  # (a count below p' leaves some ranges empty: nothing to send)
             yield (Recv if new & mask else Send)(partner, ("out", *below))
         if not new & mask:

@@ -126,8 +126,15 @@ class _Tree:
 # -- allgatherv ---------------------------------------------------------------------------------------------------
 
 
-@algorithm("allgatherv", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+def _vcost(cost):
+    """A vector collective's cost: nothing when there is nothing to move (every block empty sends nothing)."""
+    def run(p, n, a, b, g):
+        return 0.0 if n <= 0 else cost(p, n, a, b, g)
+    return run
+
+
+@algorithm("allgatherv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
+           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either", symmetry="rotation")
 def allgatherv_naive(rank, size, counts):
     """Naive allgatherv: every rank sends its block straight to every other rank, all at once.
 
@@ -148,8 +155,8 @@ def allgatherv_naive(rank, size, counts):
         yield Transfer(sends, recvs)
 
 
-@algorithm("allgatherv", "ring", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+@algorithm("allgatherv", "ring", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
+           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either", symmetry="rotation")
 def allgatherv_ring(rank, size, counts):
     """Ring allgatherv: each step passes the block received last step to the right neighbour.
 
@@ -169,8 +176,8 @@ def allgatherv_ring(rank, size, counts):
 # -- gatherv ------------------------------------------------------------------------------------------------------
 
 
-@algorithm("gatherv", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+@algorithm("gatherv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
+           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
 def gatherv_naive(rank, size, counts, root):
     """Naive gatherv: every rank with data sends its block straight to the root.
 
@@ -189,8 +196,8 @@ def gatherv_naive(rank, size, counts, root):
 
 
 @algorithm("gatherv", "binomial", scratch=_whole,
-           cost=lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b,
-           formula="⌈log p⌉α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+           cost=_vcost(lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b),
+           formula="⌈log p⌉α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
 def gatherv_binomial(rank, size, counts, root):
     """Binomial gatherv: each rank collects its subtree's blocks, then sends them up in one message.
 
@@ -239,8 +246,8 @@ def gatherv_binomial(rank, size, counts, root):
 # -- scatterv -----------------------------------------------------------------------------------------------------
 
 
-@algorithm("scatterv", "naive", cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b,
-           formula="(p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+@algorithm("scatterv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
+           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
 def scatterv_naive(rank, size, counts, root):
     """Naive scatterv: the root sends every rank its block directly, all at once.
 
@@ -259,8 +266,8 @@ def scatterv_naive(rank, size, counts, root):
 
 
 @algorithm("scatterv", "binomial", scratch=_whole,
-           cost=lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b,
-           formula="⌈log p⌉α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
+           cost=_vcost(lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b),
+           formula="⌈log p⌉α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
 def scatterv_binomial(rank, size, counts, root):
     """Binomial scatterv: each rank receives its subtree's blocks and hands each child its share.
 
@@ -317,8 +324,8 @@ def _alltoallv_layout(rank, size, counts):
             [("out", recv[q], recv[q + 1]) for q in range(size)])
 
 
-@algorithm("alltoallv", "naive", cost=lambda p, n, a, b, g: (p - 1) * (a + n * b), formula="(p-1)(α+nβ)",
-           cost_exact="even", cost_bound="either")
+@algorithm("alltoallv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * (a + n * b)), formula="(p-1)(α+nβ) (0 when n = 0)",
+           cost_exact="even", cost_bound="either", symmetry="rotation")
 def alltoallv_naive(rank, size, counts):
     """Naive all-to-all-v: post every non-empty send and receive at once, then wait for all.
 
@@ -335,8 +342,8 @@ def alltoallv_naive(rank, size, counts):
         yield Transfer(sends, recvs)
 
 
-@algorithm("alltoallv", "pairwise", cost=lambda p, n, a, b, g: (p - 1) * (a + n * b), formula="(p-1)(α+nβ)",
-           cost_exact="even", cost_bound="either")
+@algorithm("alltoallv", "pairwise", cost=_vcost(lambda p, n, a, b, g: (p - 1) * (a + n * b)), formula="(p-1)(α+nβ) (0 when n = 0)",
+           cost_exact="even", cost_bound="either", symmetry="rotation")
 def alltoallv_pairwise(rank, size, counts):
     """Pairwise all-to-all-v: in round i, send to rank + i and receive from rank - i.
 

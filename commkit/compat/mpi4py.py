@@ -150,7 +150,7 @@ from ..communicator import Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
 from ..transports.base import Backoff
-from ..transports.mpi import MPITransport
+from ..transports.mpi import MPITransport, install_abort_on_exception
 from . import as_array
 
 __all__ = ["Comm", "Prequest", "Request", "wrap"]
@@ -234,12 +234,20 @@ def wrap(comm, *, timeout: float | None = None, check: bool | None = None) -> Co
             collectives run MPI's own.
         timeout, check: as for :func:`commkit.init`.
 
+    As :func:`commkit.init` does, it makes an uncaught exception on any rank end
+    the whole MPI job (the traceback is printed, then ``MPI_Abort``), as
+    ``python -m mpi4py`` does, so a rank that dies of a bad argument does not leave
+    the others waiting in their next collective; ``COMMKIT_ABORT_ON_EXCEPTION=0``
+    keeps Python's default.
+
     Raises:
         InvalidArgument: ``comm`` is not an mpi4py communicator, or is ``MPI.COMM_NULL``.
     """
     if isinstance(comm, Comm):
         return comm
-    return Comm(comm, timeout=timeout, check=check)
+    face = Comm(comm, timeout=timeout, check=check)
+    install_abort_on_exception()
+    return face
 
 
 class _PassThrough(Exception):
@@ -251,6 +259,7 @@ class _Opaque(Exception):
 
 
 _NOTHING = object()  # matches no argument: the empty state of a last-call cache
+
 
 def _announced(what: str | None):
     """In check mode, a face call whose arguments fail on one rank fails on every rank.
