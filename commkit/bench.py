@@ -42,7 +42,7 @@ import numpy as np
 
 from . import algorithms, collectives
 from ._checks import parse_size
-from .errors import AlgorithmNotApplicable, InvalidArgument, TransportUnavailable
+from .errors import AlgorithmNotApplicable, InvalidArgument
 from .ops import get_op
 
 __all__ = ["Row", "parse_size", "parse_sizes", "size_range", "format_size", "busbw_factor", "candidates",

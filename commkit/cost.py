@@ -44,8 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import algorithms, collectives, sim
-from ._models import (ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA, MODELS, LogGP, TwoLevel, _check_seconds,
-                      _constants)
+from ._models import ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA, MODELS, LogGP, TwoLevel, _constants
 from ._units import format_seconds
 from .errors import InvalidArgument
 

@@ -9,7 +9,6 @@ the reference cannot be corrupted by the code under test.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 from hypothesis import strategies as st
