@@ -230,19 +230,7 @@ def measure_forms(comm, raw, case, names, iters, warmup):
             result = call()
             times[k, i] = clock() - t0
             wrong[k] += not case.correct(result)
-    everyone = raw.allgather((times, wrong))
-    times = np.max([t for t, _ in everyone], axis=0)
-    wrong = np.sum([w for _, w in everyone], axis=0)
-    rows = []
-    for k, name in enumerate(names):
-        t = times[k]
-        median = float(np.median(t))
-        q25, q75 = np.percentile(t, [25, 75])
-        rows.append({"collective": case.collective, "size": case.size, "algorithm": name, "nprocs": comm.size,
-                     "time_us": median * 1e6, "min_us": float(t.min()) * 1e6,
-                     "spread": float((q75 - q25) / median) if median else 0.0, "wrong": int(wrong[k]),
-                     "runs": iters})
-    return rows
+    return _rows(raw.allgather((times, wrong)), names, case.collective, case.size, comm.size, iters)
 
 
 def forms_task(spec):
@@ -377,7 +365,11 @@ def _measure_gloo(comm, dist, group, collective, size, iters, warmup):
         for k in list(range(shift, len(names))) + list(range(shift)):
             times[k, i], result = once(names[k])
             wrong[k] += not case.correct(result)
-    everyone = comm.allgather_object((times, wrong))
+    return _rows(comm.allgather_object((times, wrong)), names, collective, case.size, comm.size, iters)
+
+
+def _rows(everyone, names, collective, size, nprocs, iters) -> list:
+    """One result row per variant from every rank's ``(times, wrong)``: the slowest rank's times, all ranks' errors."""
     times = np.max([t for t, _ in everyone], axis=0)
     wrong = np.sum([w for _, w in everyone], axis=0)
     rows = []
@@ -385,7 +377,7 @@ def _measure_gloo(comm, dist, group, collective, size, iters, warmup):
         t = times[k]
         median = float(np.median(t))
         q25, q75 = np.percentile(t, [25, 75])
-        rows.append({"collective": collective, "size": case.size, "algorithm": name, "nprocs": comm.size,
+        rows.append({"collective": collective, "size": size, "algorithm": name, "nprocs": nprocs,
                      "time_us": median * 1e6, "min_us": float(t.min()) * 1e6,
                      "spread": float((q75 - q25) / median) if median else 0.0, "wrong": int(wrong[k]),
                      "runs": iters})

@@ -36,6 +36,7 @@ from ._call import _Call
 from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag,
                       check_timeout, input_for, same_memory)
 from ._vector import VectorCollectives
+from .algorithms.pipelined import segment_elements
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, CommClosed, CommError, CommTimeout,
                      ConcurrentCall, InvalidArgument, InvalidBuffer, PeerFailed, UnsupportedOp)
@@ -160,8 +161,6 @@ class _RecvRequest(PointToPointRequest):
         self._check_kind()
         return result
 
-
-_SEGMENT_ENV = "COMMKIT_SEGMENT_ELEMENTS"  # a segmented algorithm's default segment (algorithms/pipelined.py)
 
 _LOCAL_ERRORS = (InvalidArgument, InvalidBuffer, UnsupportedOp, AlgorithmNotApplicable)
 
@@ -709,7 +708,7 @@ class Communicator(VectorCollectives):
             if choice.segment is not None:
                 itemsize = call.dtype.itemsize if call.dtype is not None else 1
                 segment = max(1, choice.segment // itemsize)
-            signature += (("segment", segment if segment is not None else os.environ.get(_SEGMENT_ENV, "default")),)
+            signature += (("segment", segment if segment is not None else segment_elements()),)
         tagbase = self._layout.base(call.collective, call.dtype,
                                     (root, op, call.signature_count, alg.name) + signature[4:])
         if alg.name == "native":
