@@ -26,6 +26,7 @@ the tag.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from time import monotonic as _monotonic
 
@@ -163,8 +164,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "_transfer_error": _transfer_error, "_rank": plan.comm.rank,
-          "_finish": plan.finish, "_result": plan.result, "_prologue": prologue,
-          "_info": (plan.collective, plan.algorithm)}
+          "_finish": plan.finish, "_result": plan.result, "_prologue": prologue}
     consts: dict = {}
 
     def const(value) -> str:
@@ -204,14 +204,17 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
         body.append("pass")
     done = "return _finish()" if plan.finish is not None else "return _result"
     step0 = const(units[0][0] if units else None)
+    # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
+    uses_tag = any(re.search(r"\btag\b", line) for line in body)
+    coll, alg = repr(plan.collective), repr(plan.algorithm)
     source = "\n".join([
         "def run():",
         "    if not _acquire(False):",
-        "        raise _comm._concurrent(_info[0])",
+        f"        raise _comm._concurrent({coll})",
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
-        f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}",
-        f"    rec = [seq, _info[0], _info[1], {const(plan.signature)}, 0.0, None, 0, {step0}, 'running']",
+        *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
+        f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, 0, {step0}, 'running']",
         "    _append(rec)",
         "    _comm._last = _last",
         "    _recorder.active = rec",
@@ -219,7 +222,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
         *("        " + line for line in body),
         "    except _InvalidBuffer as exc:",
         f"        rec[{STATE}] = 'failed'",
-        f"        raise _transfer_error((_info[0], _info[1], seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
+        f"        raise _transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
         "    finally:",
         "        _recorder.active = None",

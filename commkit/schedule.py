@@ -267,6 +267,17 @@ def partition(count: int, parts: int) -> tuple[tuple[int, int], ...]:
     return tuple(blocks)
 
 
+def partition_sizes(count: int, parts: int) -> tuple[int, int, int]:
+    """The block lengths :func:`partition` gives, without listing the blocks: ``(long, short, n_long)``.
+
+    ``partition(count, parts)`` has ``n_long`` blocks of ``long`` elements first, then
+    ``parts - n_long`` of ``short`` (``long = short + 1``). Cost formulas use it to sum
+    over millions of segments in constant time.
+    """
+    short, n_long = divmod(count, parts)
+    return short + 1, short, n_long
+
+
 class CallInfo:
     """What the executor knows about the call it runs, for timeouts and traces."""
 

@@ -204,10 +204,28 @@ def test_shipped_table_is_valid_and_every_rule_says_why():
 ALPHA, BETA, GAMMA = 5e-6, 2e-10, 1e-10
 
 
+def _build(procs, confirm):
+    return tune.build_table(ALPHA, BETA, GAMMA, procs, algorithms.COLLECTIVES, measured_p=4, confirm=confirm,
+                            machine={"hostname": "test"}, measured={"how": "given"})
+
+
+_BUILT: dict = {}  # procs -> the table built without confirmation, as JSON: each test reads its own copy
+
+
 def tuned(tmp_path, procs=(2, 4, 64), confirm=None):
-    table = tune.build_table(ALPHA, BETA, GAMMA, procs, algorithms.COLLECTIVES, measured_p=4, confirm=confirm,
-                             machine={"hostname": "test"}, measured={"how": "given"})
-    return table, write_table(tmp_path, json.dumps(table), "tuned.json")
+    """A table `commkit tune` would write for ALPHA, BETA, GAMMA, and its file in ``tmp_path``.
+
+    Without ``confirm`` the table is a pure function of ``procs`` and is built once per
+    session (building it scans every algorithm's cost at every size for every p; about a
+    second of CPU per p); each caller gets a fresh copy parsed from the same text.
+    """
+    if confirm is not None:
+        text = json.dumps(_build(procs, confirm))
+    else:
+        text = _BUILT.get(procs)
+        if text is None:
+            text = _BUILT[procs] = json.dumps(_build(procs, None))
+    return json.loads(text), write_table(tmp_path, text, "tuned.json")
 
 
 def test_tuned_table_is_valid_and_says_what_was_measured(tmp_path):

@@ -31,7 +31,7 @@ import math
 import os
 
 from ..errors import InvalidArgument
-from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition
+from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition, partition_sizes
 from . import algorithm
 
 SEGMENT = 1 << 16
@@ -108,9 +108,20 @@ def _pipelined_cost(p, n, a, b, g):
     k_segments = segment_count(count, p)
     if k_segments <= 1:
         return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
-    segs = [(hi - lo) * COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
-    overlapped = sum(max(a + segs[k] * b, segs[k - 1] * g) for k in range(k_segments))
-    return (p - 1) * (k_segments * a + sum(segs) * b) + (p - 1) * overlapped
+    # Segment k overlaps the reduction of segment k-1 (cyclically). partition() puts its n_long
+    # longer segments first, so only four (segment, previous) pairs occur; sum them by their counts.
+    long, short, n_long = partition_sizes(count // p, k_segments)
+    long, short = long * COST_ITEMSIZE, short * COST_ITEMSIZE
+
+    def step(seg, prev):
+        return max(a + seg * b, prev * g)
+
+    if n_long == 0:
+        overlapped = k_segments * step(short, short)
+    else:  # k = 0 follows the last (short) segment; then the long run, the switch, the short run
+        overlapped = (step(long, short) + (n_long - 1) * step(long, long) + step(short, long)
+                      + (k_segments - n_long - 1) * step(short, short))
+    return (p - 1) * (k_segments * a + (count // p) * COST_ITEMSIZE * b) + (p - 1) * overlapped
 
 
 @algorithm("allreduce", "ring_pipelined", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
