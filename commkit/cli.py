@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
         "tune", help="measure alpha, beta, gamma here and write a tuning file for COMMKIT_TUNING",
         description="Measure this machine's per-message cost (alpha), per-byte cost (beta) and per-byte "
                     "reduction cost (gamma) through commkit's own executor, derive where each algorithm wins "
-                    "from the cost model, confirm each crossover with a short benchmark, and write a tuning "
-                    "file. Use it with: export COMMKIT_TUNING=PATH. Run under mpiexec, or pass -n N.",
+                    "from the cost model, confirm each crossover with a short benchmark, time the segment sizes "
+                    "of segmented algorithms (--segments), and write a tuning file. Use it with: "
+                    "export COMMKIT_TUNING=PATH. Run under mpiexec, or pass -n N.",
     )
     _job_options(tune)
     tune.add_argument("--output", "-O", default="commkit-tuning.json", metavar="PATH",
@@ -104,10 +105,14 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("-c", "--collective", dest="collectives", action="append", metavar="NAME",
                       help="collectives to tune (default: all but barrier, scan, exscan)")
     tune.add_argument("--max-bytes", default="4M", metavar="SIZE",
-                      help="largest size the confirming benchmark runs (default 4M)")
+                      help="largest size the confirming benchmark and the segment measurements run (default 4M)")
     tune.add_argument("-d", "--dtype", default="float32", help="element type measured (default float32)")
     tune.add_argument("-o", "--op", default="sum", help="reduction op measured (default sum)")
     tune.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (a rough table)")
+    tune.add_argument("--segments", metavar="LIST",
+                      help="segment sizes to time for segmented algorithms such as ring_pipelined, besides each "
+                           "one's default, e.g. 16K,64K,256K (default 16K,64K,256K,1M; only sizes below the "
+                           "measured message run); the fastest becomes the rule's segment_bytes")
     tune.set_defaults(func=_tune)
 
     sim = sub.add_parser(
@@ -385,6 +390,7 @@ def _tune(args, argv) -> int:
         if not procs or procs[0] < 1:
             raise _Usage(f"--procs must list process counts >= 1, got {args.procs!r}.")
     max_bytes = bench.parse_size(args.max_bytes)
+    segments = tune.parse_segments(args.segments) if args.segments is not None else None
     bench.check_dtype_op(args.dtype, args.op, collectives)
     _check_writable(args.output, "tuning file")
     if _needs_launch(args):
@@ -399,7 +405,7 @@ def _tune(args, argv) -> int:
     if machine["oversubscribed"]:
         log("NOTE: more ranks than cores: the measurements include waiting for a core; use fewer ranks")
     table = tune.run(comm, procs=procs, collectives=collectives, max_bytes=max_bytes, dtype=args.dtype,
-                     op=args.op, quick=args.quick, log=log, machine=machine)
+                     op=args.op, quick=args.quick, log=log, machine=machine, segments=segments)
     if comm.rank != 0:
         return 0
     from .selection import validate_table

@@ -22,6 +22,19 @@ How, and why this way:
   Where the measurement disagrees, more sizes are probed in the direction it
   points and the threshold moves to where the measured winner changes; every
   rule's ``reason`` states the prediction and the measurement.
+* Segmented algorithms (:attr:`commkit.algorithms.Algorithm.segmented`, such
+  as allreduce ``ring_pipelined``) get their segment size measured, not
+  modelled: the cost formulas know only the default segment. For every rule
+  at the measured process count whose algorithm is segmented, the algorithm
+  runs at one size inside the rule's range (the power of two nearest the
+  geometric middle of the range, capped by ``max_bytes``) once with each
+  segment size of a ladder (:data:`SEGMENT_LADDER` or ``segments=``) smaller
+  than that message, and once with its default segment (interleaved, same
+  buffers). The fastest median wins, unless it beats the default by no more
+  than the spread of identical runs: then the default stays. The rule carries
+  the winner as ``segment_bytes`` and its reason lists every time measured.
+  Rules for other process counts leave the segment to the algorithm's default
+  and say so.
 * Rules are bounded to the process counts they were derived for. Other
   counts (``--procs``) use the same alpha, beta, gamma and say so: they are
   model extrapolations, not measurements.
@@ -29,17 +42,21 @@ How, and why this way:
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from . import algorithms, bench, collectives, cost
+from ._checks import parse_size
 from ._units import format_seconds
+from .algorithms.pipelined import segment_elements
 from .errors import InvalidArgument
 from .ops import get_op
 from .schedule import CallInfo, Exchange, run_schedule
 
-__all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary"]
+__all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary",
+           "SEGMENT_LADDER", "parse_segments", "segment_candidates", "measure_segments"]
 
 _REDUCING = collectives.REDUCING
 
@@ -196,6 +213,151 @@ def _confirm(comm, collective, low, high, boundary, lower_bound, upper_bound, dt
     return max(size, lower_bound), f"bench {said()}: {high} faster throughout; threshold moved down", probes
 
 
+# -- measuring the segment size ------------------------------------------------------------------------
+
+
+SEGMENT_LADDER = (16 << 10, 64 << 10, 256 << 10, 1 << 20)
+"""Segment sizes in bytes that ``tune`` tries for a segmented algorithm unless told otherwise (``segments=``)."""
+
+
+def parse_segments(value) -> list[int]:
+    """The segment sizes of a ladder, in bytes, sorted and without repeats.
+
+    Args:
+        value: a comma-separated string such as ``"16K,64K,256K"`` (the units of
+            :func:`commkit._checks.parse_size`: K, M, G are powers of 1024), or a
+            sequence of such strings or of ints.
+
+    Returns:
+        the sizes in bytes, smallest first.
+
+    Raises:
+        InvalidArgument: ``value`` is neither; it lists no size; a size is not a
+            size in bytes, or is 0.
+    """
+    expected = "segment sizes in bytes such as '16K,64K,256K' or [16384, 65536]"
+    if isinstance(value, str):
+        parts = [part.strip() for part in value.split(",")]
+        if all(not part for part in parts):
+            raise InvalidArgument(f"segments: expected {expected}, got {value!r} (no size).")
+        if any(not part for part in parts):
+            raise InvalidArgument(f"segments {value!r}: an empty entry between commas; expected {expected}.")
+    elif isinstance(value, (list, tuple)):
+        parts = list(value)
+        if not parts:
+            raise InvalidArgument(f"segments: expected {expected}, got {value!r} (no size).")
+    else:
+        raise InvalidArgument(f"segments: expected {expected}, got {type(value).__name__} {value!r}.")
+    sizes = set()
+    for part in parts:
+        if isinstance(part, bool) or not isinstance(part, (int, str)):
+            raise InvalidArgument(f"segments {value!r}: each size must be an int or a string such as '64K', "
+                                  f"got {type(part).__name__} {part!r}.")
+        try:
+            size = parse_size(part)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"segments {value!r}: {exc}") from None
+        if size < 1:
+            raise InvalidArgument(f"segments {value!r}: a segment size must be at least 1 byte, got {part!r}.")
+        sizes.add(size)
+    return sorted(sizes)
+
+
+def segment_candidates(nbytes: int, ladder, default: int) -> list[int]:
+    """The segment sizes worth timing for an ``nbytes`` message: the ladder's below ``nbytes``, and ``default``.
+
+    A segment as large as the message leaves it whole, so only one such size
+    (the default, whatever its size) is kept. Sorted, without repeats.
+    """
+    return sorted({s for s in ladder if s < nbytes} | {default})
+
+
+def _size_times(probes, default) -> str:
+    return ", ".join(f"{_size(x['segment_bytes'])}{' (default)' if x['segment_bytes'] == default else ''} "
+                     f"{x['time_us']:.1f} us" for x in probes)
+
+
+def measure_segments(comm, collective: str, algorithm: str, nbytes: int, ladder=SEGMENT_LADDER, *,
+                     dtype="float32", op="sum", iters: int = 20):
+    """Time a segmented algorithm at one size with each candidate segment size and pick one; collective call.
+
+    The candidates are :func:`segment_candidates` of ``ladder`` and the
+    algorithm's default segment (``COMMKIT_SEGMENT_ELEMENTS`` elements of
+    ``dtype``, else its own default). They run interleaved through
+    :func:`commkit.bench.measure`, forced as ``algorithm="NAME:BYTES"``. The
+    fastest median wins unless it beats the default by no more than the
+    spread of identical runs (then the default is kept: noise must not pick).
+
+    Args:
+        comm: the communicator to measure on (every rank calls this, with the same arguments).
+        collective, algorithm: a segmented algorithm (its schedule takes ``segment=``).
+        nbytes: the message size, in bytes as :mod:`commkit.selection` counts it.
+        ladder: segment sizes in bytes (see :func:`parse_segments`).
+        dtype, op: the call's element type and reduction op.
+        iters: timed runs of each candidate (one untimed run first).
+
+    Returns:
+        ``(segment_bytes, text, record)``, the same on every rank: the chosen size,
+        a sentence for the rule's reason, and the raw medians for the table's
+        ``"measured"`` key. When fewer than two candidates exist (no ladder size
+        below ``nbytes``) nothing runs and the result is ``(None, text, None)``.
+
+    Raises:
+        InvalidArgument: an unknown algorithm, or one that takes no segment size.
+
+    Cost: ``(iters + 1) * len(candidates)`` calls of ``nbytes``, plus a barrier before each.
+    """
+    alg = algorithms.get(collective, algorithm)
+    if alg is None or not alg.segmented:
+        segmented = sorted(a.name for a in algorithms.for_collective(collective).values() if a.segmented)
+        what = "is not one" if alg is None else "takes no segment size"
+        raise InvalidArgument(f"measuring segment sizes needs a segmented {collective} algorithm; {algorithm!r} "
+                              f"{what}. Segmented {collective} algorithms: {segmented or 'none'}.")
+    ladder = parse_segments(ladder if isinstance(ladder, (str, list, tuple)) else list(ladder))
+    default = segment_elements() * np.dtype(dtype).itemsize
+    candidates = segment_candidates(nbytes, ladder, default)
+    if len(candidates) < 2:
+        return None, (f"segment size not measured: no size of the ladder ({', '.join(map(_size, ladder))}) is "
+                      f"smaller than the {_size(nbytes)} message, so the default ({_size(default)}) stays"), None
+    names = [f"{algorithm}:{s}" for s in candidates]
+    rows = {r.algorithm: r for r in bench.measure(comm, collective, nbytes, names, dtype=dtype, op=op, iters=iters,
+                                                  warmup=1)}
+    probes = [{"segment_bytes": s, "time_us": round(rows[name].time_us, 2), "spread": round(rows[name].spread, 3)}
+              for s, name in zip(candidates, names)]
+    fastest = min(probes, key=lambda x: (x["time_us"], x["segment_bytes"]))
+    base = next(x for x in probes if x["segment_bytes"] == default)
+    spread = max(fastest["spread"], base["spread"])
+    size = rows[names[0]].size
+    said = _size_times(probes, default)
+    if fastest is base:
+        chosen, verdict = default, f"segment {_size(default)} (the default) measured fastest at {_size(size)}"
+    elif base["time_us"] - fastest["time_us"] <= spread * fastest["time_us"]:
+        chosen = default
+        verdict = (f"segment sizes measured at {_size(size)}: {_size(fastest['segment_bytes'])} was fastest by less "
+                   f"than the spread of identical runs, so the default {_size(default)} stays")
+    else:
+        chosen = fastest["segment_bytes"]
+        verdict = f"segment {_size(chosen)} measured fastest at {_size(size)}"
+    record = {"collective": collective, "algorithm": algorithm, "bytes": size, "default": default,
+              "chosen": chosen, "probes": probes}
+    return chosen, f"{verdict} ({said}; median of {iters})", record
+
+
+def _segment_probe_size(min_bytes: int, max_bytes, cap: int) -> int | None:
+    """Where to measure a rule's segment: the power of two nearest the geometric middle of its range, capped.
+
+    None when the range starts above ``cap`` (the largest size tune runs); 0 for the range of 0 B alone.
+    """
+    top = cap if max_bytes is None else min(max_bytes, cap)
+    if top < min_bytes:
+        return None
+    if top == 0:
+        return 0
+    low = max(min_bytes, 1)
+    middle = 1 << round(math.log2(math.sqrt(low * top)))
+    return min(max(middle, low), top)
+
+
 # -- the table ---------------------------------------------------------------------------------------
 
 
@@ -203,7 +365,7 @@ def _regimes(collective, p, alpha, beta, gamma, commutative):
     return cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
 
 
-def _rule(p, reg, collective, reason, commutative_only):
+def _rule(p, reg, collective, reason, commutative_only, segment=None):
     rule = {"min_procs": p, "max_procs": p}
     if reg.min_bytes > 0:
         rule["min_bytes"] = int(reg.min_bytes)
@@ -212,6 +374,8 @@ def _rule(p, reg, collective, reason, commutative_only):
     if commutative_only:
         rule["commutative"] = True
     rule["algorithm"] = reg.algorithm
+    if segment is not None:
+        rule["segment_bytes"] = int(segment)
     rule["reason"] = reason
     return rule
 
@@ -235,7 +399,8 @@ def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutativ
 
 
 def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, measured_p: int,
-                confirm=None, machine: dict | None = None, measured: dict | None = None) -> dict:
+                confirm=None, measure_segment=None, machine: dict | None = None,
+                measured: dict | None = None) -> dict:
     """The tuning table for ``procs`` x ``collectives`` from the model (no MPI needed).
 
     Args:
@@ -245,6 +410,12 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
         measured_p: the process count alpha, beta, gamma were measured on.
         confirm: optional ``confirm(collective, low, high, boundary, lower, upper) -> (boundary, text, probes)``
             run for each crossover at ``p == measured_p`` (the short benchmark).
+        measure_segment: optional ``measure_segment(collective, algorithm, min_bytes, max_bytes) ->
+            (segment_bytes or None, text, record or None)``, run for each rule at ``p == measured_p``
+            whose algorithm is segmented, after ``confirm`` has set the rule's range (``max_bytes``
+            None: no upper bound). A size becomes the rule's ``segment_bytes``; the text joins its
+            reason; records are kept under ``measured["segments"]``. Segmented rules it does not
+            measure leave the segment to the algorithm's default, and their reasons say so.
         machine, measured: metadata stored under ``"machine"`` and ``"measured"``.
 
     Returns:
@@ -256,7 +427,8 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
                     "use with COMMKIT_TUNING=<this file>. Process counts without rules fall back to the "
                     "shipped defaults.",
         "machine": machine or {},
-        "measured": dict(measured or {}, alpha=alpha, beta=beta, gamma=gamma, nprocs=measured_p, confirmations=[]),
+        "measured": dict(measured or {}, alpha=alpha, beta=beta, gamma=gamma, nprocs=measured_p, confirmations=[],
+                         segments=[]),
         "model": "alpha-beta-gamma (commkit.cost): a message costs alpha + beta*bytes, a reduction gamma*bytes",
     }
     for collective in collectives:
@@ -273,9 +445,26 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
                 for predicted, reg, note in zip(model, final, notes):
                     # The reason states the model's own range, then what the bench made of its ends.
                     reason = _model_reason(collective, p, predicted, alpha, beta, gamma, measured_p, commutative)
-                    rules.append(_rule(p, reg, collective, "; ".join([reason, *note]), reducing and commutative))
+                    segment, seg_note = _segment_for(collective, p, reg, measured_p, measure_segment,
+                                                     table["measured"]["segments"])
+                    rules.append(_rule(p, reg, collective, "; ".join([reason, *note, *seg_note]),
+                                       reducing and commutative, segment))
         table[collective] = rules
     return table
+
+
+def _segment_for(collective, p, reg, measured_p, measure_segment, log):
+    """``(segment_bytes or None, [note])`` for one rule; ``(None, [])`` when its algorithm takes no segment."""
+    if not algorithms.get(collective, reg.algorithm).segmented:
+        return None, []
+    if p != measured_p:
+        return None, [f"segment size not measured at p={p}: the algorithm's default applies"]
+    if measure_segment is None:
+        return None, ["segment size not measured: the algorithm's default applies"]
+    segment, text, record = measure_segment(collective, reg.algorithm, reg.min_bytes, reg.max_bytes)
+    if record is not None:
+        log.append(record)
+    return segment, [text]
 
 
 def _confirmed(collective, regimes, confirm, log):
@@ -303,19 +492,30 @@ def _confirmed(collective, regimes, confirm, log):
 
 
 def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="float32", op="sum",
-        quick: bool = False, log=lambda text: None, machine: dict | None = None) -> dict:
-    """Measure, derive, confirm; return the tuning table on every rank (collective call).
+        quick: bool = False, log=lambda text: None, machine: dict | None = None, segments=None) -> dict:
+    """Measure, derive, confirm, measure segment sizes; return the tuning table on every rank (collective call).
 
     Args:
-        comm: an MPI communicator of 2 or more ranks.
+        comm: a communicator of 2 or more ranks.
         procs: process counts to write rules for (default: ``[comm.size]``).
         collectives: default: all but barrier, scan and exscan.
-        max_bytes: the largest size the confirming benchmark runs.
+        max_bytes: the largest size the confirming benchmark and the segment measurements run.
         dtype, op: what gamma and the benchmark measure.
         quick: fewer sizes and repetitions.
         log: called with progress lines (rank 0 passes ``print``).
         machine: metadata for the table's ``"machine"`` key.
+        segments: the segment sizes (bytes) tried for segmented algorithms, besides each
+            one's default: ``"16K,64K"`` or a list (see :func:`parse_segments`); default
+            :data:`SEGMENT_LADDER`. Only sizes below the measured message are tried.
+
+    Raises:
+        InvalidArgument: fewer than 2 ranks, or bad ``segments`` (raised before anything is measured).
+
+    Cost: the segment measurements add, for each segmented rule at ``comm.size`` ranks,
+    ``(iters + 1)`` calls per candidate size (iters 5 with ``quick``, else 20).
     """
+    ladder = list(SEGMENT_LADDER) if segments is None else parse_segments(segments)
+    segment_elements()  # a bad COMMKIT_SEGMENT_ELEMENTS fails now, not after the measurements
     if comm.size < 2:
         raise InvalidArgument("tune measures messages between ranks and needs at least 2 processes.")
     collectives = list(collectives or [c for c in algorithms.COLLECTIVES if c not in ("barrier", "scan", "exscan")])
@@ -339,19 +539,35 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
         log(f"confirming {collective}: {low} -> {high} at {_size(boundary)} ...")
         return _confirm(comm, collective, low, high, boundary, lower, upper, dtype, op, iters, max_bytes)
 
+    def measure_segment(collective, algorithm, lo, hi):
+        size = _segment_probe_size(lo, hi, max_bytes)
+        if size is None:
+            return None, (f"segment size not measured: the rule's sizes, from {_size(lo)}, are beyond --max-bytes "
+                          f"({_size(max_bytes)}), so the algorithm's default applies"), None
+        log(f"measuring segment sizes for {collective} {algorithm} at {_size(size)} ...")
+        segment, text, record = measure_segments(comm, collective, algorithm, size, ladder, dtype=dtype, op=op,
+                                                 iters=iters)
+        if record is not None:
+            times = _size_times(record["probes"], record["default"])
+            log(f"  {collective} {algorithm}: segment {_size(segment)} ({times})")
+        return segment, text, record
+
     measured = {
         "how": "alpha, beta: least-squares fit of commkit ring-exchange steps (slowest rank, best of "
-               f"{reps}); gamma: {op} on {dtype} in place (best of {reps}), mean of the ranks",
+               f"{reps}); gamma: {op} on {dtype} in place (best of {reps}), mean of the ranks; segment sizes: "
+               f"each segmented rule's algorithm at one size, with every ladder size below it and its default "
+               f"(interleaved, median of {iters})",
         "dtype": dtype, "op": op,
         "exchange_points": [[n, t] for n, t in points],
         "reduce_points": [[n, t] for n, t in gpoints],
+        "segment_ladder": ladder,
     }
     return build_table(alpha, beta, gamma, procs, collectives, measured_p=comm.size, confirm=confirm,
-                       machine=machine, measured=measured)
+                       measure_segment=measure_segment, machine=machine, measured=measured)
 
 
 def summary(table: dict) -> str:
-    """A few lines describing a tuning table: the constants and each collective's thresholds."""
+    """A few lines describing a tuning table: the constants, each collective's thresholds and measured segments."""
     m = table.get("measured", {})
     lines = [f"alpha = {format_seconds(m.get('alpha', 0))}, beta = {m.get('beta', 0) * 1e9:.3g} ns/B, "
              f"gamma = {m.get('gamma', 0) * 1e9:.3g} ns/B (measured on {m.get('nprocs')} ranks)"]
@@ -366,6 +582,8 @@ def summary(table: dict) -> str:
             lo, hi = rule.get("min_bytes", 0), rule.get("max_bytes")
             span = f"{_size(lo)}-{_size(hi)}" if hi is not None else f">= {_size(lo)}"
             extra = "" if "commutative" in rule or collective not in _REDUCING else " (non-commutative)"
+            if "segment_bytes" in rule:
+                extra += f" (segment {_size(rule['segment_bytes'])})"
             parts.append(f"p={rule.get('min_procs')} {span}: {rule['algorithm']}{extra}")
         lines.append(f"  {collective:<15} " + "; ".join(parts))
     return "\n".join(lines)
