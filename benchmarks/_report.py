@@ -2,12 +2,16 @@
 
 Everything here is a pure function of the results dictionary the script saves
 as JSON, so the page can be re-rendered without measuring again
-(``python benchmarks/compare.py --from results.json``).
+(``python benchmarks/compare.py --from results.json``). The stand-alone scripts
+(``memory_floor.py``, ``inplace.py``), whose tables are pasted into the page,
+open them with :func:`script_header` and print them with :func:`emit`.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
+import shlex
 import statistics
 import sys
 
@@ -161,6 +165,37 @@ def ranges(points, key):
         else:
             spans.append([p[key], p["size"], p["size"]])
     return spans
+
+
+# -- the stand-alone scripts' pages (memory_floor.py, inplace.py): pasted into the page's PASTED block ----------
+
+
+def script_header(script: str, nprocs: int, argv, machine: str, run: str, load: str, wrong: int) -> list[str]:
+    """The lines that open a stand-alone script's table: the command that made it, then when, where and how.
+
+    Args:
+        script: the script's path from the repository root (``benchmarks/inplace.py``).
+        nprocs: the job's number of ranks.
+        argv: the script's arguments, as given.
+        machine: the machine line (``_tasks.machine_line``).
+        run: what ran and how long (``"5 sweeps, 40 s"``).
+        load: the load line (``_tasks.load_line``).
+        wrong: the number of wrong results.
+
+    Returns:
+        ``Command: ...``, a blank line, ``Date: ...`` and a blank line: prepend them to the table.
+    """
+    date = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return [f"Command: `{shlex.join(['mpiexec', '-n', str(nprocs), 'python', script, *argv])}`", "",
+            f"Date: {date}; {machine}; {run}; {load}. Wrong results: {wrong}.", ""]
+
+
+def emit(text: str, markdown: str | None) -> None:
+    """Print a script's page, and also write it to the file ``markdown`` when one is named (``--markdown``)."""
+    print(text)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(text)
 
 
 # -- the page ---------------------------------------------------------------------------------------

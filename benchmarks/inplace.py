@@ -23,9 +23,7 @@ lowest and highest sweep. Target (issue 14): never above 1.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -156,26 +154,16 @@ def main(argv=None) -> int:
         raw.Free()
     if comm.rank != 0:
         return 0
-    from _report import fmt_size
+    from _report import emit, fmt_size, script_header
 
     text, above = table(rows, collectives)
     wrong = sum(r["wrong"] for r in rows)
-    command = shlex.join(["mpiexec", "-n", str(comm.size), "python", "benchmarks/inplace.py", *argv])
-    head = [
-        f"Command: `{command}`",
-        "",
-        (f"Date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}; {machine}; "
-         f"{args.sweeps} sweeps, {time.time() - started:.0f} s; {_tasks.load_line(loads)}. Wrong results: {wrong}."),
-        "",
-    ]
+    head = script_header("benchmarks/inplace.py", comm.size, argv, machine,
+                         f"{args.sweeps} sweeps, {time.time() - started:.0f} s", _tasks.load_line(loads), wrong)
     verdict = ("In place is never slower than out of place (median over sweeps) at any size measured."
                if not above else "In place is slower than out of place (median over sweeps) at: " + ", ".join(
                    f"{c} `{a}` {fmt_size(s)} ({_fmt(r)})" for c, a, s, r in above) + ".")
-    page = "\n".join(head) + "\n" + text + "\n\n" + verdict + "\n"
-    print(page)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(page)
+    emit("\n".join(head) + "\n" + text + "\n\n" + verdict + "\n", args.markdown)
     return 1 if wrong else 0
 
 

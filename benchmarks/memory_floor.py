@@ -38,10 +38,8 @@ any way out); the mappings are closed on the way out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import mmap
 import os
-import shlex
 import statistics
 import sys
 import tempfile
@@ -55,6 +53,7 @@ for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
 
 import _tasks
 import numpy as np
+from _report import emit, script_header
 
 VARIANTS = ("floor", "auto", "ring_pipelined", "raw")
 COMMKIT = ("auto", "ring_pipelined")
@@ -210,14 +209,12 @@ def _ratio(times, a, b):
 
 
 def report(rows, argv, machine, loads, seconds, sweeps):
-    lines = [f"Command: `{shlex.join(['mpiexec', '-n', '2', 'python', 'benchmarks/memory_floor.py', *argv])}`", "",
-             (f"Date: {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')}; {machine}; {sweeps} "
-              f"sweeps per size, {seconds:.0f} s; {_tasks.load_line(loads)}. Wrong results: "
-              f"{sum(sum(w.values()) for *_, w in rows)}."), "",
-             ("| MiB per rank | calls per sweep | floor (ms) | auto (ms) | ring_pipelined (ms) | raw mpi4py (ms) | "
-              "auto / floor | ring_pipelined / floor | raw / floor | auto / raw | ring_pipelined / raw | "
-              "spread (floor, auto, rp, raw) |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = script_header("benchmarks/memory_floor.py", 2, argv, machine, f"{sweeps} sweeps per size, {seconds:.0f} s",
+                          _tasks.load_line(loads), sum(sum(w.values()) for *_, w in rows))
+    lines += [("| MiB per rank | calls per sweep | floor (ms) | auto (ms) | ring_pipelined (ms) | raw mpi4py (ms) | "
+               "auto / floor | ring_pipelined / floor | raw / floor | auto / raw | ring_pipelined / raw | "
+               "spread (floor, auto, rp, raw) |"),
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
     for mib, calls, choice, times, wrong in rows:
         med = {v: statistics.median(t) * 1e3 for v, t in times.items()}
@@ -277,11 +274,7 @@ def main(argv=None) -> int:
         raw.Free()
     if comm.rank != 0:
         return 0
-    text = report(rows, argv, machine, loads, time.time() - started, args.sweeps)
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text)
+    emit(report(rows, argv, machine, loads, time.time() - started, args.sweeps), args.markdown)
     return 1 if any(sum(w.values()) for *_, w in rows) else 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 
-class _Call:
+class Call:
     """One prepared collective call: flat buffers, sizes, and how to shape the result."""
 
     __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",

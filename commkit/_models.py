@@ -44,7 +44,12 @@ def _check_seconds(name, value):
     return float(value)
 
 
-def _constants(alpha, beta, gamma):
+def checked_constants(alpha, beta, gamma) -> list:
+    """``[alpha, beta, gamma]`` in seconds, each None replaced by its default (:data:`ALPHA`, ...).
+
+    Raises:
+        InvalidArgument: a value that is not a non-negative number.
+    """
     out = []
     for name, value, default in (("alpha", alpha, ALPHA), ("beta", beta, BETA), ("gamma", gamma, GAMMA)):
         out.append(_check_seconds(name, default if value is None else value))
@@ -107,7 +112,7 @@ class LogGP:
     def from_alpha_beta(cls, alpha: float | None = None, beta: float | None = None,
                         gamma: float | None = None) -> LogGP:
         """The LogGP parameters that give one message the alpha-beta time: ``o = L = g = alpha/3``, ``G = beta``."""
-        a, b, g = _constants(alpha, beta, gamma)
+        a, b, g = checked_constants(alpha, beta, gamma)
         return cls(L=a / 3, o=a / 3, g=a / 3, G=b, gamma=g)
 
     @property

@@ -43,7 +43,7 @@ import reprlib
 import numpy as np
 
 from . import algorithms
-from ._call import _Call
+from ._call import Call
 from ._checks import array_module, check_out, check_rank, check_timeout, input_for, same_memory
 from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
 
@@ -216,7 +216,7 @@ class VectorCollectives:
         out = self._output(out, shape, x)
         _no_overlap(x, out, "allgatherv")
         elems = tuple(c * _row_size(trailing) for c in counts)
-        call = _Call("allgatherv", elems, x.reshape(-1), out.reshape(-1), None, 0, sum(elems) * x.dtype.itemsize,
+        call = Call("allgatherv", elems, x.reshape(-1), out.reshape(-1), None, 0, sum(elems) * x.dtype.itemsize,
                      x.dtype, array_module(x), False, shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
@@ -300,7 +300,7 @@ class VectorCollectives:
         else:
             out = xp.empty(0, dtype=x.dtype)
         elems = tuple(c * _row_size(trailing) for c in counts)
-        call = _Call("gatherv", elems, x.reshape(-1), out.reshape(-1), None, root, sum(elems) * x.dtype.itemsize,
+        call = Call("gatherv", elems, x.reshape(-1), out.reshape(-1), None, root, sum(elems) * x.dtype.itemsize,
                      x.dtype, xp, False, shape, rank == root)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
@@ -394,7 +394,7 @@ class VectorCollectives:
         xp = array_module(like)
         src = x.reshape(-1) if rank == root else xp.empty(0, dtype=like.dtype)
         elems = tuple(c * _row_size(trailing) for c in counts)
-        call = _Call("scatterv", elems, src, out.reshape(-1), None, root, sum(elems) * like.dtype.itemsize,
+        call = Call("scatterv", elems, src, out.reshape(-1), None, root, sum(elems) * like.dtype.itemsize,
                      like.dtype, xp, False, out.shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)
@@ -505,7 +505,7 @@ class VectorCollectives:
         elems = tuple(tuple(c * row_size for c in row) for row in matrix)
         # The selector's size of an all-to-all is one block: here the average block, the same on every rank.
         nbytes = sum(map(sum, elems)) * x.dtype.itemsize // (size * size)
-        call = _Call("alltoallv", elems, x.reshape(-1), out.reshape(-1), None, 0, nbytes, x.dtype,
+        call = Call("alltoallv", elems, x.reshape(-1), out.reshape(-1), None, 0, nbytes, x.dtype,
                      array_module(x), False, shape)
         call.result = out
         return self._run(call, algorithm, timeout, nonblocking)

@@ -407,7 +407,7 @@ def run(comm, collectives, sizes, *, names=None, dtype="float32", op="sum", root
     xp = _cupy() if gpu else np
     rows = []
     for collective in collectives:
-        chosen = _resolve(collective, comm.size, names, op)
+        chosen = resolve_algorithms(collective, comm.size, names, op)
         seen = set()
         for size in sizes:
             actual = _actual_size(collective, comm.size, size, np.dtype(dtype).itemsize)
@@ -425,7 +425,13 @@ def _actual_size(collective, p, size, itemsize):
     return schedule_args(collective, p, size, itemsize)[1]
 
 
-def _resolve(collective, p, requested, op):
+def resolve_algorithms(collective, p, requested, op):
+    """The algorithms a benchmark of ``collective`` on ``p`` ranks runs: ``requested`` (names) or every candidate.
+
+    Names of other collectives' algorithms are skipped, so one list can serve several
+    collectives; ``"auto"`` is kept. Raises InvalidArgument, before anything is timed,
+    for an unknown collective or a name no collective has.
+    """
     if collective not in algorithms.COLLECTIVES:
         raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
     available = candidates(collective, p, op)

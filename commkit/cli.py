@@ -337,7 +337,7 @@ def _bench(args, argv) -> int:
     if args.root >= comm.size:
         raise _Usage(f"--root must be a rank below the job's {comm.size} processes, got {args.root}.")
     for collective in collectives:
-        bench._resolve(collective, comm.size, names, args.op)  # unknown names fail before timing
+        bench.resolve_algorithms(collective, comm.size, names, args.op)  # unknown names fail before timing
     steps = len(collectives) * len(sizes) * args.iters
     # mpiexec pipes our stderr: the launching process says whether it was a terminal.
     progress = bench.Progress(steps, force=bool(os.environ.get(_TTY))) if comm.rank == 0 else None

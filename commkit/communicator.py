@@ -30,9 +30,9 @@ from contextlib import contextmanager
 import numpy as np
 
 from . import algorithms, collectives, selection
-from . import tracing as _trace
 from . import watchdog as _watchdog
-from ._call import _Call
+from ._call import Call
+from ._events import active as _trace_active
 from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag,
                       check_timeout, input_for, same_memory)
 from ._vector import VectorCollectives
@@ -53,7 +53,6 @@ __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_a
 log = logging.getLogger("commkit")
 
 _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (barrier's empty messages)
-_trace_active = _trace._active
 # Messages that may still arrive for calls that timed out: kept alive (never freed under the
 # transport's feet) for as long as this process runs. Only timeouts add to it.
 _ABANDONED: list = []
@@ -588,7 +587,7 @@ class Communicator(VectorCollectives):
             self._scratch[key] = buf
         return buf[:n]
 
-    def _verify_call(self, call: _Call, seq: int, algorithm: str, timeout, signature=()) -> None:
+    def _verify_call(self, call: Call, seq: int, algorithm: str, timeout, signature=()) -> None:
         """Debug mode: all ranks compare what they are about to run; mismatch raises everywhere."""
         segment = dict(signature).get("segment")
         if segment is not None:
@@ -678,7 +677,7 @@ class Communicator(VectorCollectives):
                 f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
             )
 
-    def _plan(self, call: _Call, algorithm):
+    def _plan(self, call: Call, algorithm):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -722,7 +721,7 @@ class Communicator(VectorCollectives):
         self._plans[key] = plan
         return plan
 
-    def _run(self, call: _Call, algorithm, timeout, nonblocking):
+    def _run(self, call: Call, algorithm, timeout, nonblocking):
         if nonblocking == "init":
             return self._persistent(call, algorithm, timeout)
         if not self._entry.acquire(False):
@@ -738,7 +737,7 @@ class Communicator(VectorCollectives):
             "the same communicator; give each thread its own communicator (comm.dup())."
         )
 
-    def _run_locked(self, call: _Call, algorithm, timeout, nonblocking):
+    def _run_locked(self, call: Call, algorithm, timeout, nonblocking):
         # The per-call path: every line here runs on every collective, so it avoids
         # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
@@ -821,7 +820,7 @@ class Communicator(VectorCollectives):
         for name in self._HOT:
             setattr(self, "_hot_" + name, None)
 
-    def _remember(self, call: _Call, plan) -> None:
+    def _remember(self, call: Call, plan) -> None:
         """Compile a plan for this blocking call's arrays the second time they come (see plan.py)."""
         keep = call.keep or ()
         nbytes = sum(a.nbytes for a in keep if a is not None)
@@ -847,7 +846,7 @@ class Communicator(VectorCollectives):
             compiled.hot = call.keep + call.key[3:]
             setattr(self, "_hot_" + call.collective, compiled)
 
-    def _bound(self, call: _Call, plan, persistent_tag=None):
+    def _bound(self, call: Call, plan, persistent_tag=None):
         """The ops of ``call`` on its own buffers: ``(ops, prologue)``; ``persistent_tag`` for *_init."""
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         prologue = None
@@ -875,13 +874,13 @@ class Communicator(VectorCollectives):
         bufs = {"in": src, "out": call.dst, "tmp": tmp}
         return compile_ops(steps, bufs, self._coll, persistent_tag), prologue
 
-    def _compile(self, call: _Call, plan) -> Plan:
+    def _compile(self, call: Call, plan) -> Plan:
         ops, prologue = self._bound(call, plan)
         finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
                     call.result if call.has_result else None, finish, prologue)
 
-    def _persistent(self, call: _Call, algorithm, timeout) -> PersistentRequest:
+    def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
@@ -919,11 +918,11 @@ class Communicator(VectorCollectives):
         _ABANDONED.append(pending)
         self._break(reason.split(". ")[0] + ".")
 
-    def _steps(self, alg, call: _Call, segment=None):
+    def _steps(self, alg, call: Call, segment=None):
         return collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op, call.root,
                                  segment)
 
-    def _native_args(self, call: _Call):
+    def _native_args(self, call: Call):
         """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.
 
         ``prologue`` is a local op to run before the library call (a broadcast root's
@@ -945,7 +944,7 @@ class Communicator(VectorCollectives):
         counts = call.arg if c in ("reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv") else None
         return send, recv, inplace, counts, prologue
 
-    def _run_native(self, call: _Call, nonblocking, timeout, info, rec):
+    def _run_native(self, call: Call, nonblocking, timeout, info, rec):
         c = call.collective
         send, recv, inplace, counts, prologue = self._native_args(call)
         if prologue is not None:
@@ -976,7 +975,7 @@ class Communicator(VectorCollectives):
         request = _NativeRequest(pending, finish, timeout, info, self, rec)
         return request if nonblocking else request.wait()
 
-    def _finish(self, call: _Call):
+    def _finish(self, call: Call):
         if not call.has_result:
             return None
         if call.collective == "exscan" and self.rank == 0:
@@ -1019,7 +1018,7 @@ class Communicator(VectorCollectives):
                 check_out(out, x.shape, x.dtype, "out", like=x)
             out = self._scratch_buffer(array_module(x), x.dtype, x.size, nonblocking, role="reduce-out")
             aliased = False
-        call = _Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
+        call = Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
                      np if type(x) is np.ndarray else array_module(x), aliased, x.shape, has_result)
         call.result = out
         if key is not None and x is given and (out is given_out or not has_result):
@@ -1188,7 +1187,7 @@ class Communicator(VectorCollectives):
             x = check_out(out, None, None, "out")
         x = input_for(x, nonblocking, "broadcast")
         out = self._output(out, x.shape, x)
-        call = _Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
+        call = Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
                      array_module(x), check_alias(x, out, "broadcast"), x.shape)
         call.result = out
         if key is not None and (x is given or x is given_out) and out is given_out:
@@ -1230,7 +1229,7 @@ class Communicator(VectorCollectives):
             check_alias(x, out, "gather")
         else:
             out = xp.empty(0, dtype=x.dtype)
-        call = _Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
+        call = Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
                      xp, False, shape, self.rank == root)
         call.result = out
         if key is not None and x is given and (out is given_out or self.rank != root):
@@ -1289,7 +1288,7 @@ class Communicator(VectorCollectives):
         count = int(np.prod(block_shape, dtype=np.int64))
         xp = array_module(like)
         src = x.reshape(-1) if self.rank == root else xp.empty(0, dtype=like.dtype)
-        call = _Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
+        call = Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
                      like.dtype, xp, False, block_shape)
         call.result = out
         if key is not None and (x is given or self.rank != root) and out is given_out:
@@ -1326,7 +1325,7 @@ class Communicator(VectorCollectives):
         shape = (self.size,) + x.shape
         out = self._output(out, shape, x)
         check_alias(x, out, "allgather")
-        call = _Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
+        call = Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
         call.result = out
         if key is not None and x is given and out is given_out:
@@ -1372,7 +1371,7 @@ class Communicator(VectorCollectives):
         if same_memory(x, out):
             raise InvalidBuffer("alltoall cannot run in place: pass an out buffer that does not overlap x.")
         count = x.size // self.size
-        call = _Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
+        call = Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
                      array_module(x), False, x.shape)
         call.result = out
         if key is not None and x is given and out is given_out:
@@ -1438,7 +1437,7 @@ class Communicator(VectorCollectives):
         if same_memory(x, out):
             raise InvalidBuffer("reduce_scatter cannot run in place: pass an out buffer that does not overlap x.")
         elems = tuple(int(c) * row for c in counts)
-        call = _Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
+        call = Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
                      array_module(x), False, shape)
         call.result = out
         if key is not None and x is given and out is given_out:
@@ -1464,7 +1463,7 @@ class Communicator(VectorCollectives):
     @_announced("barrier")
     def _barrier(self, algorithm, timeout, mode):
         self._check_open()
-        call = _Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
+        call = Call("barrier", 0, None, None, None, 0, 0, None, np, False, None, False)
         call.key = ("barrier", algorithm)
         return self._run(call, algorithm, timeout, mode)
 

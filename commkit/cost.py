@@ -44,7 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import algorithms, collectives, sim
-from ._models import ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA, MODELS, LogGP, TwoLevel, _constants
+from ._crossover import changes
+from ._models import ALPHA, ALPHA_INTER, BETA, BETA_INTER, GAMMA, MODELS, LogGP, TwoLevel, checked_constants
 from ._units import format_seconds
 from .errors import InvalidArgument
 
@@ -136,7 +137,7 @@ def predict(collective: str, algorithm: str, p: int, nbytes: float, *, alpha: fl
     """
     alg = _algorithm(collective, algorithm)
     _check_size(p, nbytes)
-    a, b, g = _constants(alpha, beta, gamma)
+    a, b, g = checked_constants(alpha, beta, gamma)
     return float(alg.cost(p, model_bytes(collective, p, nbytes), a, b, g))
 
 
@@ -189,7 +190,7 @@ def best(collective: str, p: int, nbytes: float, *, alpha: float | None = None, 
     if collective not in algorithms.COLLECTIVES:
         raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
     _check_size(p, nbytes)
-    a, b, g = _constants(alpha, beta, gamma)
+    a, b, g = checked_constants(alpha, beta, gamma)
     n = model_bytes(collective, p, nbytes)
     prefer = _preference(collective)
     preds = []
@@ -220,7 +221,7 @@ def crossovers(collective: str, p: int, *, alpha: float | None = None, beta: flo
     Cost: O(16 log2(max_bytes) * algorithms) formula evaluations, plus a bisection per crossover.
     """
     _check_size(p, 0)
-    a, b, g = _constants(alpha, beta, gamma)
+    a, b, g = checked_constants(alpha, beta, gamma)
 
     def win(n):
         return _winner(collective, p, n, a, b, g, commutative)
@@ -228,19 +229,10 @@ def crossovers(collective: str, p: int, *, alpha: float | None = None, beta: flo
     grid = sorted({0} | {(1 << k) + j * (1 << k) // 16 for k in range(max(1, int(max_bytes).bit_length()))
                          for j in range(16)})
     regimes = []
-    current, start, prev = win(0), 0, 0
-    for point in grid[1:]:
-        while win(point) != current:
-            lo, hi = prev, point  # win(lo) == current != win(hi): find the first size that changes
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if win(mid) == current:
-                    lo = mid
-                else:
-                    hi = mid
-            regimes.append(Regime(current, start, hi - 1))
-            current, start, prev = win(hi), hi, hi
-        prev = point
+    start, current = 0, win(0)
+    for size, old, new in changes(win, grid):
+        regimes.append(Regime(old, start, size - 1))
+        start, current = size, new
     regimes.append(Regime(current, start, None))
     return regimes
 
@@ -257,7 +249,7 @@ def table(collective: str, p: int, nbytes: int, *, alpha: float | None = None, b
     the simulator's model (see :func:`commkit.sim.simulate`) and imply
     ``simulate=True``; the ranking and the formulas stay alpha-beta-gamma's.
     """
-    a, b, g = _constants(alpha, beta, gamma)
+    a, b, g = checked_constants(alpha, beta, gamma)
     ranking = best(collective, p, nbytes, alpha=a, beta=b, gamma=g, commutative=commutative)
     header = f"{collective} on p={p}, {nbytes} B (alpha={a:.3g} s, beta={b:.3g} s/B, gamma={g:.3g} s/B)"
     timing = {"model": model, "ranks_per_node": ranks_per_node}
@@ -306,7 +298,7 @@ def constants(tuning=None) -> tuple[float, float, float]:
     if not isinstance(measured, dict) or not all(k in measured for k in ("alpha", "beta", "gamma")):
         where = tuning if isinstance(tuning, str) else "the table"
         raise InvalidArgument(f"{where} has no measured alpha, beta and gamma; write one with `commkit tune`.")
-    return tuple(_constants(measured["alpha"], measured["beta"], measured["gamma"]))
+    return tuple(checked_constants(measured["alpha"], measured["beta"], measured["gamma"]))
 
 
 def simulate(*args, **kwargs):

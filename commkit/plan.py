@@ -30,16 +30,14 @@ import re
 from collections.abc import Callable
 from time import monotonic as _monotonic
 
+from ._events import active as _trace_active
 from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
-from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, _timeout_error, _transfer_error, wire_bytes
-from . import tracing as _trace
+from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, timeout_error, transfer_error, wire_bytes
 
 __all__ = ["Plan", "PersistentRequest", "compile_ops"]
-
-_trace_active = _trace._active
 
 
 def _view(bufs, ref):
@@ -163,7 +161,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
     """
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
-          "_InvalidBuffer": InvalidBuffer, "_transfer_error": _transfer_error, "_rank": plan.comm.rank,
+          "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
           "_finish": plan.finish, "_result": plan.result, "_prologue": prologue}
     consts: dict = {}
 
@@ -222,7 +220,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
         *("        " + line for line in body),
         "    except _InvalidBuffer as exc:",
         f"        rec[{STATE}] = 'failed'",
-        f"        raise _transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
+        f"        raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
         "    finally:",
         "        _recorder.active = None",
@@ -406,7 +404,7 @@ class PersistentRequest(Request):
     def _failed(self, exc: InvalidBuffer) -> BaseException:
         """Stop this run after a transport error; the error to raise, naming the call and step."""
         self._stop("failed")
-        return _transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
+        return transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
                                self._index, self._rec[STEP_OBJ], exc)
 
     def _advance_once(self) -> bool:
@@ -485,7 +483,7 @@ class PersistentRequest(Request):
         if self._pending is not None:
             self._pending.abandon()
         self._stop("timed out")
-        error = _timeout_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
+        error = timeout_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
                                self._index, step, peers, timeout, recent_summary(self._comm._recorder))
         self._comm._break(f"persistent {self._collective} #{self._seq} timed out on rank {self._comm.rank}.")
         raise error

@@ -45,9 +45,12 @@ import math
 from collections import defaultdict, deque
 from itertools import pairwise
 
+from . import _states, cost, sim
+from ._crossover import changes
+from ._events import MESSAGE_KINDS, events_of, messages
+from .algorithms import for_collective
 from .errors import InvalidArgument
 from .schedule import partition
-from .tracing import MESSAGE_KINDS, events_of, messages
 
 __all__ = ["BLOCK_COLLECTIVES", "KIND_COLORS", "SEVERAL", "Blocks", "buffer_states", "diagram", "measured_crossovers",
            "predicted_crossovers", "predicted_vs_measured", "ring_diagram", "rounds", "schedule_diagram",
@@ -604,8 +607,6 @@ def schedule_diagram(collective: str, algorithm: str, p: int, nbytes: int = 4096
     Returns:
         the matplotlib Figure.
     """
-    from . import sim
-
     result = sim.simulate(collective, algorithm, p, nbytes, events=True, **sim_options).check()
     if title is None:
         size = "" if collective == "barrier" else f", {_fmt_bytes(result.nbytes)}"
@@ -773,8 +774,6 @@ def predicted_crossovers(collective: str, p: int, algorithms, lo: int, hi: int, 
         ``(first_size, old_winner, new_winner)`` for each change, smallest first;
         ``first_size`` is the exact byte at which ``new_winner`` takes over.
     """
-    from . import cost
-
     names = [a for a in algorithms if a != "native"]
     if not names or hi <= lo:
         return []
@@ -785,22 +784,7 @@ def predicted_crossovers(collective: str, p: int, algorithms, lo: int, hi: int, 
 
     grid = sorted({lo, hi} | {round(lo * (hi / lo) ** (i / 256)) for i in range(257)} if lo > 0
                   else {0, hi} | {round(hi ** (i / 256)) for i in range(257)})
-    out = []
-    prev, current = grid[0], winner(grid[0])
-    for point in grid[1:]:
-        while winner(point) != current:
-            a, b = prev, point
-            while b - a > 1:
-                mid = (a + b) // 2
-                if winner(mid) == current:
-                    a = mid
-                else:
-                    b = mid
-            new = winner(b)
-            out.append((b, current, new))
-            current, prev = new, b
-        prev = point
-    return out
+    return changes(winner, grid)
 
 
 def measured_crossovers(rows, *, collective: str | None = None, nprocs: int | None = None, algorithms=None,
@@ -852,9 +836,7 @@ def _algorithm_colors(collective: str, names) -> dict:
     Falls back to one colour per name drawn when the registry order would need more than
     the nine colours of the fixed palette (or a name is not registered).
     """
-    from . import algorithms
-
-    order = [n for n in algorithms.for_collective(collective) if n != "native"]
+    order = [n for n in for_collective(collective) if n != "native"]
     palette = _colors(9)
     if all(n in order and order.index(n) < len(palette) for n in names):
         return {n: palette[order.index(n)] for n in names}
@@ -905,8 +887,6 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
             there is nothing to draw. ImportError: matplotlib is missing.
     """
     _require()
-    from . import cost
-
     data = _select_rows(_rows(rows), collective, nprocs)
     if data:
         collective = collective or data[0]["collective"]
@@ -1004,9 +984,7 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
     _require()
     import numpy as np
 
-    from . import tracing
-
-    states, events = tracing.buffer_states(collective, algorithm, p, count, root=root, with_events=True)
+    states, events = _states.buffer_states(collective, algorithm, p, count, root=root, with_events=True)
     if columns == "round":
         states, labels = _by_round(states, events)
     else:

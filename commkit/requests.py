@@ -16,7 +16,7 @@ questions, so :func:`wait_all` and :func:`wait_any` take any mix of them:
 from __future__ import annotations
 
 from .errors import CommTimeout, InvalidArgument
-from .transports.base import Backoff
+from ._wait import Backoff
 
 __all__ = ["Request", "wait_all", "wait_any"]
 

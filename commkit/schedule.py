@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 
 from .errors import CommTimeout, InvalidArgument, InvalidBuffer, MessageTruncated
 from .requests import Request
-from .transports.base import Backoff
+from ._wait import Backoff
 from .watchdog import STEP, STEP_OBJ, FlightRecorder, blank_record
 
 __all__ = [
@@ -322,7 +322,7 @@ def _call_text(info, index: int, step) -> str:
             f"at step {index} ({step!r})")
 
 
-def _timeout_error(info, index: int, step, pending_peers, timeout, recent: str = "") -> CommTimeout:
+def timeout_error(info, index: int, step, pending_peers, timeout, recent: str = "") -> CommTimeout:
     info = _info(info)
     peers = ", ".join(str(p) for p in pending_peers) or "?"
     text = (
@@ -336,7 +336,7 @@ def _timeout_error(info, index: int, step, pending_peers, timeout, recent: str =
     return CommTimeout(text)
 
 
-def _transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
+def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
     """A transport's error inside a collective, re-raised naming the call, step and peer."""
     hint = ""
     if isinstance(exc, MessageTruncated):
@@ -387,7 +387,7 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
                                        [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag,
                                        timeout)
                 if pending:
-                    raise _timeout_error(info, index, step, pending, timeout)
+                    raise timeout_error(info, index, step, pending, timeout)
             elif kind == REDUCE:
                 name, lo, hi = step.into
                 if hi > lo:
@@ -398,7 +398,7 @@ def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | N
             else:
                 _do_local(step, bufs)
     except InvalidBuffer as exc:
-        raise _transfer_error(info, index, step, exc) from None
+        raise transfer_error(info, index, step, exc) from None
 
 
 # Below this many bytes on the wire, posting a transfer and waiting for it later costs more
@@ -418,7 +418,7 @@ def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
     if wire_bytes(sends, recvs) < OVERLAP_MIN_BYTES:
         stuck = chan.transfer(sends, recvs, tag, timeout)
         if stuck:
-            raise _timeout_error(info, index, step, stuck, timeout)
+            raise timeout_error(info, index, step, stuck, timeout)
         for local in step.overlap:
             _do_local(local, bufs)
         return
@@ -430,7 +430,7 @@ def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
         abandon = getattr(pending, "abandon", None)
         if abandon is not None:
             abandon()
-        raise _timeout_error(info, index, step, stuck, timeout)
+        raise timeout_error(info, index, step, stuck, timeout)
 
 
 def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None:
@@ -447,9 +447,9 @@ def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None
                 else:
                     pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
                     if pending:
-                        raise _timeout_error(info, index, step, pending, timeout)
+                        raise timeout_error(info, index, step, pending, timeout)
             except InvalidBuffer as exc:
-                raise _transfer_error(info, index, step, exc) from None
+                raise transfer_error(info, index, step, exc) from None
         else:
             _do_local(step, bufs)
         tracer.record(info, index, step, t0, time.perf_counter(), bufs)
@@ -610,7 +610,7 @@ class ScheduleRequest(Request):
     def _failed(self, exc: InvalidBuffer) -> BaseException:
         """Stop after a transport error; the error to raise, naming the call and step."""
         self._fail("failed")
-        return _transfer_error(self._info, self._index, self._step, exc)
+        return transfer_error(self._info, self._index, self._step, exc)
 
     def _fail(self, state: str) -> None:
         if self._progress is not None:
@@ -666,7 +666,7 @@ class ScheduleRequest(Request):
         from .watchdog import recent_summary
 
         self._fail("timed out")
-        error = _timeout_error(self._info, self._index, self._step, peers, timeout, recent_summary(self._recorder))
+        error = timeout_error(self._info, self._index, self._step, peers, timeout, recent_summary(self._recorder))
         if self._on_timeout is not None:
             self._on_timeout(self._pending, str(error))
         raise error

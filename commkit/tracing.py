@@ -52,44 +52,45 @@ import json
 import socket
 import threading
 import time
-from collections import defaultdict, deque
 from dataclasses import dataclass
 
+from . import _events, plot
+from ._events import Message, Recorder, current, events_of, messages
+from ._states import buffer_states
 from ._units import format_seconds
 from .errors import InvalidArgument
-from .schedule import REDUCE, TRANSFER
 
 __all__ = [
     "EVENT_KEYS", "RANGE_KEYS", "Call", "Message", "Tracer", "buffer_states", "calls", "current", "events_of", "load",
     "messages", "save", "select", "summary", "to_chrome", "trace",
 ]
 
-EVENT_KEYS = ("rank", "collective", "seq", "algorithm", "step", "kind", "sends", "recvs", "bytes", "start", "end")
+# The event format, the recorder and reading events back are commkit._events's (so that commkit.plot
+# needs no tracer), and buffer_states is commkit._states's (it runs collectives): this module is their
+# public face.
+
+EVENT_KEYS = _events.EVENT_KEYS
 """The fields of every event, real or simulated."""
 
-RANGE_KEYS = ("send_ranges", "recv_ranges", "range", "src_range")
+RANGE_KEYS = _events.RANGE_KEYS
 """The buffer ranges of a step (block identity): ``send_ranges``/``recv_ranges`` on every event,
 ``range``/``src_range`` on reduce and copy events. Absent from traces saved before they existed."""
 
-MESSAGE_KINDS = frozenset({"send", "recv", "exchange", "transfer"})
+MESSAGE_KINDS = _events.MESSAGE_KINDS  # the kinds of event that move messages
+
 _FORMAT = "commkit-trace"
 
-_active: list = []
 _lock = threading.Lock()
 _shared: dict = {}  # threads world id -> [events list, tracers inside]; see Tracer.__enter__
 
 
-def current():
-    """The innermost active tracer, or None (the executor's zero-cost check)."""
-    return _active[-1] if _active else None
-
-
-class Tracer:
+class Tracer(Recorder):
     """Collects step events while active; see the module docstring for their fields.
 
     Build it with :func:`trace`. After the ``with`` block, :attr:`events` holds
     the events (on ``root``: every rank's), and the methods below summarise,
-    export and draw them.
+    export and draw them. While it is active, the executor hands it each step
+    it runs (``record``) and each call the library runs whole (``record_native``).
 
     Attributes:
         comm: the communicator whose ranks' events are gathered (None: this process only).
@@ -103,64 +104,30 @@ class Tracer:
             comm = _communicator(comm)
             if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < comm.size:
                 raise InvalidArgument(f"root must be a rank of comm (0 <= root < {comm.size}), got {root!r}.")
+        super().__init__()
         self.comm = comm
         self.root = root
-        self.events: list[dict] = []
-        # Where record() appends. A call keeps the tracer it found when it started, so a threads
-        # world's steps may land on another rank's tracer after that rank left its block: the
-        # sink stays the shared list even once `events` holds this rank's own result.
-        self._sink = self.events
         self.hosts: list[str] | None = None
         self._world = None
 
-    # -- recording (called by the executor) --------------------------------------------------
-
-    def record(self, info, index, step, t0, t1, bufs) -> None:
-        """Append the event of one finished step (the executor's hook)."""
-        kind = step.kind
-        event = {"rank": info.rank, "collective": info.collective, "seq": info.seq, "algorithm": info.algorithm,
-                 "step": index}
-        if kind == TRANSFER:
-            sends = [[peer, _nbytes(bufs, buf)] for peer, buf in step.sends]
-            recvs = [[peer, _nbytes(bufs, buf)] for peer, buf in step.recvs]
-            nbytes = sum(b for _, b in sends) + sum(b for _, b in recvs)
-            event.update(kind=type(step).__name__.lower(), sends=sends, recvs=recvs, bytes=nbytes, start=t0, end=t1,
-                         send_ranges=[list(buf) for _, buf in step.sends],
-                         recv_ranges=[list(buf) for _, buf in step.recvs])
-        else:
-            # A reduce's destination is ``into`` and its source the operand it folds in (for the
-            # three-address form the other input, ``src``, is this rank's own data); a copy's are dst/src.
-            dst, src = (step.into, step.operand) if kind == REDUCE else (step.dst, step.src)
-            event.update(kind="reduce" if kind == REDUCE else "copy", sends=[], recvs=[], bytes=_nbytes(bufs, dst),
-                         start=t0, end=t1, send_ranges=[], recv_ranges=[], range=list(dst), src_range=list(src))
-        self._sink.append(event)
-
-    def record_native(self, info, t0: float, t1: float, nbytes: int) -> None:
-        """Append one ``native`` event for a whole library collective (it has no steps to show)."""
-        self._sink.append({
-            "rank": info.rank, "collective": info.collective, "seq": info.seq, "algorithm": info.algorithm,
-            "step": 0, "kind": "native", "sends": [], "recvs": [], "bytes": int(nbytes), "start": t0, "end": t1,
-            "send_ranges": [], "recv_ranges": [],
-        })
-
-    # -- the with block ---------------------------------------------------------------------------
+    # -- the with block (recording is Recorder's: the executor calls record and record_native) -----
 
     def __enter__(self) -> Tracer:
         world = _threads_world(self.comm)
-        with _lock:
-            if world is not None:
-                # Every rank thread of one threads world records into one list, whichever
-                # tracer happens to be innermost when a step ends.
+        if world is not None:
+            with _lock:
+                # Every rank thread of one threads world records into one list, whichever tracer
+                # happens to be innermost when a step ends; a call keeps the tracer it found when it
+                # started, so a rank's steps may land on another rank's tracer after that rank left
+                # its block: the sink stays the shared list even once `events` holds its own result.
                 entry = _shared.setdefault(id(world), [[], 0])
                 entry[1] += 1
                 self.events = self._sink = entry[0]
                 self._world = id(world)
-            _active.append(self)
-        return self
+        return super().__enter__()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        with _lock:
-            _active.remove(self)
+        super().__exit__(exc_type, exc, tb)
         if self._world is not None:
             self._exit_threads(exc_type is None)
         elif self.comm is not None and exc_type is None and self.comm.size > 1:
@@ -230,14 +197,10 @@ class Tracer:
 
     def timeline(self, **kwargs):
         """:func:`commkit.plot.timeline` of these events (needs matplotlib)."""
-        from . import plot
-
         return plot.timeline(self.events, **kwargs)
 
     def diagram(self, **kwargs):
         """:func:`commkit.plot.diagram` of these events (needs matplotlib)."""
-        from . import plot
-
         return plot.diagram(self.events, **kwargs)
 
     def __len__(self) -> int:
@@ -298,37 +261,11 @@ def _threads_world(comm):
     return comm.collective_transport.world
 
 
-def _nbytes(bufs, buf) -> int:
-    name, lo, hi = buf
-    return (hi - lo) * bufs[name].itemsize
-
-
 def _ordered(events) -> list:
     return sorted(events, key=lambda e: (e["start"], e["rank"], e["seq"], e["step"]))
 
 
 # -- working with events, real or simulated ------------------------------------------------------
-
-
-def events_of(source) -> list[dict]:
-    """The event list of ``source``: a :class:`Tracer`, a simulator result, or a list of events.
-
-    Raises:
-        InvalidArgument: ``source`` holds no events or an event lacks one of :data:`EVENT_KEYS`.
-    """
-    events = getattr(source, "events", source)
-    if events is None:
-        raise InvalidArgument("no events: simulate with events=True, or record a run with commkit.trace().")
-    if isinstance(events, (str, bytes, dict)) or not hasattr(events, "__iter__"):
-        raise InvalidArgument(
-            f"expected a Tracer, a simulator result or a list of events, got {type(source).__name__}."
-        )
-    events = list(events)
-    for e in events:
-        if not isinstance(e, dict) or any(k not in e for k in EVENT_KEYS):
-            missing = [k for k in EVENT_KEYS if not isinstance(e, dict) or k not in e]
-            raise InvalidArgument(f"not a trace event (missing {missing}): {e!r}.")
-    return events
 
 
 def select(source, *, collective: str | None = None, seq: int | None = None, algorithm: str | None = None,
@@ -343,76 +280,6 @@ def select(source, *, collective: str | None = None, seq: int | None = None, alg
         and (algorithm is None or e["algorithm"] == algorithm) and (ranks is None or e["rank"] in ranks)
         and (kinds is None or e["kind"] in kinds)
     ]
-
-
-@dataclass(frozen=True)
-class Message:
-    """One message of a trace: a send step on ``src`` matched with a receive step on ``dst``."""
-
-    src: int
-    dst: int
-    nbytes: int
-    collective: str
-    seq: int
-    algorithm: str
-    send: dict
-    recv: dict
-    send_range: tuple | None = None
-    """``(buffer, lo, hi)`` the sender sent, when its events carry ranges (:data:`RANGE_KEYS`)."""
-    recv_range: tuple | None = None
-    """``(buffer, lo, hi)`` the receiver received into, likewise."""
-
-    @property
-    def key(self) -> tuple:
-        """``(collective, seq)``: the call the message belongs to."""
-        return self.collective, self.seq
-
-
-def _program_order(events):
-    return sorted(events, key=lambda e: (e["seq"], e["collective"], e["rank"], e["step"]))
-
-
-def messages(source, *, strict: bool = False) -> list[Message]:
-    """Every send of ``source`` matched with its receive, in the order the sends were posted.
-
-    Messages match as transports match them: within one call (``collective``,
-    ``seq``), the i-th send from ``a`` to ``b`` is the i-th receive at ``b``
-    from ``a``. A send or receive whose partner is not in the events (a
-    filtered trace, a failed run) is left out, or with ``strict`` raises.
-
-    Raises:
-        InvalidArgument: ``strict`` and some send or receive has no partner.
-    """
-    ordered = _program_order(events_of(source))
-    pending = defaultdict(deque)
-    for e in ordered:
-        ranges = e.get("send_ranges")
-        for i, (peer, nbytes) in enumerate(e["sends"]):
-            pending[(e["collective"], e["seq"], e["rank"], peer)].append((e, nbytes, _range(ranges, i)))
-    out = []
-    lonely = []
-    for e in ordered:
-        ranges = e.get("recv_ranges")
-        for i, (peer, nbytes) in enumerate(e["recvs"]):
-            queue = pending.get((e["collective"], e["seq"], peer, e["rank"]))
-            if not queue:
-                lonely.append(f"rank {e['rank']} step {e['step']} receives {nbytes} B from rank {peer}")
-                continue
-            send, sent, sent_range = queue.popleft()
-            out.append(Message(peer, e["rank"], sent, e["collective"], e["seq"], e["algorithm"], send, e,
-                               sent_range, _range(ranges, i)))
-    if strict:
-        lonely += [f"rank {src} step {s['step']} sends {b} B to rank {dst}"
-                   for (_, _, src, dst), queue in pending.items() for s, b, _ in queue]
-        if lonely:
-            raise InvalidArgument(f"{len(lonely)} unmatched message end(s), e.g. {lonely[0]}.")
-    out.sort(key=lambda m: (m.seq, m.send["start"], m.src, m.send["step"]))
-    return out
-
-
-def _range(ranges, i):
-    """The i-th of an event's ranges as a tuple, or None when the event carries none."""
-    return tuple(ranges[i]) if ranges is not None and i < len(ranges) else None
 
 
 @dataclass(frozen=True)
@@ -551,86 +418,3 @@ def load(path) -> list[dict]:
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT:
         raise InvalidArgument(f"{path}: not a commkit trace (expected a JSON object with format {_FORMAT!r}).")
     return events_of(doc["events"])
-
-
-# -- whose contributions each element holds, step by step -------------------------------------------------
-
-_STATE_COLLECTIVES = ("allreduce", "reduce_scatter", "reduce", "scan", "allgather", "broadcast")
-
-
-class _StateTracer(Tracer):
-    """A tracer that also keeps a copy of every rank's ``out`` buffer after each step."""
-
-    def __init__(self):
-        super().__init__()
-        self.snapshots: list = []
-
-    def record(self, info, index, step, t0, t1, bufs) -> None:
-        super().record(info, index, step, t0, t1, bufs)
-        self.snapshots.append((info.rank, index, step.kind == TRANSFER, bufs["out"].copy()))
-
-
-def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0,
-                  with_events: bool = False) -> list | tuple:
-    """Whose contributions each element of every rank's output holds, after each step of a real run.
-
-    The textbook picture of ring allreduce (block i's partial sum travelling round the
-    ring), recursive halving or Bruck, computed rather than drawn by hand: the
-    collective runs on the threads world with every element of rank r's input set to
-    the bit ``1 << r`` and the reduction op ``"bor"``, so an element's value is the set
-    of ranks whose data it holds. Data-moving collectives (allgather, broadcast) carry
-    the bits unchanged.
-
-    Args:
-        collective: one of allreduce, reduce_scatter, reduce, scan, allgather, broadcast.
-        algorithm: a registered algorithm of it.
-        p: number of ranks, 1 to 62.
-        count: elements per rank (default ``p``: one element per block).
-        root: the root of reduce and broadcast.
-        with_events: also return the run's trace events (to align the states by round, as
-            :func:`commkit.plot.buffer_states` does).
-
-    Returns:
-        For each rank, a list of ``(step, is_transfer, bits)``: ``bits`` is the rank's whole
-        output (a 1-D int64 array) after that step, starting with ``(-1, False, zeros)``.
-        With ``with_events``, the pair ``(states, events)``.
-
-    Raises:
-        InvalidArgument: an unsupported collective, or ``p`` outside 1..62.
-    """
-    import numpy as np
-
-    from ._world import run_local
-
-    if collective not in _STATE_COLLECTIVES:
-        raise InvalidArgument(f"buffer_states shows {', '.join(_STATE_COLLECTIVES)}; got {collective!r}.")
-    if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 62:
-        raise InvalidArgument(f"p must be an int from 1 to 62 (one bit per rank in an int64), got {p!r}.")
-    count = p if count is None else int(count)
-    rows = count * p if collective == "reduce_scatter" else count
-
-    def body(comm):
-        x = np.full(rows, 1 << comm.rank, np.int64)
-        if collective == "allgather":
-            out = np.zeros((p, count), np.int64)
-            comm.allgather(x, out=out, algorithm=algorithm)
-        elif collective == "broadcast":
-            out = np.zeros(count, np.int64)
-            comm.broadcast(x, root=root, out=out, algorithm=algorithm)
-        elif collective == "reduce":
-            comm.reduce(x, "bor", root=root, out=np.zeros(count, np.int64) if comm.rank == root else None,
-                        algorithm=algorithm)
-        elif collective == "reduce_scatter":
-            comm.reduce_scatter(x, "bor", out=np.zeros(count, np.int64), algorithm=algorithm)
-        else:
-            getattr(comm, collective)(x, "bor", out=np.zeros(count, np.int64), algorithm=algorithm)
-
-    tracer = _StateTracer()
-    with tracer:
-        run_local(body, p)
-    states = [[] for _ in range(p)]
-    for rank, step, is_transfer, bits in tracer.snapshots:
-        if not states[rank]:
-            states[rank].append((-1, False, np.zeros_like(bits)))
-        states[rank].append((step, is_transfer, bits))
-    return (states, tracer.events) if with_events else states

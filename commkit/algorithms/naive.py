@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..schedule import Copy, Recv, Reduce, Send, Transfer
 from . import algorithm
+from ._blocks import block_offsets
 
 EMPTY = ("tmp", 0, 0)
 
@@ -129,13 +130,6 @@ def allgather_naive(rank, size, count):
     yield from _linear_bcast(rank, size, size * count, 0)
 
 
-def _offsets(counts):
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    return offsets
-
-
 @algorithm("reduce_scatter", "naive", scratch=lambda r, p, counts: 2 * sum(counts) if r == 0 else 0,
            cost=lambda p, n, a, b, g: (p - 1) * (a + n * b + n * g) + (p - 1) * a + (p - 1) / p * n * b,
            formula="(p-1)(α+nβ+nγ) + (p-1)α + ((p-1)/p)nβ", cost_exact="even", cost_bound="either")
@@ -146,7 +140,7 @@ def reduce_scatter_naive(rank, size, counts, op):
     n = bytes of the whole vector; exact when all counts are equal, otherwise off by the
     difference between rank 0's block and an average one (either way).
     """
-    offsets = _offsets(counts)
+    offsets = block_offsets(counts)
     total = offsets[-1]
     if rank != 0:
         yield Send(0, ("in", 0, total))

@@ -50,15 +50,8 @@ from __future__ import annotations
 
 from ..schedule import Copy, Exchange, Recv, Send, Transfer
 from . import algorithm, log2ceil
+from ._blocks import block_offsets
 from .tree import binomial_children, binomial_parent, binomial_subtree_size
-
-
-def _offsets(counts) -> list:
-    """Prefix sums: block q occupies ``[offsets[q], offsets[q + 1])``."""
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    return offsets
 
 
 def _pair(dest, send, source, recv):
@@ -92,10 +85,10 @@ class _Tree:
     def __init__(self, rank, size, counts, root):
         self.size = size
         self.root = root
-        self.offsets = _offsets(counts)
+        self.offsets = block_offsets(counts)
         self.rel = (rank - root) % size
         self.rcounts = [counts[(j + root) % size] for j in range(size)]
-        self.roffsets = _offsets(self.rcounts)
+        self.roffsets = block_offsets(self.rcounts)
 
     def actual(self, j: int) -> int:
         return (j + self.root) % self.size
@@ -123,18 +116,34 @@ class _Tree:
         return ((self.offsets[a], self.offsets[self.size]), (0, self.offsets[b + 1]))
 
 
+# -- the cost models --------------------------------------------------------------------------------------------
+
+
+def _model(cost, formula: str) -> dict:
+    """A vector collective's cost model, as :func:`algorithm` takes it (``**model``).
+
+    The cost is nothing when there is nothing to move (every block empty sends nothing);
+    otherwise ``cost``, exact when all blocks are equal and non-empty, off either way
+    when they are not (the formula sees only the total, n).
+    """
+    def run(p, n, a, b, g):
+        return 0.0 if n <= 0 else cost(p, n, a, b, g)
+    return {"cost": run, "formula": f"{formula} (0 when n = 0)", "cost_exact": "even", "cost_bound": "either"}
+
+
+# p-1 messages; every block but one crosses a link once (naive and ring allgatherv, naive gatherv and scatterv).
+_LINEAR = _model(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b, "(p-1)α + ((p-1)/p)nβ")
+# A binomial tree of ⌈log p⌉ rounds, whose inner ranks stage their subtree in scratch (gatherv, scatterv).
+_BINOMIAL = dict(_model(lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b, "⌈log p⌉α + ((p-1)/p)nβ"),
+                 scratch=_whole)
+# Every rank sends a block to each other rank (alltoallv; n is the average block).
+_ALL_PAIRS = _model(lambda p, n, a, b, g: (p - 1) * (a + n * b), "(p-1)(α+nβ)")
+
+
 # -- allgatherv ---------------------------------------------------------------------------------------------------
 
 
-def _vcost(cost):
-    """A vector collective's cost: nothing when there is nothing to move (every block empty sends nothing)."""
-    def run(p, n, a, b, g):
-        return 0.0 if n <= 0 else cost(p, n, a, b, g)
-    return run
-
-
-@algorithm("allgatherv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
-           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either", symmetry="rotation")
+@algorithm("allgatherv", "naive", symmetry="rotation", **_LINEAR)
 def allgatherv_naive(rank, size, counts):
     """Naive allgatherv: every rank sends its block straight to every other rank, all at once.
 
@@ -143,7 +152,7 @@ def allgatherv_naive(rank, size, counts):
     transfers of a rank are in flight together, so there is no chain of rounds,
     but a rank with a large block sends it p-1 times over its own link.
     """
-    offsets = _offsets(counts)
+    offsets = block_offsets(counts)
     mine = ("in", 0, counts[rank])
     yield from _copy(("out", offsets[rank], offsets[rank + 1]), mine)
     # Send to rank+1, rank+2, ... and receive from rank-1, rank-2, ..., so that no rank is
@@ -155,8 +164,7 @@ def allgatherv_naive(rank, size, counts):
         yield Transfer(sends, recvs)
 
 
-@algorithm("allgatherv", "ring", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
-           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either", symmetry="rotation")
+@algorithm("allgatherv", "ring", symmetry="rotation", **_LINEAR)
 def allgatherv_ring(rank, size, counts):
     """Ring allgatherv: each step passes the block received last step to the right neighbour.
 
@@ -164,7 +172,7 @@ def allgatherv_ring(rank, size, counts):
     Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered; exact when all blocks are equal and
     non-empty. Every rank sends each block but its right neighbour's once, to one neighbour.
     """
-    offsets = _offsets(counts)
+    offsets = block_offsets(counts)
     yield from _copy(("out", offsets[rank], offsets[rank + 1]), ("in", 0, counts[rank]))
     right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
@@ -176,15 +184,14 @@ def allgatherv_ring(rank, size, counts):
 # -- gatherv ------------------------------------------------------------------------------------------------------
 
 
-@algorithm("gatherv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
-           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
+@algorithm("gatherv", "naive", **_LINEAR)
 def gatherv_naive(rank, size, counts, root):
     """Naive gatherv: every rank with data sends its block straight to the root.
 
     Restrictions: none; empty blocks send no message. Cost: (p-1)α + ((p-1)/p)nβ,
     n = bytes gathered; exact when all blocks are equal and non-empty.
     """
-    offsets = _offsets(counts)
+    offsets = block_offsets(counts)
     if rank != root:
         if counts[rank]:
             yield Send(root, ("in", 0, counts[rank]))
@@ -195,9 +202,7 @@ def gatherv_naive(rank, size, counts, root):
         yield Transfer(recvs=recvs)
 
 
-@algorithm("gatherv", "binomial", scratch=_whole,
-           cost=_vcost(lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b),
-           formula="⌈log p⌉α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
+@algorithm("gatherv", "binomial", **_BINOMIAL)
 def gatherv_binomial(rank, size, counts, root):
     """Binomial gatherv: each rank collects its subtree's blocks, then sends them up in one message.
 
@@ -246,15 +251,14 @@ def gatherv_binomial(rank, size, counts, root):
 # -- scatterv -----------------------------------------------------------------------------------------------------
 
 
-@algorithm("scatterv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * b),
-           formula="(p-1)α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
+@algorithm("scatterv", "naive", **_LINEAR)
 def scatterv_naive(rank, size, counts, root):
     """Naive scatterv: the root sends every rank its block directly, all at once.
 
     Restrictions: none; empty blocks send no message. Cost: (p-1)α + ((p-1)/p)nβ,
     n = bytes scattered; exact when all blocks are equal and non-empty.
     """
-    offsets = _offsets(counts)
+    offsets = block_offsets(counts)
     if rank != root:
         if counts[rank]:
             yield Recv(root, ("out", 0, counts[rank]))
@@ -265,9 +269,7 @@ def scatterv_naive(rank, size, counts, root):
     yield from _copy(("out", 0, counts[root]), ("in", offsets[root], offsets[root + 1]))
 
 
-@algorithm("scatterv", "binomial", scratch=_whole,
-           cost=_vcost(lambda p, n, a, b, g: log2ceil(p) * a + (p - 1) / p * n * b),
-           formula="⌈log p⌉α + ((p-1)/p)nβ (0 when n = 0)", cost_exact="even", cost_bound="either")
+@algorithm("scatterv", "binomial", **_BINOMIAL)
 def scatterv_binomial(rank, size, counts, root):
     """Binomial scatterv: each rank receives its subtree's blocks and hands each child its share.
 
@@ -318,14 +320,13 @@ def scatterv_binomial(rank, size, counts, root):
 
 def _alltoallv_layout(rank, size, counts):
     """(range of ``in`` sent to each rank, range of ``out`` received from each rank)."""
-    send = _offsets(counts[rank])
-    recv = _offsets([counts[q][rank] for q in range(size)])
+    send = block_offsets(counts[rank])
+    recv = block_offsets([counts[q][rank] for q in range(size)])
     return ([("in", send[q], send[q + 1]) for q in range(size)],
             [("out", recv[q], recv[q + 1]) for q in range(size)])
 
 
-@algorithm("alltoallv", "naive", cost=_vcost(lambda p, n, a, b, g: (p - 1) * (a + n * b)), formula="(p-1)(α+nβ) (0 when n = 0)",
-           cost_exact="even", cost_bound="either", symmetry="rotation")
+@algorithm("alltoallv", "naive", symmetry="rotation", **_ALL_PAIRS)
 def alltoallv_naive(rank, size, counts):
     """Naive all-to-all-v: post every non-empty send and receive at once, then wait for all.
 
@@ -342,8 +343,7 @@ def alltoallv_naive(rank, size, counts):
         yield Transfer(sends, recvs)
 
 
-@algorithm("alltoallv", "pairwise", cost=_vcost(lambda p, n, a, b, g: (p - 1) * (a + n * b)), formula="(p-1)(α+nβ) (0 when n = 0)",
-           cost_exact="even", cost_bound="either", symmetry="rotation")
+@algorithm("alltoallv", "pairwise", symmetry="rotation", **_ALL_PAIRS)
 def alltoallv_pairwise(rank, size, counts):
     """Pairwise all-to-all-v: in round i, send to rank + i and receive from rank - i.
 

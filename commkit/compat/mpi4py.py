@@ -149,7 +149,7 @@ from .._checks import array_module, check_rank, same_memory
 from ..communicator import Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
-from ..transports.base import Backoff
+from .._wait import Backoff
 from ..transports.mpi import MPITransport, install_abort_on_exception
 from . import as_array
 

@@ -8,7 +8,8 @@ relate to CUDA streams is in :mod:`.nccl`.
 from __future__ import annotations
 
 from . import _cuda
-from .base import Backoff, Status
+from .._wait import Backoff
+from .base import Status
 
 __all__ = ["Enqueued", "P2PRequest", "SelfRequest"]
 

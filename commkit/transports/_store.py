@@ -104,6 +104,7 @@ import tempfile
 import threading
 import time
 
+from .._wait import Backoff
 from ..errors import CommTimeout, InvalidArgument, PeerFailed, TransportUnavailable
 from .base import ANY_SOURCE, ANY_TAG, Status
 
@@ -378,8 +379,8 @@ def connect_rendezvous(path: str, *, size: int | None = None, token: str | None 
         TransportUnavailable: no usable file and store came in time, or the file is not private to this user.
         InvalidArgument: ``connect_timeout`` is not a finite number of seconds >= 0.
     """
-    deadline = time.monotonic() + _connect_seconds(connect_timeout)
-    delay, last = 0.01, None
+    backoff = Backoff(_connect_seconds(connect_timeout), spin=0, first=0.01, most=0.2)
+    last = None
     while True:
         record = _read_rendezvous(path)
         if record is not None and size is not None and record.get("size") not in (None, size):
@@ -388,18 +389,16 @@ def connect_rendezvous(path: str, *, size: int | None = None, token: str | None 
             try:
                 secret = bytes.fromhex(record["secret"]) if token is None else token
                 return StoreClient(record["host"], record["port"], token=secret,
-                                   connect_timeout=max(0.0, min(deadline - time.monotonic(), 2.0)))
+                                   connect_timeout=max(0.0, min(backoff.left(), 2.0)))
             except TransportUnavailable as exc:
                 last = str(exc)
-        if time.monotonic() + delay >= deadline:
+        if not backoff.pause():
             found = "it never appeared" if last is None else f"last attempt: {last}"
             raise TransportUnavailable(
                 f"no commkit store could be reached through the rendezvous file {path} within "
                 f"{connect_timeout:g} s ({found}). Rank 0 writes that file when it starts the store: check that rank "
                 "0 runs, and that every rank names the same file (COMMKIT_STORE_FILE or store_file=; the default is "
                 "named after the port, else after the parent process, so ranks with different parents must set it).")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
 
 
 # -- server ------------------------------------------------------------------------------------------
@@ -505,14 +504,8 @@ class StoreServer:
 
     def wait_for_disconnects(self, remaining: int, timeout: float) -> bool:
         """Block until at most ``remaining`` authenticated clients are connected, or ``timeout`` seconds pass."""
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._clients > remaining:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, _WAIT_SLICE))
-        return True
+            return _wait_for(self._cond, lambda: self._clients <= remaining, time.monotonic() + timeout)
 
     def close(self) -> None:
         """Stop serving: delete the rendezvous file, close the listener and every connection, join the threads."""
@@ -673,19 +666,35 @@ class StoreServer:
             else:
                 def ready():
                     return key in data
-            while not ready():
-                if self._closing:
-                    return _MISSING, b""
-                if deadline is None:
-                    cond.wait(_WAIT_SLICE)
-                else:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return _MISSING, b""
-                    cond.wait(min(left, _WAIT_SLICE))
+            if not _wait_for(cond, ready, deadline, closing=lambda: self._closing):
+                return _MISSING, b""
             if op == _POP:
                 return _OK, data.pop(key)
             return _OK, data[key]
+
+
+def _wait_for(cond, ready, deadline, closing=None) -> bool:
+    """Wait on ``cond`` (held by the caller) until ``ready()``; False once ``deadline`` passes or ``closing()`` holds.
+
+    Args:
+        cond: a :class:`threading.Condition` the caller holds; whoever makes ``ready()`` true notifies it.
+        ready: the predicate waited for, called with ``cond`` held.
+        deadline: a ``time.monotonic()`` time, or None to wait without limit.
+        closing: a predicate that ends the wait early (the server shutting down), or None.
+
+    Each wait is at most :data:`_WAIT_SLICE` seconds (``Condition.wait``'s limit).
+    """
+    while not ready():
+        if closing is not None and closing():
+            return False
+        if deadline is None:
+            cond.wait(_WAIT_SLICE)
+        else:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            cond.wait(min(left, _WAIT_SLICE))
+    return True
 
 
 def _bad(message: str):
@@ -727,10 +736,9 @@ class StoreClient:
         self.host, self.port = host, port
         self._lock = threading.Lock()
         self._seq = 0
-        deadline = time.monotonic() + wait
-        delay = 0.01
+        backoff = Backoff(wait, spin=0, first=0.01, most=0.5)
         while True:
-            left = deadline - time.monotonic()
+            left = backoff.left()
             sock = None
             try:
                 sock = socket.create_connection((host, port), timeout=max(0.1, min(5.0, left)))
@@ -744,15 +752,13 @@ class StoreClient:
             except OSError as exc:  # refused, reset, closed or timed out: rank 0 may not be serving yet
                 if sock is not None:
                     sock.close()
-                if time.monotonic() + delay >= deadline:
+                if not backoff.pause():
                     raise TransportUnavailable(
                         f"no commkit store answered at {host}:{port} within {wait:g} s "
                         f"({str(exc) or type(exc).__name__}). "
                         "Rank 0 serves it: check that rank 0 runs, and that COMMKIT_STORE_HOST and "
                         "COMMKIT_STORE_PORT (or store_host=/store_port=) are the same on every rank."
                     ) from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.5)
         sock.settimeout(None)
         self._sock = sock
 
@@ -894,16 +900,7 @@ class MemoryStore:
 
     def _wait(self, ready, timeout) -> bool:
         seconds = _wire_timeout(timeout)
-        deadline = None if seconds < 0 else time.monotonic() + seconds
-        while not ready():
-            if deadline is None:
-                self._cond.wait(_WAIT_SLICE)
-            else:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(min(left, _WAIT_SLICE))
-        return True
+        return _wait_for(self._cond, ready, None if seconds < 0 else time.monotonic() + seconds)
 
     def set(self, key: str, value: bytes) -> None:
         with self._cond:
@@ -1067,9 +1064,10 @@ class StoreGroup:
 
     def recv_object(self, source: int, tag: int, timeout: float | None):
         """Receive an object sent with :meth:`send_object`: ``(obj, Status)``, or None on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
         sources = range(self.size) if source == ANY_SOURCE else (source,)
-        sleep = 1e-4
+        # Polls of every sender's mailbox (ANY_SOURCE) are round trips to the server: sleep
+        # longer between them than a wait for local messages would.
+        backoff = Backoff(timeout, spin=0, first=1e-4, most=0.01)
         with self._recv_lock:
             while True:
                 found = self._match(source, tag, remove=True)
@@ -1078,16 +1076,16 @@ class StoreGroup:
                     return pickle.loads(payload), Status(src, t, len(payload))
                 if any(self._take(s, 0) for s in sources):
                     continue
-                left = None if deadline is None else deadline - time.monotonic()
+                if source == ANY_SOURCE:
+                    if not backoff.pause():
+                        return None
+                    continue
+                left = backoff.left()
                 if left is not None and left <= 0:
                     return None
-                if source != ANY_SOURCE:
-                    # One sender: let the server wait, in short slices so that the client connection
-                    # (shared by this rank's threads) is never held for long.
-                    self._take(source, 0.1 if left is None else min(left, 0.1))
-                else:
-                    time.sleep(sleep if left is None else min(sleep, left))
-                    sleep = min(sleep * 2, 0.01)
+                # One sender: let the server wait, in short slices so that the client connection
+                # (shared by this rank's threads) is never held for long.
+                self._take(source, 0.1 if left is None else min(left, 0.1))
 
     def probe(self, source: int, tag: int):
         """The Status of a matching message that has arrived, without receiving it; None if none has."""

@@ -15,16 +15,17 @@ nothing else. The interface, as the executor and the communicator use it:
 * optionally ``native(collective, ...)``: the library's own collectives.
 
 Transports live in this package because they are the only modules allowed to
-import mpi4py or cupy. Two helpers every transport may use live here too:
-:class:`Backoff`, the one spin-then-sleep rhythm of every polling wait, and
+import mpi4py or cupy. A helper every transport may use lives here too:
 :func:`allgather_objects`, every rank's object over ``send_object`` /
-``recv_object``.
+``recv_object``. (:class:`Backoff`, the one spin-then-sleep rhythm of every
+polling wait, lives in :mod:`commkit._wait` and is re-exported here.)
 """
 
 from __future__ import annotations
 
-import time
 from typing import NamedTuple
+
+from .._wait import Backoff
 
 __all__ = ["ANY_SOURCE", "ANY_TAG", "Backoff", "Status", "allgather_objects"]
 
@@ -52,54 +53,6 @@ def inline(run, template: str, values: tuple, errors=None):
     """
     run.inline = (template, tuple(values), errors)
     return run
-
-
-# A polling wait spins this long before it sleeps: most waits end within it, and a sleep
-# costs tens of microseconds of latency.
-SPIN_SECONDS = 2e-4
-# The longest sleep between two polls: short enough that a wait ends within a millisecond
-# of its event, long enough that oversubscribed ranks leave the core to the peer they wait on.
-MAX_SLEEP = 1e-3
-
-
-class Backoff:
-    """The pauses of a polling wait: spin for ``spin`` seconds, then sleep ``first`` seconds, doubling up to 1 ms.
-
-    ``timeout`` (seconds, or None for no limit) counts from the creation, or
-    from the last :meth:`progressed`. Poll, and call :meth:`pause` after each
-    poll that found nothing::
-
-        backoff = Backoff(timeout)
-        while not ready():
-            if not backoff.pause():
-                return False  # timed out
-    """
-
-    __slots__ = ("deadline", "first", "sleep", "spin", "start", "timeout")
-
-    def __init__(self, timeout: float | None = None, spin: float = SPIN_SECONDS, first: float = 1e-5):
-        self.start = time.monotonic()
-        self.timeout = timeout
-        self.deadline = None if timeout is None else self.start + timeout
-        self.spin = spin
-        self.first = first
-        self.sleep = first
-
-    def pause(self) -> bool:
-        """Wait a little before the next poll; False, at once, when the timeout has passed."""
-        now = time.monotonic()
-        if self.deadline is not None and now >= self.deadline:
-            return False
-        if now - self.start > self.spin:
-            time.sleep(self.sleep if self.deadline is None else min(self.sleep, self.deadline - now))
-            self.sleep = min(self.sleep * 2, MAX_SLEEP)
-        return True
-
-    def progressed(self) -> None:
-        """Something moved: the timeout counts again from now, and the next sleep is the shortest."""
-        if self.timeout is not None:
-            self.deadline = time.monotonic() + self.timeout
-        self.sleep = self.first
 
 
 def allgather_objects(chan, obj, tag: int, timeout: float | None, timed_out) -> list:

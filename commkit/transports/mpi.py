@@ -28,7 +28,8 @@ import numpy as np
 from ..errors import MessageTruncated, TransportUnavailable
 from ..ops import OPS
 from . import _cuda
-from .base import ANY_SOURCE, ANY_TAG, Backoff, Status, inline
+from .._wait import Backoff
+from .base import ANY_SOURCE, ANY_TAG, Status, inline
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
     from mpi4py import MPI

@@ -69,7 +69,8 @@ from ._nccl_bootstrap import bootstrap, env_int
 from ._nccl_requests import Enqueued, P2PRequest, SelfRequest
 from ._nccl_session import Session, install_hooks
 from ._nccl_support import NCCL_REDUCTIONS, choose_device, nccl_reduction, nccl_supports
-from .base import ANY_SOURCE, Backoff
+from .._wait import Backoff
+from .base import ANY_SOURCE
 
 __all__ = ["NcclTransport", "choose_device", "nccl_reduction", "nccl_supports"]
 
