@@ -276,6 +276,17 @@ class Communicator(VectorCollectives):
         """How the last collective's algorithm was chosen (:class:`commkit.selection.Choice`), with its reason."""
         return self._last[1]
 
+    def last_plan(self, collective: str):
+        """The compiled plan of the last blocking ``collective`` call made with the same arguments twice, or None.
+
+        A wrapper that sees the same call again and again (the mpi4py face) may keep
+        it and run ``plan.run()`` directly while ``plan.ready(x)`` holds, skipping
+        this communicator's own argument check; ``plan.hot`` holds the arguments it
+        was made for (``x``, ``out``, then the rest of the call's key). See
+        :mod:`commkit.plan`.
+        """
+        return getattr(self, "_hot_" + collective, None)
+
     @property
     def timeout(self) -> float | None:
         """Default timeout in seconds for blocking calls (None waits forever)."""

@@ -1079,6 +1079,33 @@ def test_one_rank_collectives_copy_like_mpi(face):
     assert comm.Get_rank() == 0 and comm.Get_size() == 1
 
 
+def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
+    """The face keeps the communicator's plan for a call it sees again, and runs it only while it may."""
+    import commkit
+
+    MPI, comm = face
+    x = np.zeros(5, np.int64)
+    r = np.full(5, -1, np.int64)
+    for i in range(6):  # the data changes in place between calls, as a training loop's does
+        x[:] = np.arange(5) * i
+        comm.Allreduce(x, r, MPI.SUM)
+        assert np.array_equal(r, x), i
+    plan = comm.comm.last_plan("allreduce")
+    assert plan is not None and plan.hot[0] is x and plan.hot[1] is r
+    # While a trace records, the plan steps aside so the call is recorded (and still right).
+    with commkit.trace() as t:
+        x[:] = 11
+        comm.Allreduce(x, r, MPI.SUM)
+    assert np.array_equal(r, x)
+    assert [e["collective"] for e in t.events] == ["allreduce"]
+    # Another op is another call: never the SUM plan.
+    x[:] = 3
+    comm.Allreduce(x, r, MPI.MAX)
+    assert np.array_equal(r, x)
+    comm.Allreduce(x, r, MPI.SUM)
+    assert np.array_equal(r, x)
+
+
 def test_none_means_in_place_where_mpi4py_reads_it_so(face, debug_log):
     MPI, comm = face
     x = np.random.default_rng().integers(-50, 50, 5)

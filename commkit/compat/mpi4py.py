@@ -318,7 +318,7 @@ class Comm:
         self._allreduce = self._blocking.get("allreduce")
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op). A loop repeating one call skips _short.
-        self._hot_allreduce = (_NOTHING,) * 5
+        self._hot_allreduce = (_NOTHING,) * 6
 
     def __getattr__(self, name):
         if name in ("mpi", "comm"):  # not set yet (during unpickling or a failed __init__)
@@ -515,11 +515,17 @@ class Comm:
         """
         h = self._hot_allreduce
         if h[1] is recvbuf and h[0] is sendbuf and h[2] is op:
+            plan = h[5]
+            if plan is not None and plan.ready(h[3]):
+                plan.run()
+                return
             self._allreduce(h[3], h[4], out=recvbuf)
+            if plan is None:  # the communicator compiles a plan the second time it sees these arrays
+                self._hot_allreduce = h[:5] + (self._plan_for("allreduce", h[3], recvbuf, h[4]),)
             return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
-            self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1])
+            self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
@@ -582,6 +588,14 @@ class Comm:
     def Exscan_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
         """Persistent :meth:`Exscan` (as :meth:`Allreduce_init`; rank 0's ``recvbuf`` is left untouched)."""
         return self._reduction("exscan", "Exscan", sendbuf, recvbuf, op, _Init(info))
+
+    def _plan_for(self, collective, x, out, op):
+        """The communicator's plan for exactly this call (``x``, ``out``, ``op``, no algorithm), or None."""
+        plan = self.comm.last_plan(collective)
+        if plan is None or plan.hot is None:
+            return None
+        h = plan.hot
+        return plan if h[0] is x and h[1] is out and h[2] is op and h[3] is None else None
 
     @staticmethod
     def _short(sendbuf, recvbuf, op):
