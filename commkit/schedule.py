@@ -8,6 +8,14 @@ every transport (the executor below), step by step for nonblocking calls
 (:class:`ScheduleRequest`), with no data at all in the simulator
 (:mod:`commkit.sim`), and under the tracer (:mod:`commkit.tracing`).
 
+One interpreter runs them: :func:`execute`, a generator that carries out the
+steps and pauses whenever the run must wait for a posted transfer. A blocking
+call drives it to the end (:func:`run_schedule`), a nonblocking one resumes it
+from ``test()`` and ``wait()`` (:class:`ScheduleRequest`), and a traced run is
+either with a tracer attached. A repeated call of a known shape skips the
+interpreter: it runs a compiled plan (:mod:`commkit.plan`), the same steps
+written out as one function.
+
 The vocabulary is three steps:
 
 * :class:`Transfer` -- post every send and receive it lists, then wait for
@@ -44,6 +52,8 @@ __all__ = [
     "Copy",
     "check_overlap",
     "partition",
+    "partition_sizes",
+    "execute",
     "run_schedule",
     "ScheduleRequest",
     "CallInfo",
@@ -291,10 +301,6 @@ class CallInfo:
         self.tracer = tracer
 
 
-def _views(bufs, pairs):
-    return [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in pairs]
-
-
 def _do_local(step, bufs) -> None:
     if step.kind == REDUCE:
         name, lo, hi = step.into
@@ -347,58 +353,110 @@ def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
     return err
 
 
+def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info, rec: list,
+            tracer=None, blocking: bool = True):
+    """The interpreter of steps: every run of a schedule that is not a compiled plan goes through it.
+
+    Blocking, nonblocking and traced runs differ only in how they drive this
+    generator. It runs each local step (Reduce, Copy), carries out each
+    transfer, writes the step index and step into the flight-recorder entry
+    ``rec`` before each transfer (what the watchdog and error messages read),
+    records each step with ``tracer`` (when given) once it has completed, and
+    yields ``(index, step, pending)`` whenever the run must wait for a posted
+    transfer. Whoever drives it waits for or tests ``pending`` and then resumes
+    it; a transport error from ``pending`` is the driver's to report.
+
+    Args:
+        steps: the schedule (any iterable of steps).
+        bufs: buffer names to flat (1-D, contiguous) arrays.
+        chan: the transport channel (``post``, ``transfer``, optionally ``sendrecv``).
+        tag: this call's tag (its identity, :mod:`commkit.identity`).
+        timeout: seconds a transfer run inline may wait (None: forever).
+        info: a :class:`CallInfo` or the tuple of its fields, for error messages.
+        rec: the call's flight-recorder entry.
+        tracer: records every step with its start and end times, or None.
+        blocking: True: a transfer with no overlapped steps, or one too small to gain
+            from overlap (:data:`OVERLAP_MIN_BYTES`), runs to completion inline with
+            the transport's cheapest blocking form (``sendrecv`` for an Exchange when
+            there is no timeout, else ``transfer``), so only large overlapped
+            transfers are yielded. False (nonblocking requests): every transfer is
+            posted and yielded.
+
+    Raises:
+        CommTimeout: a transfer run inline did not complete within ``timeout``.
+        InvalidBuffer: a transport refused a message; the driver names the call and step
+            (:func:`transfer_error` with ``rec``'s step).
+    """
+    transfer = chan.transfer
+    post = chan.post
+    # A transport may offer a direct blocking exchange (MPI_Sendrecv); without a timeout
+    # there is nothing to poll, so Exchange steps call it with no lists to build.
+    sendrecv = getattr(chan, "sendrecv", None) if blocking and timeout is None else None
+    perf = time.perf_counter
+    t0 = 0.0
+    for index, step in enumerate(steps):
+        if tracer is not None:
+            t0 = perf()
+        kind = step.kind
+        if kind == TRANSFER:
+            rec[STEP] = index
+            rec[STEP_OBJ] = step
+            overlap = step.overlap
+            if blocking and not overlap and sendrecv is not None and type(step) is Exchange:
+                d, sn, slo, shi, s, rn, rlo, rhi = step.pair
+                sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
+            else:
+                sends = [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends]
+                recvs = [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs]
+                # Below OVERLAP_MIN_BYTES, posting and waiting later costs more Python than the
+                # local work it would hide: a blocking run does the transfer first and its
+                # overlapped steps after (they never touch the ranges it moves).
+                if blocking and (not overlap or wire_bytes(sends, recvs) < OVERLAP_MIN_BYTES):
+                    stuck = transfer(sends, recvs, tag, timeout)
+                    if stuck:
+                        raise timeout_error(info, index, step, stuck, timeout)
+                    for local in overlap:
+                        _do_local(local, bufs)
+                else:
+                    pending = post(sends, recvs, tag)
+                    for local in overlap:
+                        _do_local(local, bufs)
+                    yield index, step, pending
+        elif kind == REDUCE:
+            name, lo, hi = step.into
+            if hi > lo:
+                oname, olo, ohi = step.operand
+                sname, slo, shi = step.src
+                step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first, bufs[sname][slo:shi])
+        else:
+            _do_local(step, bufs)
+        if tracer is not None:
+            tracer.record(info, index, step, t0, perf(), bufs)
+
+
 def run_schedule(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info: CallInfo,
                  rec: list | None = None) -> None:
-    """Run a schedule to completion on the transport channel ``chan`` (blocking).
+    """Run a schedule to completion on the transport channel ``chan`` (blocking; :func:`execute` driven to the end).
 
     ``bufs`` maps buffer names to flat (1-D, contiguous) arrays; ``tag``
     carries this call's identity (:mod:`commkit.identity`). ``info`` is a
-    :class:`CallInfo` or the tuple of its fields (cheaper to build per call).
-    ``rec`` is the call's flight-recorder entry: the step index and step are
-    written into it before each transfer, which is what the watchdog reads.
+    :class:`CallInfo` or the tuple of its fields (cheaper to build per call);
+    its tracer, if any, records every step. ``rec`` is the call's
+    flight-recorder entry (see :func:`execute`).
     """
     tracer = info.tracer if isinstance(info, CallInfo) else info[4]
-    if tracer is not None:
-        return _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec)
     if rec is None:
         rec = blank_record()
-    transfer = chan.transfer
-    # A transport may offer a direct blocking exchange (MPI_Sendrecv); without a timeout
-    # there is nothing to poll, so Exchange steps call it with no lists to build.
-    sendrecv = getattr(chan, "sendrecv", None) if timeout is None else None
-    index = step = None
     try:
-        for index, step in enumerate(steps):
-            kind = step.kind
-            if kind == TRANSFER:
-                rec[STEP] = index
-                rec[STEP_OBJ] = step
-                if step.overlap:
-                    _overlapped(step, bufs, chan, tag, timeout, info, index)
-                    continue
-                if type(step) is Exchange:
-                    d, sn, slo, shi, s, rn, rlo, rhi = step.pair
-                    if sendrecv is not None:
-                        sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
-                        continue
-                    pending = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
-                else:
-                    pending = transfer([(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends],
-                                       [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs], tag,
-                                       timeout)
-                if pending:
-                    raise timeout_error(info, index, step, pending, timeout)
-            elif kind == REDUCE:
-                name, lo, hi = step.into
-                if hi > lo:
-                    oname, olo, ohi = step.operand
-                    sname, slo, shi = step.src
-                    step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first,
-                                    bufs[sname][slo:shi])
-            else:
-                _do_local(step, bufs)
+        for index, step, pending in execute(steps, bufs, chan, tag, timeout, info, rec, tracer):
+            stuck = pending.wait(timeout)
+            if stuck:
+                abandon = getattr(pending, "abandon", None)
+                if abandon is not None:
+                    abandon()
+                raise timeout_error(info, index, step, stuck, timeout)
     except InvalidBuffer as exc:
-        raise transfer_error(info, index, step, exc) from None
+        raise transfer_error(info, rec[STEP], rec[STEP_OBJ], exc) from None
 
 
 # Below this many bytes on the wire, posting a transfer and waiting for it later costs more
@@ -410,49 +468,6 @@ OVERLAP_MIN_BYTES = 64 * 1024
 def wire_bytes(sends, recvs) -> int:
     """Bytes a transfer's views move (sends and receives)."""
     return sum(buf.nbytes for _, buf in sends) + sum(buf.nbytes for _, buf in recvs)
-
-
-def _overlapped(step, bufs, chan, tag, timeout, info, index) -> None:
-    """Post a transfer, run its overlapped local steps while it is in flight, then wait for it."""
-    sends, recvs = _views(bufs, step.sends), _views(bufs, step.recvs)
-    if wire_bytes(sends, recvs) < OVERLAP_MIN_BYTES:
-        stuck = chan.transfer(sends, recvs, tag, timeout)
-        if stuck:
-            raise timeout_error(info, index, step, stuck, timeout)
-        for local in step.overlap:
-            _do_local(local, bufs)
-        return
-    pending = chan.post(sends, recvs, tag)
-    for local in step.overlap:
-        _do_local(local, bufs)
-    stuck = pending.wait(timeout)
-    if stuck:
-        abandon = getattr(pending, "abandon", None)
-        if abandon is not None:
-            abandon()
-        raise timeout_error(info, index, step, stuck, timeout)
-
-
-def _run_traced(steps, bufs, chan, tag, timeout, info, tracer, rec=None) -> None:
-    if rec is None:
-        rec = blank_record()
-    for index, step in enumerate(steps):
-        t0 = time.perf_counter()
-        if step.kind == TRANSFER:
-            rec[STEP] = index
-            rec[STEP_OBJ] = step
-            try:
-                if step.overlap:
-                    _overlapped(step, bufs, chan, tag, timeout, info, index)
-                else:
-                    pending = chan.transfer(_views(bufs, step.sends), _views(bufs, step.recvs), tag, timeout)
-                    if pending:
-                        raise timeout_error(info, index, step, pending, timeout)
-            except InvalidBuffer as exc:
-                raise transfer_error(info, index, step, exc) from None
-        else:
-            _do_local(step, bufs)
-        tracer.record(info, index, step, t0, time.perf_counter(), bufs)
 
 
 class Progress:
@@ -531,7 +546,6 @@ class ScheduleRequest(Request):
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
                  recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None):
-        self._steps = steps
         self._bufs = bufs
         self._chan = chan
         self._tag = tag
@@ -547,7 +561,7 @@ class ScheduleRequest(Request):
         self._index = -1
         self._done = False
         self._result = None
-        self._t0 = 0.0
+        self._run = execute(steps, bufs, chan, tag, timeout, info, self._rec, info.tracer, blocking=False)
         if progress is not None:
             progress.add(self)
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
@@ -563,33 +577,16 @@ class ScheduleRequest(Request):
             raise self._failed(exc) from None
 
     def _advance_steps(self) -> bool:
-        tracer = self._info.tracer
         while True:
             if self._pending is not None:
                 if not self._pending.test():
                     return False
-                if tracer is not None:
-                    tracer.record(self._info, self._index, self._step, self._t0, time.perf_counter(), self._bufs)
                 self._pending = None
-            step = next(self._steps, None)
-            self._index += 1
-            if step is None:
+            item = next(self._run, None)  # the interpreter records the completed transfer, then goes on
+            if item is None:
                 self._complete()
                 return True
-            self._step = step
-            if step.kind == TRANSFER:
-                self._rec[STEP] = self._index
-                self._rec[STEP_OBJ] = step
-                self._t0 = time.perf_counter()
-                bufs = self._bufs
-                self._pending = self._chan.post(_views(bufs, step.sends), _views(bufs, step.recvs), self._tag)
-                for local in step.overlap:
-                    _do_local(local, self._bufs)
-            else:
-                t0 = time.perf_counter()
-                _do_local(step, self._bufs)
-                if tracer is not None:
-                    tracer.record(self._info, self._index, step, t0, time.perf_counter(), self._bufs)
+            self._index, self._step, self._pending = item
 
     def _advance_once(self) -> bool:
         """Advance without blocking; True if a step completed (used by :class:`Progress`)."""
@@ -605,12 +602,12 @@ class ScheduleRequest(Request):
         FlightRecorder.finish(self._rec)
         if self._finish is not None:
             self._result = self._finish()
-        self._bufs = None
+        self._bufs = self._run = None
 
     def _failed(self, exc: InvalidBuffer) -> BaseException:
         """Stop after a transport error; the error to raise, naming the call and step."""
         self._fail("failed")
-        return transfer_error(self._info, self._index, self._step, exc)
+        return transfer_error(self._info, self._rec[STEP], self._rec[STEP_OBJ], exc)
 
     def _fail(self, state: str) -> None:
         if self._progress is not None:
