@@ -192,32 +192,45 @@ def _tolerance(case, size, exp, xs_abs):
     return 8 * size * eps * np.maximum(xs_abs, 1.0)
 
 
-def run_collective(comm, case, algorithm=None, out=None):
-    """Call the collective described by ``case`` on ``comm``; return its result."""
+def run_collective(comm, case, algorithm=None, out=None, nonblocking=None):
+    """Call the collective described by ``case`` on ``comm``; return its result.
+
+    ``nonblocking`` (default: the case's own ``"nonblocking"`` draw) calls the
+    ``i``-form instead and waits for its request, so every property test covers
+    both forms of every collective.
+    """
     coll, r = case["collective"], comm.rank
     x = collective_input(case, r, comm.size)
     op = case.get("op_obj") or case.get("op")
     root = case.get("root", 0)
     kw = {"algorithm": algorithm}
+    if nonblocking is None:
+        nonblocking = case.get("nonblocking", False)
+    prefix = "i" if nonblocking else ""
+
+    def call(name, *args, **more):
+        result = getattr(comm, prefix + name)(*args, **kw, **more)
+        return result.wait() if nonblocking else result
+
     if coll == "barrier":
-        return comm.barrier(**kw)
+        return call("barrier")
     if coll == "broadcast":
-        return comm.broadcast(x, root, **kw)
+        return call("broadcast", x, root)
     if coll in ("allreduce", "scan", "exscan"):
-        return getattr(comm, coll)(x, op, **kw)
+        return call(coll, x, op)
     if coll == "reduce":
-        return comm.reduce(x, op, root, **kw)
+        return call("reduce", x, op, root)
     if coll == "gather":
-        return comm.gather(x, root, **kw)
+        return call("gather", x, root)
     if coll == "allgather":
-        return comm.allgather(x, **kw)
+        return call("allgather", x)
     if coll == "scatter":
         out = np.empty(tuple(case["shape"]), np.dtype(case["dtype"]))
-        return comm.scatter(x if r == root else None, root, out=out, **kw)
+        return call("scatter", x if r == root else None, root, out=out)
     if coll == "alltoall":
-        return comm.alltoall(x, **kw)
+        return call("alltoall", x)
     if coll == "reduce_scatter":
-        return comm.reduce_scatter(x, op, counts=case["counts"], **kw)
+        return call("reduce_scatter", x, op, counts=case["counts"])
     raise AssertionError(coll)
 
 
@@ -265,7 +278,7 @@ def applicable_algorithms(collective, size, op="sum"):
 def cases(draw, size, collectives=FIXED):
     """A random collective call for ``size`` ranks: collective, op, dtype, shape, root, counts, seed."""
     coll = draw(st.sampled_from(collectives))
-    case = {"collective": coll, "seed": draw(st.integers(0, 2**32 - 1))}
+    case = {"collective": coll, "seed": draw(st.integers(0, 2**32 - 1)), "nonblocking": draw(st.booleans())}
     dtype = draw(st.sampled_from(DTYPES))
     if coll in REDUCING:
         op = draw(st.sampled_from([o for o in OPS if op_applies(o, dtype)]))
