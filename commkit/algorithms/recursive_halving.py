@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
 from . import algorithm, log2ceil
+from ._blocks import block_offsets
 
 
 def fold(size):
@@ -234,9 +235,7 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
     (the fold's pairs may then hold more or less than two average blocks).
     Scratch: a working copy of the vector, plus room for the halves received.
     """
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
+    offsets = block_offsets(counts)
     total = offsets[-1]
     mine = (offsets[rank], offsets[rank + 1])
     pof2, rem = fold(size)
