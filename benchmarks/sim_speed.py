@@ -7,17 +7,30 @@ Usage::
     python benchmarks/sim_speed.py --no-symmetry -p 1024    # the event engine alone (every rank simulated)
     python benchmarks/sim_speed.py --json out.json          # also write the rows as JSON
     python benchmarks/sim_speed.py --model loggp -p 1024    # another timing model's engine (see docs/cost_models.md)
+    python benchmarks/sim_speed.py --engine-rate            # generators alone vs the engine, every rank run
+    python benchmarks/sim_speed.py --engine-rate -p 1024 -a allreduce_ring,alltoall_pairwise,scan_recursive_doubling
 
 Each measurement runs in a fresh Python process (no warm caches carried from
 one algorithm to the next) and is stopped after ``--timeout`` seconds. The
 columns: ``steps`` is the number of schedule steps the call consists of (all
 ranks together); ``ranks run`` is how many ranks' schedules the simulator
 actually ran (p, or one per class of equivalent ranks when it uses a
-declared symmetry); ``steps/s`` is steps divided by CPU time, so with
-symmetry it counts the steps the result stands for. The script works
+declared symmetry); ``steps run`` is how many steps it ran one by one
+(fewer than ``steps`` where one rank stood for the others, or a symmetric
+phase was computed for all ranks at once); ``steps/s`` is steps divided by
+CPU time, so with symmetry it counts the steps the result stands for. The script works
 against older commkit checkouts too (run it with ``PYTHONPATH`` pointing at
 one) to measure before and after a change. ``cpu (s)`` is the process's CPU
 time, which a busy machine disturbs less than the wall time.
+
+``--engine-rate`` asks what a per-step engine can reach at all. For each
+algorithm it runs, in a fresh process, every rank's schedule generator alone
+(``for step in schedule: pass``, no simulation), then the simulation of every
+rank (``use_symmetry=False``), and prints the steps per CPU second of each and
+of the engine's own share (the simulation's time less the generators'). The
+engine draws every step from a generator, so it can never run faster than the
+generators alone: if they yield fewer than 2 million steps a second, no engine
+that takes steps one by one in CPython reaches that rate.
 """
 
 from __future__ import annotations
@@ -56,7 +69,65 @@ def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool, m
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     return {"collective": collective, "algorithm": algorithm, "p": p, "nbytes": nbytes, "wall": wall, "cpu": cpu,
             "steps": res.steps, "ranks_run": getattr(res, "ranks_simulated", p) or p, "time": res.time,
-            "ok": res.ok, "model": model or "alpha-beta"}
+            "steps_run": getattr(res, "steps_run", 0) or _steps_run(res, p), "ok": res.ok,
+            "model": model or "alpha-beta"}
+
+
+def _steps_run(res, p) -> int:
+    """Steps run one by one, for checkouts whose results do not say (rank 0's, or all of them)."""
+    return res.steps // p if getattr(res, "ranks_simulated", p) == 1 else res.steps
+
+
+def _rate(collective: str, algorithm: str, p: int, nbytes: int) -> dict:
+    """Generators alone against the engine that runs every rank, in this process; return the row."""
+    from commkit import algorithms, collectives, sim
+    from commkit.ops import get_op
+
+    alg = algorithms.get(collective, algorithm)
+    count, _ = sim.schedule_args(collective, p, nbytes)
+    op = get_op("sum")
+    cpu = time.process_time()
+    steps = 0
+    for rank in range(p):
+        for _ in collectives.steps(alg.schedule, collective, rank, p, count, op, 0):
+            steps += 1
+    generators = time.process_time() - cpu
+    cpu = time.process_time()
+    res = sim.simulate(collective, algorithm, p, nbytes, use_symmetry=False)
+    engine = time.process_time() - cpu
+    return {"collective": collective, "algorithm": algorithm, "p": p, "nbytes": nbytes, "steps": steps,
+            "engine_steps": res.steps, "generators_cpu": generators, "engine_cpu": engine,
+            "python": sys.version.split()[0]}
+
+
+def _rate_table(args, nbytes, procs, only) -> list:
+    """Run ``_rate`` for each algorithm in a fresh process and print generator-only against engine steps/s."""
+
+    def per_s(steps, cpu):
+        return f"{steps / cpu / 1e6:.2f} M" if cpu > 0 else "-"
+
+    rows = []
+    print(f"{'algorithm':<36} {'p':>5} {'steps':>10} {'generators alone':>17} {'engine, all ranks':>18} "
+          f"{'engine own share':>17}  (steps per CPU second)", flush=True)
+    for p in procs:
+        for collective, name in _algorithms(only):
+            cmd = [sys.executable, os.path.abspath(__file__), "--one-rate", collective, name, str(p), str(nbytes)]
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                own = row["engine_cpu"] - row["generators_cpu"]
+                line = (f"{collective + '_' + name:<36} {p:>5} {row['steps']:>10} "
+                        f"{per_s(row['steps'], row['generators_cpu']):>17} {per_s(row['steps'], row['engine_cpu']):>18} "
+                        f"{per_s(row['steps'], own):>17}")
+            except subprocess.TimeoutExpired:
+                row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes, "timeout": args.timeout}
+                line = f"{collective + '_' + name:<36} {p:>5}  > {args.timeout:g} s"
+            except subprocess.CalledProcessError as exc:
+                row = {"collective": collective, "algorithm": name, "p": p, "error": exc.stderr.strip()[-300:]}
+                line = f"{collective + '_' + name:<36} {p:>5}  error: {row['error'].splitlines()[-1]}"
+            rows.append(row)
+            print(line, flush=True)
+    return rows
 
 
 def _algorithms(only):
@@ -72,25 +143,41 @@ def _algorithms(only):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-p", "--procs", default="1024,4096", help="comma-separated process counts")
+    parser.add_argument("-p", "--procs", help="comma-separated process counts (default 1024,4096; "
+                        "1024 with --engine-rate)")
     parser.add_argument("-s", "--size", default="1M", help="message size as the selector counts it (default 1M)")
-    parser.add_argument("-a", "--algorithms", help="comma-separated collective_algorithm names (default: all)")
+    parser.add_argument("-a", "--algorithms", help="comma-separated collective_algorithm names (default: all; "
+                        "allreduce_ring with --engine-rate)")
     parser.add_argument("--no-symmetry", action="store_true", help="simulate every rank (the event engine alone)")
     parser.add_argument("--model", help="the simulator's timing model, e.g. loggp (default: alpha-beta)")
+    parser.add_argument("--engine-rate", action="store_true",
+                        help="print the schedule generators' steps/s alone against the engine's (every rank run)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement (default 600)")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument("--one", nargs=4, metavar=("COLL", "ALG", "P", "BYTES"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-rate", nargs=4, metavar=("COLL", "ALG", "P", "BYTES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         coll, alg, p, nbytes = args.one
         print(json.dumps(_one(coll, alg, int(p), int(nbytes), not args.no_symmetry, args.model)))
         return 0
+    if args.one_rate:
+        coll, alg, p, nbytes = args.one_rate
+        print(json.dumps(_rate(coll, alg, int(p), int(nbytes))))
+        return 0
     nbytes = _parse_size(args.size)
-    procs = [int(x) for x in args.procs.split(",")]
-    only = set(args.algorithms.split(",")) if args.algorithms else None
+    procs = [int(x) for x in (args.procs or ("1024" if args.engine_rate else "1024,4096")).split(",")]
+    only = set(args.algorithms.split(",")) if args.algorithms else ({"allreduce_ring"} if args.engine_rate else None)
+    if args.engine_rate:
+        rows = _rate_table(args, nbytes, procs, only)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"nbytes": nbytes, "engine_rate": True, "python": sys.version.split()[0], "rows": rows},
+                          f, indent=1)
+        return 0
     rows = []
     print(f"{'algorithm':<36} {'p':>5} {'wall (s)':>9} {'cpu (s)':>9} {'steps':>10} {'ranks run':>9} "
-          f"{'steps/s':>9}", flush=True)
+          f"{'steps run':>10} {'steps/s':>9}", flush=True)
     for p in procs:
         for collective, name in _algorithms(only):
             cmd = [sys.executable, os.path.abspath(__file__), "--one", collective, name, str(p), str(nbytes)]
@@ -103,7 +190,7 @@ def main(argv=None) -> int:
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 rate = f"{row['steps'] / row['cpu'] / 1e6:.2f} M" if row["cpu"] > 0 else "-"
                 line = (f"{collective + '_' + name:<36} {p:>5} {row['wall']:>9.2f} {row['cpu']:>9.2f} "
-                        f"{row['steps']:>10} {row['ranks_run']:>9} {rate:>9}")
+                        f"{row['steps']:>10} {row['ranks_run']:>9} {row['steps_run']:>10} {rate:>9}")
             except subprocess.TimeoutExpired:
                 row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes, "wall": None,
                        "timeout": args.timeout}

@@ -61,6 +61,29 @@ or anything else is unusual, it falls back to running every rank. The
 promise itself cannot be checked from rank 0, so ``tests/test_sim.py``
 proves it for every declared algorithm: the two give identical results for
 p = 1 ... 64 and every count.
+
+Schedules in phases. A composite algorithm such as van de Geijn's broadcast
+(a binomial scatter, then a ring allgather) has a root, so no rank stands for
+the others, yet nearly all its steps (16.8 million of them at p = 4096) are in
+a phase where every rank is alike. Built with
+:func:`commkit.algorithms.phased`, such a schedule names its phases, and a
+phase may declare a symmetry. :func:`simulate` then runs each phase on its
+own (:func:`_simulate_phased`): a phase without one in the event engine, every
+rank starting at the time its previous phase ended; a symmetric phase from
+rank 0's steps alone, each step computed for all p ranks at once with NumPy
+(:func:`_symmetric_steps`). Rank r's step i is rank 0's with every peer moved,
+and the operations it matches are its peers' step i (the same check as
+above), so it finishes at max(its post, those peers' posts) + its cost: a
+max and a sum over arrays of p start times, the engine's own operations on
+the same numbers, so the times agree bit for bit. Phases can be run apart
+because messages between two ranks match in posting order: when every phase
+run on its own matches all its operations (checked), no message crosses a
+phase boundary. Anything unusual falls back to running every rank, which
+reports it; ``tests/test_sim.py`` compares the two for p = 1 ... 64.
+
+The engine itself takes steps one by one, and every step comes from a
+schedule's generator: ``benchmarks/sim_speed.py --engine-rate`` measures the
+generators alone against the engine, the bound on any such engine.
 """
 
 from __future__ import annotations
@@ -69,6 +92,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
+
+import numpy as np
 
 from . import _models as cost  # the constants and models, as commkit.cost names them
 from . import algorithms, collectives
@@ -139,6 +164,9 @@ class SimResult:
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
             declared symmetry let rank 0 stand for all (see the module docstring).
+        steps_run: how many of the ``steps`` the simulator ran one by one: all of them, rank 0's
+            when it stood for every rank, or, for a schedule in phases whose symmetric phase was
+            computed for all ranks at once, the other phases' steps and rank 0's of that one.
         model: the timing model: None for the alpha-beta-gamma model, else the
             :class:`commkit.cost.LogGP` or :class:`commkit.cost.TwoLevel` it ran under
             (``alpha``, ``beta``, ``gamma`` are then LogGP's ``2o + L``, ``G`` and ``gamma``,
@@ -168,6 +196,7 @@ class SimResult:
     wall: float = 0.0
     ranks_simulated: int = 0
     model: object = None
+    steps_run: int = 0
 
     @property
     def deadlocked(self) -> bool:
@@ -225,7 +254,9 @@ class SimResult:
             f"  bytes reduced    {spread(self.bytes_reduced)}",
             f"  {self.steps} steps simulated in {self.wall:.3f} s" + (
                 f" (symmetric: rank 0's {self.steps // self.p} stand for every rank)"
-                if self.ranks_simulated == 1 and self.p > 1 else ""),
+                if self.ranks_simulated == 1 and self.p > 1 else
+                f" ({self.steps_run} run one by one, the rest for all ranks at once in a symmetric phase)"
+                if 0 < self.steps_run < self.steps else ""),
         ]
         if self.waiting:
             lines.append(f"  DEADLOCK: {len(self.waiting)} rank(s) never finish; e.g. {self.waiting[0]}")
@@ -329,8 +360,9 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
             ``beta``, ``gamma`` as given and the default between-node constants).
         events: also return every step as a :mod:`commkit.tracing` event with model times.
         use_symmetry: let rank 0 stand for every rank when the algorithm declares a
-            symmetry and the blocks are equal (see the module docstring); False runs
-            every rank. The results are the same.
+            symmetry and the blocks are equal, or, for a schedule in phases
+            (:func:`commkit.algorithms.phased`), for every rank in a phase that declares
+            one (see the module docstring); False runs every rank. The results are the same.
 
     Returns:
         a :class:`SimResult`; call ``.check()`` to raise on deadlock.
@@ -341,7 +373,8 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
         SimulationError: a schedule names a rank or a buffer range that does not exist.
 
     Cost: proportional to the total number of steps of all ranks; for a symmetric
-    algorithm with equal blocks, to the steps of rank 0 alone.
+    algorithm with equal blocks, to the steps of rank 0 alone; for a symmetric phase,
+    to rank 0's steps of it, each one a few NumPy operations on arrays of p entries.
     """
     if collective not in algorithms.COLLECTIVES:
         raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
@@ -383,6 +416,8 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
             and algorithms.even_blocks(collective, p, count) and (alg.symmetry == "rotation" or algorithms.is_pow2(p))):
         result = _simulate_symmetric(factory, p, alg.symmetry, _buffer_sizes(collective, alg, 0, p, count, root),
                                      itemsize, alpha, beta, gamma, collective, algorithm)
+    elif use_symmetry and not events and timing is None and alg.phases is not None:
+        result = _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta, gamma, algorithm)
     if result is None:
         sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in range(p)]
         if timing is not None:
@@ -509,25 +544,52 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
     return engine.result(collective, algorithm, wall)
 
 
-def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
-    """Run rank 0 alone for a schedule whose ranks are all alike; None if rank 0's steps do not allow it.
+def _constants(alpha, beta, gamma):
+    """The alpha-beta-gamma constants, defaults filled in and checked."""
+    return (cost.ALPHA if alpha is None else _check_nonneg(alpha, "alpha"),
+            cost.BETA if beta is None else _check_nonneg(beta, "beta"),
+            cost.GAMMA if gamma is None else _check_nonneg(gamma, "gamma"))
 
-    Every rank takes step i at the same moment, so a transfer finishes at its start plus its cost.
-    That needs every send to offset d matched within the step by a receive from offset -d
-    (rotation) or d (xor) of the same length, in the same order per peer: checked here.
+
+def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
+    """Run rank 0's ``steps`` of a symmetric schedule (or phase) for every rank; None if they do not allow it.
+
+    Every rank's step i is rank 0's with each peer moved (``symmetry``), so the operations
+    matching it are the peers' step i: that needs every send to offset d matched within the
+    step by a receive from offset -d (rotation) or d (xor) of the same length, in the same
+    order per peer, which is checked here. Then rank r's transfer i finishes at the latest
+    of its post and its peers' posts of step i, plus its cost: the engine's rule.
+
+    ``t`` (model time) and ``lt`` (alpha terms) are when the ranks start: one number when
+    they all start together, so all take every step at the same moment and a step finishes
+    at its start plus its cost; or NumPy arrays indexed by rank (after a rooted phase), and
+    then each step is computed for all p ranks at once, one array operation per peer. The
+    floating-point operations are the engine's (a max, a sum of the same two numbers), so
+    the times are bit for bit the same.
+
+    Args:
+        steps: rank 0's steps.
+        p: number of ranks.
+        symmetry: ``"rotation"`` or ``"xor"``.
+        sizes: rank 0's buffer sizes, which its ranges are checked against.
+        alpha, beta_e, gamma_e: seconds per message, per element sent, per element reduced.
+        t, lt: start times: a float and an int, or a float and an int NumPy array of p entries.
+
+    Returns:
+        ``(t, lt, messages, sent, received, reduced, steps)``: finish times as ``t`` and ``lt``
+        came, then each rank's counts (elements; the same for every rank); None if a step is
+        not one rank 0 can show symmetric, or anything else is unusual.
     """
-    from . import cost as model
-
-    alpha = model.ALPHA if alpha is None else _check_nonneg(alpha, "alpha")
-    beta = model.BETA if beta is None else _check_nonneg(beta, "beta")
-    gamma = model.GAMMA if gamma is None else _check_nonneg(gamma, "gamma")
-    started = time.perf_counter()
-    beta_e, gamma_e = beta * itemsize, gamma * itemsize
     rotation = symmetry == "rotation"
-    t = 0.0
-    lt = msgs = sent = recvd = reduced = steps = 0
+    vector = isinstance(t, np.ndarray)
+    ranks = np.arange(p) if vector and not rotation else None
+
+    def moved(a, d):  # a[the peer at offset d of rank r], for every rank r
+        return np.roll(a, -d) if rotation else a[ranks ^ d]
+
+    msgs = sent = recvd = reduced = n_steps = 0
     try:
-        for step in factory(0):
+        for step in steps:
             kind = step.kind
             if kind == TRANSFER:
                 out_e = in_e = 0
@@ -538,6 +600,7 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
                     if (out_e != in_e or not 0 <= lo <= hi <= sizes[name] or not 0 <= rlo <= rhi <= sizes[rname]
                             or not 0 <= dest < p or (source != (p - dest) % p if rotation else source != dest)):
                         return None
+                    peers = (dest, source) if source != dest else (dest,)
                 else:
                     posted: dict = {}
                     for peer, (name, lo, hi) in sends:
@@ -553,6 +616,7 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
                         in_e += hi - lo
                     if posted != matched:
                         return None
+                    peers = {peer for peer, _ in sends} | {peer for peer, _ in recvs}
                 ns, nr = len(sends), len(recvs)
                 k = ns if ns > nr else nr
                 msgs += ns
@@ -577,11 +641,24 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
                             return None
                     else:
                         return None
-                end = t + c
-                if local and t + gamma_e * local > end:
-                    end = t + gamma_e * local
-                t = end
-                lt += k
+                if vector:
+                    # The peers' posts of the same step; a peer at offset 0 is the rank itself.
+                    rdy, lrdy = t, lt
+                    for d in peers:
+                        if d:
+                            rdy = np.maximum(rdy, moved(t, d))
+                            lrdy = np.maximum(lrdy, moved(lt, d))
+                    end = rdy + c
+                    if local:
+                        end = np.maximum(end, t + gamma_e * local)
+                    t = end
+                    lt = lrdy + k
+                else:
+                    end = t + c
+                    if local and t + gamma_e * local > end:
+                        end = t + gamma_e * local
+                    t = end
+                    lt += k
             elif kind == REDUCE:
                 name, lo, hi = step.into
                 n = hi - lo
@@ -591,7 +668,7 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
                         or shi - slo != n or not 0 <= slo <= shi <= sizes[sname]):
                     return None
                 reduced += n
-                t += gamma_e * n
+                t = t + gamma_e * n
             elif kind == COPY:
                 name, lo, hi = step.dst
                 sname, slo, shi = step.src
@@ -599,14 +676,113 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
                     return None
             else:
                 return None
-            steps += 1
+            n_steps += 1
     except Exception:  # noqa: BLE001 - anything unusual: the full simulation reports it properly
         return None
+    return t, lt, msgs, sent, recvd, reduced, n_steps
+
+
+def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
+    """Run rank 0 alone for a schedule whose ranks are all alike; None if rank 0's steps do not allow it.
+
+    Every rank takes step i at the same moment, so a transfer finishes at its start plus its cost
+    (:func:`_symmetric_steps` with one start time for all).
+    """
+    alpha, beta, gamma = _constants(alpha, beta, gamma)
+    started = time.perf_counter()
+    try:
+        rank0 = factory(0)
+    except Exception:  # noqa: BLE001 - the full simulation reports it properly
+        return None
+    out = _symmetric_steps(rank0, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, 0.0, 0)
+    if out is None:
+        return None
+    t, lt, msgs, sent, recvd, reduced, steps = out
     return SimResult(
         collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
         alpha=alpha, beta=beta, gamma=gamma, messages=[msgs] * p, bytes_sent=[sent * itemsize] * p,
         bytes_received=[recvd * itemsize] * p, bytes_reduced=[reduced * itemsize] * p, finish=[t] * p,
-        time=t, rounds=lt, steps=steps * p, wall=time.perf_counter() - started, ranks_simulated=1,
+        time=t, rounds=lt, steps=steps * p, wall=time.perf_counter() - started, ranks_simulated=1, steps_run=steps,
+    )
+
+
+def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta, gamma, algorithm):
+    """Simulate a :func:`~commkit.algorithms.phased` schedule phase by phase; None where that is not for here.
+
+    A phase that declares a symmetry usable for this call (:func:`~commkit.algorithms.even_blocks`
+    holds; p a power of two for ``"xor"``) runs once, from rank 0's steps, for all ranks at once
+    (:func:`_symmetric_steps`, from each rank's own start time); any other phase runs rank by
+    rank in the event engine, each rank starting when its previous phase ended.
+
+    Why that is the whole simulation's result. Messages between two ranks match in posting
+    order, and each rank posts a phase's operations after those of the phases before. So if
+    every phase, run on its own, matches all of its operations (checked: the engine must
+    finish every rank, the symmetric check balances every step), the k-th message of a
+    channel and its k-th receive belong to the same phase, and a phase's times depend only
+    on when each rank started it. Anything else (a deadlock, a length mismatch, a bad range,
+    a step that is not symmetric) returns None, and the full simulation runs and reports it;
+    ``tests/test_sim.py`` compares the two for p = 1 ... 64.
+
+    Returns:
+        a :class:`SimResult` (``count`` and ``nbytes`` left for the caller), or None.
+    """
+    if not algorithms.even_blocks(collective, p, count):
+        return None  # no phase may use its symmetry: the caller runs every rank
+
+    def usable(symmetry):
+        return symmetry == "rotation" or (symmetry == "xor" and algorithms.is_pow2(p))
+
+    alpha, beta, gamma = _constants(alpha, beta, gamma)
+    started = time.perf_counter()
+    try:
+        split = alg.phases
+        phases = [tuple(collectives.steps(split, collective, r, p, count, op, root)) for r in range(p)]
+    except Exception:  # noqa: BLE001 - the full simulation reports it properly
+        return None
+    # Every rank must return the same phases, by their declared symmetries, as rank 0.
+    shape = [getattr(phase, "symmetry", False) for phase in phases[0]]
+    if not any(usable(s) for s in shape) or any(
+            len(mine) != len(shape) or any(not isinstance(ph, algorithms.Phase) or ph.symmetry != s
+                                           for ph, s in zip(mine, shape)) for mine in phases):
+        return None
+    sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in range(p)]
+    clock, lat = [0.0] * p, [0] * p
+    msgs, sent, recvd, reduced = [0] * p, [0] * p, [0] * p, [0] * p
+    steps = run = 0
+    for k, symmetry in enumerate(shape):
+        if usable(symmetry):
+            together = min(clock) == max(clock) and min(lat) == max(lat)
+            t, lt = (clock[0], lat[0]) if together else (np.array(clock), np.array(lat, dtype=np.int64))
+            out = _symmetric_steps(phases[0][k].steps, p, symmetry, sizes[0], alpha, beta * itemsize,
+                                   gamma * itemsize, t, lt)
+            if out is None:
+                return None
+            t, lt, m, s, rv, rd, n = out
+            clock, lat = (t.tolist(), lt.tolist()) if not together else ([t] * p, [lt] * p)
+            counts = [m] * p, [s] * p, [rv] * p, [rd] * p
+            steps += n * p
+            run += n
+        else:
+            engine = _Engine(lambda r, k=k: phases[r][k].steps, p, itemsize, alpha, beta, gamma, False, sizes,
+                             collective, algorithm, start=(clock, lat))
+            try:
+                engine.run()
+            except Exception:  # noqa: BLE001 - the full simulation reports it properly
+                return None
+            if not all(engine.done) or engine.mismatches:
+                return None
+            clock, lat = engine.clock, engine.lat
+            counts = engine.msgs, engine.sent, engine.recvd, engine.reduced
+            steps += sum(engine.index)
+            run += sum(engine.index)
+        for total, phase_counts in zip((msgs, sent, recvd, reduced), counts):
+            total[:] = [a + b for a, b in zip(total, phase_counts)]
+    return SimResult(
+        collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
+        alpha=alpha, beta=beta, gamma=gamma, messages=msgs, bytes_sent=[e * itemsize for e in sent],
+        bytes_received=[e * itemsize for e in recvd], bytes_reduced=[e * itemsize for e in reduced],
+        finish=clock, time=max(clock), rounds=max(lat), steps=steps, wall=time.perf_counter() - started,
+        ranks_simulated=p, steps_run=run,
     )
 
 
@@ -627,7 +803,7 @@ class _Engine:
     """
 
     def __init__(self, factory, p, itemsize, alpha, beta, gamma, events, buffers, collective, algorithm,
-                 model=None):
+                 model=None, start=None):
         self.p = p
         self.itemsize = itemsize
         self.alpha, self.beta, self.gamma = alpha, beta, gamma
@@ -640,8 +816,9 @@ class _Engine:
         self.events = [] if events else None
         self.buffers = buffers
         self.collective, self.algorithm = collective, algorithm
-        self.clock = [0.0] * p      # start of the current step (the finish of the previous one)
-        self.lat = [0] * p          # the same clock with alpha = 1, beta = gamma = 0
+        # ``start``: (times, alpha terms) at which each rank starts, when a previous phase ran apart (else 0).
+        self.clock = list(start[0]) if start else [0.0] * p  # start of the current step (finish of the previous)
+        self.lat = list(start[1]) if start else [0] * p      # the same clock with alpha = 1, beta = gamma = 0
         self.ready = [0.0] * p      # max(start, peers' post times) of the pending transfer
         self.lready = [0] * p
         self.cost = [0.0] * p       # cost of the pending transfer
@@ -701,17 +878,19 @@ class _Engine:
                     r = fresh
                     fresh += 1
                     g = gens[r] = self._start(r)
-                    t = 0.0
-                    lt = 0
+                    t = clock[r]
+                    lt = lat[r]
                     i = 0
                 else:
                     break
                 sizes = buffers[r] if buffers is not None else unbounded
                 base = r * p
+                # This run of r's steps counts its messages in locals, added to r's totals when it ends.
+                n_msgs = n_sent = n_recvd = 0
                 for step in g:
-                    kind = step.kind
-                    if kind == TRANSFER:
-                        if type(step) is exchange:
+                    is_exchange = type(step) is exchange  # most steps: one test instead of reading .kind
+                    if is_exchange or step.kind == TRANSFER:
+                        if is_exchange:
                             # One send and one receive (most steps): the generic code below, unrolled.
                             peer, name, lo, hi, source, rname, rlo, rhi = step.pair
                             out_e = hi - lo
@@ -782,9 +961,9 @@ class _Engine:
                                     self._queue(key, -in_e - 1)
                                 unmatched += 1
                             k = 1
-                            msgs[r] += 1
-                            sent[r] += out_e
-                            recvd[r] += in_e
+                            n_msgs += 1
+                            n_sent += out_e
+                            n_recvd += in_e
                         else:
                             rdy = t
                             lrdy = lt
@@ -867,15 +1046,15 @@ class _Engine:
                             ns = len(sends)
                             nr = len(recvs)
                             k = ns if ns > nr else nr
-                            msgs[r] += ns
-                            sent[r] += out_e
-                            recvd[r] += in_e
+                            n_msgs += ns
+                            n_sent += out_e
+                            n_recvd += in_e
                         if node is None:
                             c = k * alpha + beta_e * (out_e if out_e > in_e else in_e)
                         else:
                             c = self._two_level_cost(r, step)
                         # Local steps overlapped with the transfer run from its post; it ends when both have.
-                        ov = getattr(step, "overlap", None)
+                        ov = step.overlap if is_exchange else getattr(step, "overlap", None)
                         local_end = t + gamma_e * self._overlapped(r, i, step, ov, sizes) if ov else -1.0
                         if unmatched:
                             # Blocked: the peer whose post completes this transfer puts r on the work list;
@@ -890,6 +1069,9 @@ class _Engine:
                             overlap_end[r] = local_end
                             current[r] = step
                             index[r] = i
+                            msgs[r] += n_msgs
+                            sent[r] += n_sent
+                            recvd[r] += n_recvd
                             break
                         end = rdy + c
                         if local_end > end:
@@ -898,7 +1080,7 @@ class _Engine:
                             self._event(r, i, step, t, end)
                         t = end
                         lt = lrdy + k
-                    elif kind == REDUCE:
+                    elif (kind := step.kind) == REDUCE:
                         name, lo, hi = step.into
                         n = hi - lo
                         oname, olo, ohi = step.operand
@@ -930,6 +1112,9 @@ class _Engine:
                     clock[r] = t
                     lat[r] = lt
                     index[r] = i
+                    msgs[r] += n_msgs
+                    sent[r] += n_sent
+                    recvd[r] += n_recvd
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._not_a_step(exc, (_Engine.run.__code__,), r, i, step, buffers, p) from None
 
@@ -1104,7 +1289,7 @@ class _Engine:
             bytes_reduced=[e * size for e in self.reduced],
             finish=list(self.clock), time=max(self.clock), rounds=max(self.lat),
             steps=sum(self.index), waiting=self._stuck(), mismatches=list(self.mismatches),
-            events=self.events, wall=wall, ranks_simulated=self.p, model=self.model,
+            events=self.events, wall=wall, ranks_simulated=self.p, model=self.model, steps_run=sum(self.index),
         )
 
 

@@ -352,7 +352,7 @@ SYMMETRIC = [(c, n) for c, n in ALL if algorithms.get(c, n).symmetry is not None
 
 
 def _fields(res):
-    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated")}
+    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run")}
 
 
 @pytest.mark.parametrize("coll,name", SYMMETRIC)
@@ -387,11 +387,165 @@ def test_a_wrong_symmetry_declaration_falls_back_to_every_rank():
         algorithms.unregister("broadcast", "binomial_claimed_symmetric")
 
 
+PHASED = [(c, n) for c, n in ALL if algorithms.get(c, n).phases is not None]
+
+
+@pytest.mark.parametrize("coll,name", PHASED)
+def test_symmetric_phases_give_the_full_simulations_result(coll, name):
+    # The proof behind computing a symmetric phase for all ranks at once from rank 0's steps, each
+    # rank from its own start: identical results, field by field (times bit for bit), for every p
+    # with equal blocks, roots at both ends, in the middle and in between; with unequal blocks (counts
+    # 1, p-1, 3p+1) it must run every rank's every step. Few roots beyond p = 24 keep it cheap.
+    alg = algorithms.get(coll, name)
+    symmetries = {ph.symmetry for ph in collectives.steps(alg.phases, coll, 0, 4, 8, ck.SUM, 0)} - {None}
+    used = 0
+    for p in range(1, 65):
+        roots = sorted({0, p // 2, p - 1}) if p <= 24 or coll not in ROOTED else [(7 * p) // 11]
+        for root in roots:
+            for c in counts_for(coll, p):
+                args = dict(count=c, root=root, op="sum", itemsize=S, alpha=A, beta=B, gamma=G)
+                where = f"{coll}_{name} p={p} root={root} count={c}"
+                if not (algorithms.even_blocks(coll, p, c) and any(
+                        s == "rotation" or p & (p - 1) == 0 for s in symmetries)):
+                    if p <= 24:  # no symmetry to use: every rank's every step runs
+                        res = sim.simulate(coll, name, p, **args)
+                        assert res.steps_run == res.steps, where
+                    continue
+                fast = sim.simulate(coll, name, p, **args)
+                full = sim.simulate(coll, name, p, use_symmetry=False, **args)
+                assert full.steps_run == full.steps, where
+                assert _fields(fast) == _fields(full), where
+                if p > 1:
+                    assert fast.steps_run < fast.steps, where
+                    used += 1
+    assert used
+
+
+def test_broadcast_ring_is_in_phases():
+    # Its allgather phase is what makes p = 4096 fast; the test above holds it to the full simulation.
+    assert ("broadcast", "ring") in PHASED
+    phases = collectives.steps(algorithms.get("broadcast", "ring").phases, "broadcast", 2, 8, 64, None, 5)
+    assert [ph.symmetry for ph in phases] == [None, "rotation"]
+
+
+def _register_phased(name, fn):
+    algorithms.algorithm("broadcast", name)(algorithms.phased(fn))
+
+
+def _chain(rank, size, root, buf):
+    """Relative rank j receives from j - 1, then sends to j + 1: every rank a different time and alpha count."""
+    rel = (rank - root) % size
+    if rel:
+        yield Recv((rank - 1) % size, buf)
+    if rel < size - 1:
+        yield Send((rank + 1) % size, buf)
+
+
+@pytest.mark.parametrize("symmetry", ["rotation", "xor"])
+def test_rooted_and_symmetric_phases_alternate(symmetry):
+    # Ranks enter the symmetric phase at different times and leave it for a rooted one: every rank's
+    # clock and alpha count must carry over exactly, across steps with several peers and overlapped
+    # reductions, and the rooted phases' ends must pass the symmetric phase's per-rank alpha counts on.
+    def sandwich(rank, size, count, root):
+        q = count // 4
+        if symmetry == "rotation":
+            right, left, far = (rank + 1) % size, (rank - 1) % size, (rank + 2) % size
+            near_far = Transfer(sends=[(right, ("out", 0, q)), (far, ("out", q, 2 * q))],
+                                recvs=[(left, ("out", 2 * q, 3 * q)), ((rank - 2) % size, ("out", 3 * q, 4 * q))])
+        else:
+            right = left = rank ^ 1
+            near_far = Transfer(sends=[(rank ^ 1, ("out", 0, q)), (rank ^ (size >> 1), ("out", q, 2 * q))],
+                                recvs=[(rank ^ 1, ("out", 2 * q, 3 * q)), (rank ^ (size >> 1), ("out", 3 * q, 4 * q))])
+        middle = [Exchange(right, ("out", 0, q), left, ("out", q, 2 * q),
+                           overlap=[Reduce(("out", 2 * q, 3 * q), ("out", 3 * q, 4 * q), ck.SUM)]),
+                  near_far, Reduce(("out", 0, q), ("out", q, 2 * q), ck.SUM)]
+        return (algorithms.Phase(_chain(rank, size, root, ("out", 0, count))),
+                algorithms.Phase(middle, symmetry=symmetry),
+                algorithms.Phase(_chain(rank, size, root, ("out", 0, q))))
+
+    _register_phased("sandwich_phases", sandwich)
+    try:
+        for p in ((2, 4, 8, 16) if symmetry == "xor" else (3, 5, 8, 13, 16)):
+            for root in sorted({0, p // 2, p - 1}):
+                # Equal blocks; gamma such that at p = 16 an overlapped reduction outlasts the transfer
+                # on some ranks (those whose peers started no later) and not on others.
+                args = dict(count=4 * p * fold(p)[0], root=root, itemsize=S, alpha=A, beta=B, gamma=3 * B)
+                fast = sim.simulate("broadcast", "sandwich_phases", p, **args)
+                full = sim.simulate("broadcast", "sandwich_phases", p, use_symmetry=False, **args)
+                assert fast.ok and fast.steps_run == 2 * (p - 1) + 3 + 2 * (p - 1), (p, root)
+                assert _fields(fast) == _fields(full), (p, root)
+                assert len(set(fast.finish)) > 1 or p == 2, (p, root)
+    finally:
+        algorithms.unregister("broadcast", "sandwich_phases")
+
+
+def test_a_phase_that_leaves_a_message_for_the_next_runs_every_rank():
+    # Rank 1 receives phase 1's message only in phase 2: run alone, phase 1 never finishes, so the
+    # phases cannot be simulated apart (rank 0's phase 2 alone looks symmetric: only that check stops it).
+    def leaky(rank, size, count, root):
+        first = [Send(1, ("out", 0, count))] if rank == 0 else []
+        second = [Recv(0, ("out", 0, count))] if rank == 1 else []
+        second.append(Exchange((rank + 1) % size, ("out", 0, count), (rank - 1) % size, ("out", 0, count)))
+        return algorithms.Phase(first), algorithms.Phase(second, symmetry="rotation")
+
+    _register_phased("leaky_phases", leaky)
+    try:
+        for p in (2, 3, 8):
+            res = sim.simulate("broadcast", "leaky_phases", p, count=4, alpha=A, beta=B)
+            assert res.ok and res.steps_run == res.steps, p
+            assert _fields(res) == _fields(sim.simulate("broadcast", "leaky_phases", p, count=4, alpha=A, beta=B,
+                                                        use_symmetry=False)), p
+        assert res.finish[0] > res.finish[4]  # rank 0 waited for rank 1's receive; rank 4 did not
+    finally:
+        algorithms.unregister("broadcast", "leaky_phases")
+
+
+def test_a_wrong_phase_symmetry_or_a_deadlock_falls_back_to_every_rank():
+    # The binomial scatter declared symmetric: rank 0 sends without receiving, which it can see.
+    from commkit.algorithms.ring import binomial_scatter_blocks
+
+    def claimed(rank, size, count, root):
+        return (algorithms.Phase(binomial_scatter_blocks(rank, size, partition(count, size), "out", root),
+                                 symmetry="rotation"),)
+
+    def stuck(rank, size, count, root):  # every rank receives first: a deadlock, reported as one
+        return (algorithms.Phase([Recv((rank - 1) % size, ("out", 0, count))]),
+                algorithms.Phase([Send((rank + 1) % size, ("out", 0, count))], symmetry="rotation"))
+
+    _register_phased("claimed_phases", claimed)
+    _register_phased("stuck_phases", stuck)
+    try:
+        for name in ("claimed_phases", "stuck_phases"):
+            res = sim.simulate("broadcast", name, 8, count=16, root=3)
+            assert res.steps_run == res.steps
+            assert _fields(res) == _fields(sim.simulate("broadcast", name, 8, count=16, root=3, use_symmetry=False))
+        assert res.deadlocked and len(res.waiting) == 8
+    finally:
+        algorithms.unregister("broadcast", "claimed_phases")
+        algorithms.unregister("broadcast", "stuck_phases")
+
+
+def test_phases_are_checked():
+    with pytest.raises(ck.InvalidArgument, match="symmetry must be one of"):
+        algorithms.Phase([], symmetry="mirror")
+    with pytest.raises(ck.InvalidArgument, match="phased decorates a function"):
+        algorithms.phased(42)
+    schedule = algorithms.phased(lambda rank, size: [Send(1, ("out", 0, 1))])
+    with pytest.raises(ck.InvalidArgument, match="must return a sequence of commkit.algorithms.Phase"):
+        list(schedule(0, 2))
+
+
 def test_every_algorithm_simulates_4096_ranks_at_1_mib_quickly():
     # A symmetric algorithm runs rank 0 alone: here it stands for 50 million steps.
     res = sim.simulate("allreduce", "ring", 4096, 1 << 20)
     assert res.ranks_simulated == 1 and res.steps == 4096 * 3 * 4095 and res.ok
     assert res.time == pytest.approx(cost.predict("allreduce", "ring", 4096, 1 << 20), rel=1e-9)
+    assert res.wall < 5
+    # A rooted scatter then a symmetric allgather: the scatter rank by rank, the allgather's
+    # 16.8 million steps as rank 0's 4095, each computed for all ranks at once (over 30 s one by one).
+    res = sim.simulate("broadcast", "ring", 4096, 1 << 20, root=1000)
+    assert res.ok and res.steps == 2 * 4095 + 4096 * 4095 + 1 and res.steps_run == 2 * 4095 + 4095 + 1
+    assert res.time == pytest.approx(cost.predict("broadcast", "ring", 4096, 1 << 20), rel=1e-9)
     assert res.wall < 5
 
 

@@ -49,6 +49,15 @@ exact, which way it errs (``cost_bound``). ``tests/test_sim.py`` and
 :func:`commkit.testing.check_algorithm` hold every algorithm to its word.
 Likewise ``symmetry`` says that every rank's schedule is rank 0's with its
 peers moved, which lets :mod:`commkit.sim` run rank 0 alone for all p ranks.
+
+Why phases. A composite algorithm (van de Geijn's broadcast: a binomial
+scatter, then a ring allgather) has a root, so no rank stands for the others,
+yet most of its steps belong to a phase in which every rank is alike. Built
+with :func:`phased`, the schedule is one function that returns its phases in
+order, each a :class:`Phase` that may declare its own ``symmetry``; the
+generator every transport runs is made from those same phases, so the
+schedule is still written once. :mod:`commkit.sim` then runs the rooted phase
+for every rank and the symmetric one for all ranks at once.
 """
 
 from __future__ import annotations
@@ -59,14 +68,15 @@ import keyword
 import os
 import re
 import threading
+import functools
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..errors import InvalidArgument
 
-__all__ = ["Algorithm", "algorithm", "unregister", "load", "loaded_modules", "REGISTRY", "COLLECTIVES", "get",
+__all__ = ["Algorithm", "algorithm", "Phase", "phased", "unregister", "load", "loaded_modules", "REGISTRY", "COLLECTIVES", "get",
            "for_collective", "even_blocks", "log2ceil", "is_pow2", "ENV_VARIABLE", "ENTRY_POINT_GROUP",
            "COST_EXACT", "COST_BOUNDS", "SYMMETRIES"]
 
@@ -207,6 +217,81 @@ class Algorithm:
     @property
     def doc(self) -> str:
         return (self.schedule.__doc__ or "").strip() if self.schedule else ""
+
+    @property
+    def phases(self) -> Callable | None:
+        """``phases(rank, size, ...) -> tuple of Phase`` for a schedule built with :func:`phased`, else None.
+
+        It takes the schedule's own arguments and returns that rank's phases, in order;
+        the schedule yields exactly their steps, one phase after the other.
+        """
+        split = getattr(self.schedule, "phases", None) if self.schedule is not None else None
+        return split if callable(split) else None
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a schedule built with :func:`phased`: this rank's steps of it, and how ranks relate in it.
+
+    Attributes:
+        steps: the phase's steps on this rank, in order (usually a generator, not yet started).
+        symmetry: ``"rotation"`` if, whenever :func:`even_blocks` holds, rank r's steps of this
+            phase are rank 0's with every peer shifted by r (mod p) and every range of the same
+            length; ``"xor"`` the same with peers XORed with r, for p a power of two; None
+            otherwise (as :attr:`Algorithm.symmetry`, for this phase alone). The phases before
+            it must leave no message unmatched: every send they post is received by them.
+
+    Raises:
+        InvalidArgument: ``symmetry`` is not one of :data:`SYMMETRIES` or None.
+    """
+
+    steps: Iterable
+    symmetry: str | None = None
+
+    def __post_init__(self):
+        if self.symmetry is not None and self.symmetry not in SYMMETRIES:
+            raise InvalidArgument(f"Phase: symmetry must be one of {list(SYMMETRIES)} or None, got {self.symmetry!r}.")
+
+
+def phased(fn: Callable) -> Callable:
+    """Make a schedule generator from a function that returns the schedule's phases.
+
+    Example::
+
+        @algorithm("broadcast", "scatter_allgather")
+        @phased
+        def broadcast_scatter_allgather(rank, size, count, root):
+            blocks = partition(count, size)
+            return (Phase(my_scatter(rank, size, blocks, root)),
+                    Phase(my_ring_allgather(rank, size, blocks), symmetry="rotation"))
+
+    Args:
+        fn: ``fn(rank, size, ...) -> sequence of Phase``, with the schedule's arguments.
+
+    Returns:
+        The schedule: a generator function with ``fn``'s name, signature and docstring that
+        yields the steps of every phase ``fn`` returns, in order. ``fn`` itself stays
+        reachable as its ``phases`` attribute (:attr:`Algorithm.phases`), which is how
+        :mod:`commkit.sim` runs each phase on its own.
+
+    Raises:
+        InvalidArgument: ``fn`` is not callable; from the schedule, when ``fn`` returns
+            something other than a sequence of :class:`Phase`.
+    """
+    if not callable(fn):
+        raise InvalidArgument(f"phased decorates a function that returns a schedule's phases; got {fn!r}.")
+
+    @functools.wraps(fn)
+    def schedule(*args, **kwargs):
+        for phase in fn(*args, **kwargs):
+            if not isinstance(phase, Phase):
+                raise InvalidArgument(
+                    f"{_where(fn)} must return a sequence of commkit.algorithms.Phase (it is @phased); "
+                    f"one of its phases is {phase!r}.")
+            yield from phase.steps
+
+    schedule.phases = fn
+    return schedule
 
 
 REGISTRY: dict[tuple[str, str], Algorithm] = {}

@@ -11,13 +11,17 @@ divide by p (blocks may even be empty).
 from __future__ import annotations
 
 from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
-from . import algorithm, log2ceil
+from . import Phase, algorithm, log2ceil, phased
 
 
-def _ring_allgather(rank, size, blocks, buf, to_actual=lambda r: r):
-    """p-1 ring steps over relative ranks; relative rank j starts owning ``blocks[j]`` of ``buf``."""
-    me = next(j for j in range(size) if to_actual(j) == rank)
-    right, left = to_actual((me + 1) % size), to_actual((me - 1) % size)
+def _ring_allgather(rank, size, blocks, buf, origin=0):
+    """p-1 ring steps over relative ranks; relative rank j (rank ``(j + origin) % size``) starts owning ``blocks[j]``.
+
+    Every rank sends to its right neighbour and receives from its left one, blocks of
+    equal length when the blocks are: rotation-symmetric whatever ``origin`` is.
+    """
+    me = (rank - origin) % size
+    right, left = (rank + 1) % size, (rank - 1) % size
     for step in range(size - 1):
         send, recv = blocks[(me - step) % size], blocks[(me - step - 1) % size]
         # Pass on the block received last step; take the next one from the left.
@@ -137,9 +141,18 @@ def binomial_scatter_blocks(rank, size, blocks, buf, root):
         mask >>= 1
 
 
+def _broadcast_scatter(rank, size, count, root, blocks):
+    """Phase 1 of :func:`broadcast_ring`: the root's copy, then block j down a binomial tree to relative rank j."""
+    if rank == root:
+        yield Copy(("out", 0, count), ("in", 0, count))
+    if size > 1:
+        yield from binomial_scatter_blocks(rank, size, blocks, "out", root)
+
+
 @algorithm("broadcast", "ring",
            cost=lambda p, n, a, b, g: (log2ceil(p) + p - 1) * a + 2 * (p - 1) / p * n * b,
            formula="(⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ", cost_exact="even", cost_bound="lower")
+@phased
 def broadcast_ring(rank, size, count, root):
     """Broadcast by binomial scatter then ring allgather (van de Geijn).
 
@@ -147,13 +160,15 @@ def broadcast_ring(rank, size, count, root):
     Cost: (⌈log p⌉ + p - 1)α + 2((p-1)/p)nβ (exact when count is a multiple of p, else a lower
     bound): about twice the bandwidth term's minimum,
     independent of p, which beats the binomial tree's ⌈log p⌉nβ for large n.
+
+    Two phases (:func:`~commkit.algorithms.phased`): the scatter has a root, the allgather
+    treats every rank alike (rotation symmetry), so the simulator runs the scatter for every
+    rank and the allgather for all ranks at once.
     """
-    if rank == root:
-        yield Copy(("out", 0, count), ("in", 0, count))
-    if size == 1:
-        return
     blocks = partition(count, size)  # block j goes to relative rank j
-    # Phase 1: scatter block j to relative rank j down a binomial tree.
-    yield from binomial_scatter_blocks(rank, size, blocks, "out", root)
-    # Phase 2: ring allgather over relative ranks.
-    yield from _ring_allgather(rank, size, blocks, "out", lambda j: (j + root) % size)
+    return (
+        # Phase 1: scatter block j to relative rank j down a binomial tree.
+        Phase(_broadcast_scatter(rank, size, count, root, blocks)),
+        # Phase 2: ring allgather over relative ranks; every rank's steps are rank 0's shifted.
+        Phase(_ring_allgather(rank, size, blocks, "out", root), symmetry="rotation"),
+    )
