@@ -7,21 +7,27 @@ blocks out back to back in rank order. This module registers no algorithm.
 
 from __future__ import annotations
 
+import functools
+import itertools
+
 __all__ = ["block_offsets"]
 
 
-def block_offsets(counts) -> list[int]:
+def block_offsets(counts) -> tuple[int, ...]:
     """Prefix sums of ``counts``: block q occupies ``[offsets[q], offsets[q + 1])``; the last entry is the total.
 
     Args:
         counts: the number of elements of each block, in order (non-negative ints).
 
     Returns:
-        ``len(counts) + 1`` offsets, starting at 0.
+        ``len(counts) + 1`` offsets, starting at 0 (a tuple, shared between callers:
+        every rank of a simulated world asks for the same one).
 
-    Cost: O(len(counts)).
+    Cost: O(len(counts)) the first time for given counts; then a tuple conversion and a cache lookup.
     """
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
-    return offsets
+    return _offsets(counts if type(counts) is tuple else tuple(counts))
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(counts: tuple) -> tuple[int, ...]:
+    return (0, *itertools.accumulate(counts))

@@ -87,7 +87,7 @@ class _Tree:
         self.root = root
         self.offsets = block_offsets(counts)
         self.rel = (rank - root) % size
-        self.rcounts = [counts[(j + root) % size] for j in range(size)]
+        self.rcounts = tuple(counts[root:]) + tuple(counts[:root])  # relative order: the root's block first
         self.roffsets = block_offsets(self.rcounts)
 
     def actual(self, j: int) -> int:
