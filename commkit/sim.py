@@ -97,6 +97,7 @@ import numpy as np
 
 from . import _models as cost  # the constants and models, as commkit.cost names them
 from . import algorithms, collectives
+from ._events import step_event
 from ._units import format_seconds
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument
 from .ops import get_op
@@ -271,12 +272,6 @@ def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidArgument(f"{name} must be an int >= {minimum}, got {value!r}.")
     return value
-
-
-def _check_nonneg(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise InvalidArgument(f"{name} must be a non-negative number of seconds, got {value!r}.")
-    return float(value)
 
 
 def schedule_args(collective: str, p: int, nbytes: int, itemsize: int = 4):
@@ -534,21 +529,12 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
                              collective, algorithm, timing)
         engine.run()
         return engine.result(collective, algorithm, time.perf_counter() - started)
-    alpha = cost.ALPHA if alpha is None else _check_nonneg(alpha, "alpha")
-    beta = cost.BETA if beta is None else _check_nonneg(beta, "beta")
-    gamma = cost.GAMMA if gamma is None else _check_nonneg(gamma, "gamma")
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
     engine = _Engine(factory, p, itemsize, alpha, beta, gamma, events, buffers, collective, algorithm)
     engine.run()
     wall = time.perf_counter() - started
     return engine.result(collective, algorithm, wall)
-
-
-def _constants(alpha, beta, gamma):
-    """The alpha-beta-gamma constants, defaults filled in and checked."""
-    return (cost.ALPHA if alpha is None else _check_nonneg(alpha, "alpha"),
-            cost.BETA if beta is None else _check_nonneg(beta, "beta"),
-            cost.GAMMA if gamma is None else _check_nonneg(gamma, "gamma"))
 
 
 def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
@@ -688,7 +674,7 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
     Every rank takes step i at the same moment, so a transfer finishes at its start plus its cost
     (:func:`_symmetric_steps` with one start time for all).
     """
-    alpha, beta, gamma = _constants(alpha, beta, gamma)
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
     try:
         rank0 = factory(0)
@@ -732,7 +718,7 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
     def usable(symmetry):
         return symmetry == "rotation" or (symmetry == "xor" and algorithms.is_pow2(p))
 
-    alpha, beta, gamma = _constants(alpha, beta, gamma)
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
     try:
         split = alg.phases
@@ -1219,22 +1205,7 @@ class _Engine:
 
     def _event(self, r, i, step, start, end):
         size = self.itemsize
-        kind = step.kind
-        event = {"rank": r, "collective": self.collective, "seq": 0, "algorithm": self.algorithm, "step": i}
-        if kind == TRANSFER:
-            sends = [[peer, (buf[2] - buf[1]) * size] for peer, buf in step.sends]
-            recvs = [[peer, (buf[2] - buf[1]) * size] for peer, buf in step.recvs]
-            event.update(kind=type(step).__name__.lower(), sends=sends, recvs=recvs,
-                         bytes=sum(b for _, b in sends) + sum(b for _, b in recvs), start=start, end=end,
-                         send_ranges=[list(buf) for _, buf in step.sends],
-                         recv_ranges=[list(buf) for _, buf in step.recvs])
-        else:
-            # As the tracer records them: a reduce writes ``into`` and folds in its operand; a copy dst <- src.
-            dst, src = (step.into, step.operand) if kind == REDUCE else (step.dst, step.src)
-            event.update(kind="reduce" if kind == REDUCE else "copy", sends=[], recvs=[],
-                         bytes=(dst[2] - dst[1]) * size, start=start, end=end, send_ranges=[], recv_ranges=[],
-                         range=list(dst), src_range=list(src))
-        self.events.append(event)
+        self.events.append(step_event(r, self.collective, 0, self.algorithm, i, step, start, end, lambda _: size))
 
     def _two_level_cost(self, r, step) -> float:
         """A transfer's cost in the two-level model: each level's alpha-beta cost; the step takes the longer."""
