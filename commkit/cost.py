@@ -126,6 +126,8 @@ def accuracy(collective: str, algorithm: str) -> str:
     if alg.cost_exact == "always":
         return "exact"
     side = {"lower": "a lower bound", "upper": "an upper bound", "either": "an estimate"}[alg.cost_bound]
+    if alg.cost_exact == "never":
+        return f"{side} for every call"
     return f"exact for equal blocks, otherwise {side}"
 
 

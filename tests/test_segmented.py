@@ -341,6 +341,21 @@ for n in (0, 1, p - 1, p + 1, 1000, 70_001):
     got = comm.reduce_scatter(xs[r], "sum", counts=counts, algorithm="ring_pipelined")
     lo = sum(counts[:r])
     assert np.array_equal(got, sum(xs)[lo:lo + counts[r]]), ("ring_pipelined", n, r)
+# The double binary tree and the segmented binary-tree reduce (segments of 7 elements; 64 KiB per call).
+for n, name in ((0, "double_binary_tree"), (1, "double_binary_tree"), (p + 1, "double_binary_tree"),
+                (300, "double_binary_tree"), (70_001, "double_binary_tree:64K")):
+    xs = [np.random.default_rng([n, q]).integers(-100, 100, n).astype(np.float64) for q in range(p)]
+    for root in range(p):
+        x = xs[root].copy() if r == root else np.zeros(n)
+        comm.broadcast(x, root, out=x, algorithm=name)
+        assert np.array_equal(x, xs[root]), (name, n, root, r)
+        for reduce_name in (name, name.replace("double_binary_tree", "binary_tree_segmented")):
+            got = comm.reduce(xs[r], "sum", root, algorithm=reduce_name)
+            if r == root:
+                assert np.array_equal(got, sum(xs)), (reduce_name, n, root)
+    x = xs[r].copy()
+    comm.allreduce(x, out=x, algorithm=name)
+    assert np.array_equal(x, sum(xs)), (name, n, r)
 print("ok", r)
 """
 
@@ -349,3 +364,350 @@ print("ok", r)
 def test_under_mpiexec(mpi, nprocs):
     result = mpi(nprocs, MPI_CODE, env={pipelined.ENV_SEGMENT: "7"}, timeout=300)
     assert result.stdout.count("ok") == nprocs
+
+
+# -- the segmented binary-tree reduce and the double binary tree ------------------------------------------------
+
+TREES = [("broadcast", "double_binary_tree"), ("reduce", "double_binary_tree"),
+         ("allreduce", "double_binary_tree"), ("reduce", "binary_tree_segmented")]
+TREE_IDS = [f"{c}_{n}" for c, n in TREES]
+
+
+def _inorder(m):
+    """Parent and depth of positions 1..m in the in-order tree, built here by splitting ranges.
+
+    A range's top is its position with the largest lowest set bit; the positions below and above
+    it form its two subtrees. (The module computes the same tree by bit arithmetic.)
+    """
+    parent, depth = {}, {}
+    todo = [(1, m, 0, 0)]
+    while todo:
+        lo, hi, up, d = todo.pop()
+        if lo > hi:
+            continue
+        top = max(range(lo, hi + 1), key=lambda i: i & -i)
+        parent[top], depth[top] = up, d
+        todo += [(lo, top - 1, top, d + 1), (top + 1, hi, top, d + 1)]
+    return parent, depth
+
+
+def _two_trees(m):
+    """For each relative rank j < m: [(parent or -1, children, depth) in tree 0, the same in tree 1].
+
+    Tree 0 puts j at position j + 1, tree 1 at position (j - 1) mod m, plus one.
+    """
+    parent, depth = _inorder(m)
+    trees = []
+    for to_pos, to_rel in ((lambda j: j + 1, lambda q: q - 1), (lambda j: (j - 1) % m + 1, lambda q: q % m)):
+        kids = {q: [] for q in range(1, m + 1)}
+        for q, up in parent.items():
+            if up:
+                kids[up].append(q)
+        trees.append([(to_rel(parent[to_pos(j)]) if parent[to_pos(j)] else -1,
+                       sorted(to_rel(c) for c in kids[to_pos(j)]), depth[to_pos(j)]) for j in range(m)])
+    return [(trees[0][j], trees[1][j]) for j in range(m)]
+
+
+@pytest.mark.parametrize("m", list(range(1, 70)) + [127, 128, 129])
+def test_double_tree_every_rank_is_inner_in_at_most_one_tree(m):
+    trees = _two_trees(m)
+    assert [tuple((up, sorted(kids), d) for up, kids, d in segmented.double_tree(j, m)) for j in range(m)] == \
+        [tuple(t) for t in trees]
+    for j, both in enumerate(trees):
+        inner = [bool(kids) for _, kids, _ in both]
+        assert sum(inner) <= 1, (m, j)
+        assert any(inner) or (j == 0 and m % 2 == 1) or m == 1, (m, j)  # only rank 0, for odd m, is a leaf twice
+        assert all(len(kids) <= 2 and d <= m.bit_length() - 1 for _, kids, d in both)
+    assert max(t[0][2] for t in trees) == m.bit_length() - 1  # depth ⌊log m⌋
+
+
+def test_double_tree_for_8_ranks_is_the_documented_table():
+    # docs/algorithms/double_binary_tree.md shows this table.
+    rows = [segmented.double_tree(j, 8) for j in range(8)]
+    assert [j for j, (t0, _) in enumerate(rows) if t0[1]] == [1, 3, 5, 7]
+    assert [j for j, (_, t1) in enumerate(rows) if t1[1]] == [0, 2, 4, 6]
+    assert [(t0[0], t1[0]) for t0, t1 in rows] == [(1, -1), (3, 2), (1, 4), (7, 2), (5, 0), (3, 6), (5, 4), (-1, 6)]
+
+
+def test_registration_and_selection():
+    from commkit import selection
+
+    for coll, name in TREES:
+        alg = algorithms.get(coll, name)
+        assert alg.segmented and alg.cost is not None and alg.cost_bound == "upper", (coll, name)
+        assert alg.commutative == (coll != "broadcast")
+        choice = selection.select(coll, 8, 1 << 20, "sum" if coll != "broadcast" else None, f"{name}:64K")
+        assert choice.algorithm is alg and choice.segment == 65536
+        with pytest.raises(ck.AlgorithmNotApplicable, match="commutative"):
+            if coll != "broadcast":
+                selection.select(coll, 8, 1 << 20, ck.Op(lambda a, b: a, commutative=False, name="first"), name)
+            else:
+                raise ck.AlgorithmNotApplicable("broadcast has no op to be commutative")
+    # Never chosen by default: only when asked for.
+    for coll in ("broadcast", "reduce", "allreduce"):
+        for p in (2, 3, 8, 17, 64):
+            for nbytes in (0, 8, 1 << 12, 1 << 20, 1 << 26):
+                op = "sum" if coll != "broadcast" else None
+                assert selection.select(coll, p, nbytes, op).algorithm.name not in ("double_binary_tree",
+                                                                                   "binary_tree_segmented")
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "reduce", "allreduce"])
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_trees_match_numpy_with_any_segment_size(coll, data):
+    size = data.draw(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 8, 9, 16]), st.integers(1, 16)), label="size")
+    case = data.draw(cases(size, collectives=(coll,)), label="case")
+    seg = data.draw(st.sampled_from(["1", "2", "3", "5", "64"]), label="segment")
+    names = sorted(n for c, n in TREES if c == coll)
+
+    def body(comm):
+        for name in names:
+            _, before = check_case(comm, case, name)
+            np.testing.assert_array_equal(collective_input(case, comm.rank, comm.size), before)
+        return True
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(pipelined.ENV_SEGMENT, seg)
+        assert all(ck.run_local(body, size, timeout=30))
+
+
+@pytest.mark.parametrize("seg", ["1", "3"])
+def test_trees_in_place_from_every_root(seg, monkeypatch):
+    # Odd counts with segment 1 leave half 1 with an empty last segment; count 1 leaves half 1 empty.
+    monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    for p in (1, 2, 3, 4, 5, 8, 9):
+        for n in (0, 1, 2, p + 2, 23):
+            xs = [np.random.default_rng([p, n, q]).integers(-1000, 1000, n).astype(np.int64) for q in range(p)]
+
+            def body(comm):
+                r = comm.rank
+                for root in range(p):
+                    x = xs[r].copy() if r == root else np.full(n, -7, np.int64)
+                    assert comm.broadcast(x, root, out=x, algorithm="double_binary_tree") is x
+                    np.testing.assert_array_equal(x, xs[root])
+                    for name in ("double_binary_tree", "binary_tree_segmented"):
+                        x = xs[r].copy()
+                        got = comm.reduce(x, "sum", root, out=x if r == root else None, algorithm=name)
+                        if r == root:
+                            assert got is x
+                            np.testing.assert_array_equal(x, sum(xs))
+                x = xs[r].copy()
+                assert comm.allreduce(x, out=x, algorithm="double_binary_tree") is x
+                np.testing.assert_array_equal(x, sum(xs))
+                return True
+
+            assert all(ck.run_local(body, p, timeout=30))
+
+
+def test_tree_schedules_need_no_copy_of_the_input_in_place():
+    # The communicator's in-place fast path: the data-flow check finds every rank's steps safe.
+    from commkit import collectives
+    from commkit.schedule import inplace_safe
+
+    for coll, name in TREES:
+        alg = algorithms.get(coll, name)
+        for p in range(1, 11):
+            for count in (0, 1, 5, 2 * p + 1):
+                for seg in (1, 2, 7):
+                    for root in (range(p) if coll != "allreduce" else [0]):
+                        for r in range(p):
+                            steps = list(collectives.steps(alg.schedule, coll, r, p, count, ck.SUM, root, seg))
+                            assert inplace_safe(steps), (coll, name, p, count, seg, root, r)
+
+
+def test_trees_nonblocking_persistent_and_per_call_segments():
+    def body(comm):
+        p, r = comm.size, comm.rank
+        n = 6 * p + 5
+        xs = [np.random.default_rng([n, q]).integers(-50, 50, n) for q in range(p)]
+        for root in range(p):
+            x = xs[root].copy() if r == root else np.zeros(n, np.int64)
+            np.testing.assert_array_equal(comm.ibroadcast(x, root, algorithm="double_binary_tree:16").wait(), xs[root])
+            for name in ("double_binary_tree:24", "binary_tree_segmented:8"):
+                got = comm.ireduce(xs[r], "sum", root, algorithm=name).wait()
+                if r == root:
+                    np.testing.assert_array_equal(got, sum(xs))
+        np.testing.assert_array_equal(comm.iallreduce(xs[r], algorithm="double_binary_tree:8").wait(), sum(xs))
+        # Persistent requests replay a compiled plan: the segments must come out the same on restart.
+        x = xs[r].copy()
+        out = np.empty_like(x)
+        req = comm.allreduce_init(x, out=out, algorithm="double_binary_tree:16")
+        for _ in range(2):
+            out[:] = 0
+            req.start()
+            req.wait()
+            np.testing.assert_array_equal(out, sum(xs))
+        req.free()
+        return True
+
+    for p in (1, 2, 3, 5, 6):
+        assert all(ck.run_local(body, p, timeout=30))
+
+
+def test_trees_take_the_segment_per_call():
+    from commkit import collectives
+
+    for coll, name in TREES:
+        alg = algorithms.get(coll, name)
+
+        def transfers(segment):
+            return sum(1 for r in range(5)
+                       for step in collectives.steps(alg.schedule, coll, r, 5, 96, ck.SUM, 2, segment)
+                       if isinstance(step, Transfer))
+
+        assert transfers(2) > transfers(16) > 0, (coll, name)
+        assert transfers(None) == transfers(1 << 16)
+
+
+def tree_counts(coll, name, p, count, root, seg):
+    """(messages, elements sent) per rank, from the trees built in this file (not by running the schedules)."""
+    msgs, elems = [0] * p, [0] * p
+    if p == 1 or count == 0:
+        return msgs, elems
+    if name == "binary_tree_segmented":
+        k_segments = -(-count // seg)
+        for r in range(p):
+            if r != root:
+                msgs[r], elems[r] = k_segments, count
+        return msgs, elems
+    h = (count + 1) // 2
+    k_segments = -(-h // seg)
+    lengths = (h, count - h)
+    filled = (k_segments, min(k_segments, count - h))  # segments that hold elements, per half
+    m = p if coll == "allreduce" else p - 1
+    trees = _two_trees(m)
+    for r in range(p):
+        if coll != "allreduce" and r == root:
+            if coll == "broadcast":
+                msgs[r], elems[r] = sum(filled), count
+            continue
+        j = r if coll == "allreduce" else (r - root - 1) % p
+        for t, (up, kids, _) in enumerate(trees[j]):
+            if coll in ("broadcast", "allreduce"):
+                msgs[r] += len(kids) * filled[t]
+                elems[r] += len(kids) * lengths[t]
+            if coll == "reduce" or (coll == "allreduce" and up >= 0):
+                msgs[r] += filled[t]
+                elems[r] += lengths[t]
+    return msgs, elems
+
+
+@pytest.mark.parametrize("coll,name", TREES, ids=TREE_IDS)
+@pytest.mark.parametrize("seg", ["1", "7", None])
+def test_trees_never_deadlock_and_send_what_the_trees_say_up_to_64_ranks(coll, name, seg, monkeypatch):
+    if seg is None:
+        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
+    else:
+        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    alg = algorithms.get(coll, name)
+    a, b, g = 1.0, 1e-3, 1e-6
+    for p in range(1, 65):
+        pof2 = 1 << (p.bit_length() - 1)
+        # Segment 1 cuts the most segments: fewer counts and roots there. By default a half is one segment.
+        counts = {"1": [1, p + 2], "7": [2 * p + 3, 7 * p + 5], None: [0, p + 1, p * pof2]}[seg]
+        roots = sorted({0, p - 1}) if coll != "allreduce" else [0]
+        for count in counts:
+            for root in roots:
+                res = sim.simulate(coll, name, p, count=count, root=root, itemsize=S, alpha=a, beta=b, gamma=g)
+                where = f"{coll}_{name} p={p} count={count} root={root} segment={seg}"
+                assert res.ok, f"{where}: {res.waiting[:2]} {res.mismatches[:2]}"
+                msgs, elems = tree_counts(coll, name, p, count, root, int(seg or pipelined.SEGMENT))
+                assert res.messages == msgs, where
+                assert res.bytes_sent == [e * S for e in elems], where
+                # The formula is an upper bound on the time, and its alpha terms on the rounds.
+                assert alg.cost(p, res.nbytes, a, b, g) >= res.time * (1 - 1e-9), where
+                assert alg.cost(p, res.nbytes, 1, 0, 0) >= res.rounds, where
+
+
+@pytest.mark.parametrize("coll,name", TREES, ids=TREE_IDS)
+def test_tree_bounds_hold_whichever_term_dominates(coll, name, monkeypatch):
+    alg = algorithms.get(coll, name)
+    for seg in ("2", "5"):
+        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+        for p in (2, 3, 4, 5, 7, 8, 9, 12, 17, 33):
+            for count in (1, 2 * p + 3, 9 * p):
+                for a, b, g in ((0, 1, 0), (0, 0, 1), (1e-3, 1, 0.5), (1, 0.1, 0.3)):
+                    res = sim.simulate(coll, name, p, count=count, root=p // 2, itemsize=S, alpha=a, beta=b, gamma=g)
+                    assert alg.cost(p, res.nbytes, a, b, g) >= res.time * (1 - 1e-9), (p, count, seg, (a, b, g))
+
+
+def _pow2(x):
+    return x & (x - 1) == 0
+
+
+@pytest.mark.parametrize("coll,name", TREES, ids=TREE_IDS)
+def test_tree_bounds_are_the_simulated_time_where_the_docstrings_say(coll, name, monkeypatch):
+    # Equal segments (4 elements each), K ≥ 2, transfers that outweigh the reductions (α + sβ ≥ sγ).
+    alg = algorithms.get(coll, name)
+    seg = 4
+    monkeypatch.setenv(pipelined.ENV_SEGMENT, str(seg))
+    exact = 0
+    for k_segments in (2, 3, 9):
+        for p in list(range(2, 34)) + [63, 64, 65]:
+            count = (1 if name == "binary_tree_segmented" else 2) * seg * k_segments
+            for a, b, g in ((1, 0, 0), (0, 1, 0), (1, 1e-3, 1e-6), (1, 0.1, 0.1)):
+                res = sim.simulate(coll, name, p, count=count, itemsize=S, alpha=a, beta=b, gamma=g)
+                want = alg.cost(p, res.nbytes, a, b, g)
+                link = a + seg * S * b
+                if link < seg * S * g:
+                    continue  # the reductions dominate: the bound is looser there
+                where = (p, k_segments, (a, b, g), res.time, want)
+                if coll == "allreduce":
+                    if p >= 4 and g == 0:
+                        depth = p.bit_length() - 1
+                        assert res.time * (1 - 1e-9) <= want <= res.time + (depth + 2) * link * (1 + 1e-9), where
+                        exact += math.isclose(want, res.time, rel_tol=1e-9)
+                    continue
+                if name == "double_binary_tree" and _pow2(p - 1) or name == "binary_tree_segmented" and _pow2(p):
+                    continue
+                assert math.isclose(want, res.time, rel_tol=1e-9), where
+                exact += 1
+    assert exact
+
+
+def test_trees_overlap_reductions_safely_and_send_no_empty_segments(monkeypatch):
+    for seg in ("1", "2", "7"):
+        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+        for coll, name in TREES:
+            overlapped = 0
+            for p in range(1, 14):
+                for count in (0, 1, 2, p + 1, 3 * p + 2):
+                    for root in (sorted({0, p // 2, p - 1}) if coll != "allreduce" else [0]):
+                        for rank in range(p):
+                            for step in _steps(coll, name, rank, p, count, root):
+                                if isinstance(step, Transfer):
+                                    assert not check_overlap(step), (coll, name, p, count, rank, step)
+                                    assert all(hi > lo for _, (_, lo, hi) in step.sends + step.recvs), step
+                                    overlapped += any(s.kind == REDUCE for s in step.overlap)
+            if coll != "broadcast":
+                assert overlapped, (coll, name, seg)  # a segment's reduction travels with the next transfer
+
+
+def test_double_tree_pays_in_the_model():
+    # Bandwidth-bound, 32 segments per half: the double tree's broadcast moves about n bytes per
+    # rank where the segmented binary tree moves 2n; its allreduce about 2n, as the ring does.
+    model = {"itemsize": 4, "alpha": 1e-9, "beta": 1e-9, "gamma": 1e-10}
+    p, count = 16, 64 * 64
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(pipelined.ENV_SEGMENT, "64")
+        double = sim.simulate("broadcast", "double_binary_tree", p, count=count, **model)
+        mp.setenv(pipelined.ENV_SEGMENT, "128")  # the same K for the single tree, which does not halve the vector
+        single = sim.simulate("broadcast", "binary_tree_segmented", p, count=count, **model)
+        assert double.ok and double.time < 0.6 * single.time, (double.time, single.time)
+        mp.setenv(pipelined.ENV_SEGMENT, "64")
+        reduce = sim.simulate("reduce", "double_binary_tree", p, count=count, **model)
+        tree = sim.simulate("reduce", "binary_tree_segmented", p, count=count, **model)
+        binomial = sim.simulate("reduce", "binomial", p, count=count, **model)
+        assert reduce.time < tree.time < binomial.time / 1.5, (reduce.time, tree.time, binomial.time)
+        allreduce = sim.simulate("allreduce", "double_binary_tree", p, count=count, **model)
+        ring = sim.simulate("allreduce", "ring", p, count=count, **model)
+        assert allreduce.time < 1.3 * ring.time, (allreduce.time, ring.time)
+        assert max(allreduce.bytes_sent) <= 2 * count * 4 and max(reduce.bytes_sent) <= count * 4
+
+
+@pytest.mark.parametrize("coll,name", TREES, ids=TREE_IDS)
+def test_tree_algorithms_pass_the_registrys_own_check(coll, name, monkeypatch):
+    # Results against NumPy, the simulator, and the formula as the upper bound it is declared (cost_exact="never").
+    monkeypatch.setenv(pipelined.ENV_SEGMENT, "3")
+    testing.check_algorithm(coll, name, max_procs=6, sim_procs=24).raise_if_failed()

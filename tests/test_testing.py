@@ -81,7 +81,7 @@ def test_defining_the_same_function_again_is_not_a_clash():
     (("allreduce", "x"), {"commutative": "yes"}, "commutative must be True or False, got 'yes'"),
     (("allreduce", "x"), {"scratch": 8}, r"scratch must be a function scratch\(rank, size, count\)"),
     (("allreduce", "x"), {"cost": lambda p, n, a, b, g: a}, "a cost function needs its formula as text"),
-    (("allreduce", "x"), {"cost_exact": "mostly"}, r"cost_exact must be one of \['always', 'even'\]"),
+    (("allreduce", "x"), {"cost_exact": "mostly"}, r"cost_exact must be one of \['always', 'even', 'never'\]"),
     (("allreduce", "x"), {"cost_exact": "even"}, "needs cost_bound, one of"),
     (("allreduce", "x"), {"cost_bound": "lower"}, "but cost_exact='always' says it always is"),
     (("allreduce", "x"), {"replace": 1}, "replace must be True or False"),

@@ -43,10 +43,13 @@ advertise modules under the entry-point group ``commkit.algorithms``.
 Why costs say how exact they are. ``commkit.cost`` ranks algorithms by their
 formulas and :mod:`commkit.sim` runs the schedules under the same model.
 Each registration states whether its formula is the simulated time for every
-p and every count (``cost_exact="always"``) or only when the vector splits into
-equal blocks (``cost_exact="even"``, see :func:`even_blocks`), and, where not
-exact, which way it errs (``cost_bound``). ``tests/test_sim.py`` and
-:func:`commkit.testing.check_algorithm` hold every algorithm to its word.
+p and every count (``cost_exact="always"``), only when the vector splits into
+equal blocks (``cost_exact="even"``, see :func:`even_blocks`), or never
+(``cost_exact="never"``: a pipelined schedule whose critical path has no closed
+form, bounded instead), and, where not exact, which way it errs (``cost_bound``;
+for ``"never"`` its alpha terms bound the rounds the same way).
+``tests/test_sim.py`` and :func:`commkit.testing.check_algorithm` hold every
+algorithm to its word.
 Likewise ``symmetry`` says that every rank's schedule is rank 0's with its
 peers moved, which lets :mod:`commkit.sim` run rank 0 alone for all p ranks.
 
@@ -91,8 +94,8 @@ ENV_VARIABLE = "COMMKIT_ALGORITHMS"
 ENTRY_POINT_GROUP = "commkit.algorithms"
 """Entry-point group of installed packages that register algorithms (the value names a module)."""
 
-COST_EXACT = ("always", "even")
-"""When a formula equals the simulated time: for every count, or when :func:`even_blocks` holds."""
+COST_EXACT = ("always", "even", "never")
+"""When a formula equals the simulated time: for every count, when :func:`even_blocks` holds, or never (a bound)."""
 COST_BOUNDS = ("lower", "upper", "either")
 """How a formula errs where it is not exact: never above the simulated time, never below, or either way."""
 SYMMETRIES = ("rotation", "xor")
@@ -159,7 +162,8 @@ class Algorithm:
             model, ``n`` in bytes as the selector counts a message (see :mod:`commkit.cost`).
         formula: the cost as text, for docs and ``commkit.cost``.
         cost_exact: ``"always"`` if ``cost`` is the simulated time for every p and
-            count; ``"even"`` if only when :func:`even_blocks` holds.
+            count; ``"even"`` if only when :func:`even_blocks` holds; ``"never"`` if it
+            is only a bound (:attr:`cost_bound`), its alpha terms a bound on the rounds.
         cost_bound: where the formula is not exact, ``"lower"`` (it never exceeds
             the simulated time), ``"upper"`` (never below it) or ``"either"``;
             None when it is always exact.
@@ -212,7 +216,7 @@ class Algorithm:
 
     def cost_is_exact(self, p: int, count) -> bool:
         """Whether :attr:`cost` promises the simulated time for this call exactly."""
-        return self.cost_exact == "always" or even_blocks(self.collective, p, count)
+        return self.cost_exact == "always" or (self.cost_exact == "even" and even_blocks(self.collective, p, count))
 
     @property
     def doc(self) -> str:
@@ -363,8 +367,8 @@ def algorithm(collective: str, name: str, *, commutative: bool = False, power_of
         scratch: ``scratch(rank, size, count) -> elements`` of the ``tmp`` buffer (default none).
         cost: ``cost(p, n, alpha, beta, gamma) -> seconds`` (n in bytes as the selector counts them).
         formula: the cost as text; required with ``cost``.
-        cost_exact: ``"always"`` or ``"even"``; see :class:`Algorithm`.
-        cost_bound: ``"lower"``, ``"upper"`` or ``"either"`` when ``cost_exact="even"``.
+        cost_exact: ``"always"``, ``"even"`` or ``"never"``; see :class:`Algorithm`.
+        cost_bound: ``"lower"``, ``"upper"`` or ``"either"`` when ``cost_exact`` is ``"even"`` or ``"never"``.
         symmetry: ``"rotation"`` or ``"xor"`` if every rank's schedule is rank 0's with peers
             moved (see :class:`Algorithm`): the simulator then runs one rank for all.
         replace: replace an algorithm already registered under this name (built-ins included).
