@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 
-from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition
+from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition, partition_sizes
 from . import algorithm, is_pow2, log2ceil
 from .pipelined import COST_ITEMSIZE, segment_step, segment_count
 from .recursive_halving import (
@@ -73,10 +73,64 @@ def _segments(count: int, segment: int | None = None) -> tuple:
     return partition(count, segment_count(count, 1, segment)) if count else ()
 
 
-def _cost_segments(n: float) -> list:
-    """Bytes of each segment of an n-byte vector, as the schedules cut it (4-byte elements)."""
+class SegmentBytes:
+    """The bytes of each of K segments as :func:`~commkit.schedule.partition` cuts a vector, without listing them.
+
+    ``partition`` gives ``n_long`` segments one element longer than the rest, first. A
+    cost formula sums over the segments; at 16 GiB in 64-element segments a list of
+    them would not fit in memory, and :func:`commkit.cost.crossovers` evaluates the
+    formulas thousands of times. So this holds the two lengths and sums in O(1).
+    Indexing (``segs[k]``, ``segs[-1]``), ``len`` and truth work as on the list.
+    """
+
+    __slots__ = ("long", "short", "n_long", "k")
+
+    def __init__(self, count: int, parts: int, itemsize: int = COST_ITEMSIZE):
+        long, short, n_long = partition_sizes(count, parts) if parts else (0, 0, 0)
+        self.long, self.short, self.n_long, self.k = long * itemsize, short * itemsize, n_long, parts
+
+    def __len__(self) -> int:
+        return self.k
+
+    def __getitem__(self, k: int) -> int:
+        if not -self.k <= k < self.k:
+            raise IndexError(f"segment {k} of {self.k}")
+        return self.long if k % self.k < self.n_long else self.short
+
+    def total(self) -> int:
+        """The bytes of all segments."""
+        return self.n_long * self.long + (self.k - self.n_long) * self.short
+
+    def sum(self, f, start: int = 0, stop: int | None = None) -> float:
+        """``sum(f(segs[k]) for k in range(start, stop))``."""
+        stop = self.k if stop is None else stop
+        if stop <= start:
+            return 0.0
+        mid = min(max(self.n_long, start), stop)
+        return (mid - start) * f(self.long) + (stop - mid) * f(self.short)
+
+    def sum_pairs(self, f, start: int = 0, stop: int | None = None) -> float:
+        """``sum(f(segs[k], segs[k - 1]) for k in range(start, stop))``, ``segs[-1]`` before ``segs[0]``."""
+        stop = self.k if stop is None else stop
+        total, k = 0.0, start
+        if k >= stop:
+            return total
+        if k == 0:
+            total += f(self[0], self[-1])
+            k = 1
+        long_end = min(max(self.n_long, k), stop)  # [k, long_end): a long segment after a long one
+        total += (long_end - k) * f(self.long, self.long)
+        k = long_end
+        if k < stop and k == self.n_long:  # the first short segment, after the last long one
+            total += f(self.short, self.long)
+            k += 1
+        return total + max(stop - k, 0) * f(self.short, self.short)
+
+
+def _cost_segments(n: float) -> SegmentBytes:
+    """The segments of an n-byte vector, as the schedules cut it (4-byte elements)."""
     count = math.ceil(n / COST_ITEMSIZE)
-    return [(hi - lo) * COST_ITEMSIZE for lo, hi in _segments(count)]
+    return SegmentBytes(count, segment_count(count, 1) if count else 0)
 
 
 # -- pipelined chain broadcast -------------------------------------------------------------------
@@ -88,7 +142,7 @@ def _chain_cost(p, n, a, b, g):
         return 0.0
     # The first segment crosses the p-2 links before the last one; the last link then carries
     # all K segments back to back. Segments never grow (partition), so the first is the longest.
-    return (p - 2) * (a + segs[0] * b) + len(segs) * a + sum(segs) * b
+    return (p - 2) * (a + segs[0] * b) + len(segs) * a + segs.total() * b
 
 
 @algorithm("broadcast", "chain_pipelined", cost=_chain_cost,
@@ -152,10 +206,12 @@ def _ring_reduce_scatter_cost(p, n, a, b, g):
     if k_segments == 1:
         # Nothing to overlap: the ring's p-1 transfers, each followed by its reduction.
         return (p - 1) * a + (p - 1) / p * n * (b + g)
-    segs = [(hi - lo) * COST_ITEMSIZE for lo, hi in partition(count // p, k_segments)]
-    # Every transfer but the first hides the reduction of the segment received just before it.
-    hidden = [max(a + segs[k] * b, segs[k - 1] * g) for k in range(k_segments)]
-    return a + segs[0] * b + (p - 2) * sum(hidden) + sum(hidden[1:]) + segs[-1] * g
+    segs = SegmentBytes(count // p, k_segments)
+
+    def hidden(seg, prev):  # every transfer but the first hides the reduction of the segment received before it
+        return max(a + seg * b, prev * g)
+
+    return a + segs[0] * b + (p - 2) * segs.sum_pairs(hidden) + segs.sum_pairs(hidden, 1) + segs[-1] * g
 
 
 @algorithm("reduce_scatter", "ring_pipelined", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
@@ -325,12 +381,12 @@ def _tree_bcast_cost(p, n, a, b, g):
     if p == 1 or not segs:
         return 0.0
     if p == 2:
-        return k_segments * a + sum(segs) * b  # one child: the chain
+        return k_segments * a + segs.total() * b  # one child: the chain
     if k_segments == 1:
         return log2ceil(p) * (a + n * b)
     # Every inner rank sends each segment twice (2α + 2sβ a stage); the first segment fills the
     # ⌈log p⌉-2 stages above the last, which then passes all K segments on.
-    total = 2 * (log2ceil(p) - 2) * (a + segs[0] * b) + 2 * (k_segments * a + sum(segs) * b)
+    total = 2 * (log2ceil(p) - 2) * (a + segs[0] * b) + 2 * (k_segments * a + segs.total() * b)
     if is_pow2(p):
         # The last rank hangs alone below a one-child rank, whose exchange costs the longer segment.
         total += (segs[-2] - segs[-1]) * b
@@ -521,7 +577,7 @@ def _reduce_bound(segs, fill, width, a, b, g):
     if len(segs) == 1:
         return (fill // 2 + 1) * (head + width * segs[0] * g)
     return (head + fill * max(head, width * segs[0] * g)
-            + sum(max(width * (a + segs[k] * b), width * segs[k - 1] * g) for k in range(1, len(segs)))
+            + segs.sum_pairs(lambda seg, prev: max(width * (a + seg * b), width * prev * g), 1)
             + width * segs[-1] * g)
 
 
@@ -674,10 +730,10 @@ def _halves(count: int, segment: int | None) -> tuple:
     return (0, partition(h, k_segments)), (h, partition(count - h, k_segments))
 
 
-def _half_cost_segments(n: float) -> list:
-    """Bytes of each segment of the larger half of an n-byte vector, as :func:`_halves` cuts it (4-byte elements)."""
-    count = math.ceil(n / COST_ITEMSIZE)
-    return [(hi - lo) * COST_ITEMSIZE for lo, hi in _halves(count, None)[0][1]]
+def _half_cost_segments(n: float) -> SegmentBytes:
+    """The segments of the larger half of an n-byte vector, as :func:`_halves` cuts it (4-byte elements)."""
+    h = (math.ceil(n / COST_ITEMSIZE) + 1) // 2
+    return SegmentBytes(h, segment_count(h, 1) if h else 0)
 
 
 def _double_bcast_cost(p, n, a, b, g):
@@ -685,7 +741,7 @@ def _double_bcast_cost(p, n, a, b, g):
     if p == 1 or not segs:
         return 0.0
     depth = (p - 1).bit_length() - 1
-    return 2 * (depth + len(segs)) * a + 2 * (depth * segs[0] + sum(segs)) * b
+    return 2 * (depth + len(segs)) * a + 2 * (depth * segs[0] + segs.total()) * b
 
 
 @algorithm("broadcast", "double_binary_tree", cost=_double_bcast_cost,
@@ -844,7 +900,7 @@ def _double_allreduce_cost(p, n, a, b, g):
         return depth * (4 * link + 2 * segs[0] * g)
     both = min(p, 4)  # messages each way of a step that moves segments up and down at once
     return (2 * link + (2 * depth - 1) * max(2 * link, 2 * segs[0] * g)
-            + sum(max(both * link, 2 * segs[k] * g) for k in range(1, k_segments - 1))
+            + segs.sum(lambda seg: max(both * link, 2 * seg * g), 1, k_segments - 1)
             + max(2 * link, 2 * segs[-1] * g) + 2 * depth * link)
 
 
