@@ -284,7 +284,13 @@ class Communicator(VectorCollectives):
         this communicator's own argument check; ``plan.hot`` holds the arguments it
         was made for (``x``, ``out``, then the rest of the call's key). See
         :mod:`commkit.plan`.
+
+        Raises:
+            InvalidArgument: ``collective`` is not the name of a collective.
         """
+        if collective not in algorithms.COLLECTIVES and collective not in self._HOT:
+            raise InvalidArgument(f"last_plan: unknown collective {collective!r}; expected one of "
+                                  f"{list(algorithms.COLLECTIVES)}.")
         return getattr(self, "_hot_" + collective, None)
 
     @property

@@ -329,6 +329,11 @@ def _call_text(info, index: int, step) -> str:
 
 
 def timeout_error(info, index: int, step, pending_peers, timeout, recent: str = "") -> CommTimeout:
+    """The error of a collective step that waited ``timeout`` seconds: the rank, call, algorithm, step and peers.
+
+    ``info`` is a :class:`CallInfo` or the tuple of its fields; ``pending_peers`` the ranks
+    still outstanding; ``recent`` this rank's recent calls (the flight record), if known.
+    """
     info = _info(info)
     peers = ", ".join(str(p) for p in pending_peers) or "?"
     text = (
@@ -561,6 +566,7 @@ class ScheduleRequest(Request):
         self._index = -1
         self._done = False
         self._result = None
+        self._error = None  # the error that ended the run early: raised again by every later test() or wait()
         self._run = execute(steps, bufs, chan, tag, timeout, info, self._rec, info.tracer, blocking=False)
         if progress is not None:
             progress.add(self)
@@ -571,6 +577,8 @@ class ScheduleRequest(Request):
 
     def _advance(self) -> bool:
         """Run local steps and post transfers until one is in flight or all are done."""
+        if self._error is not None:
+            raise self._error
         try:
             return self._advance_steps()
         except InvalidBuffer as exc:
@@ -606,10 +614,14 @@ class ScheduleRequest(Request):
 
     def _failed(self, exc: InvalidBuffer) -> BaseException:
         """Stop after a transport error; the error to raise, naming the call and step."""
-        self._fail("failed")
-        return transfer_error(self._info, self._rec[STEP], self._rec[STEP_OBJ], exc)
+        error = transfer_error(self._info, self._rec[STEP], self._rec[STEP_OBJ], exc)
+        self._fail("failed", error)
+        return error
 
-    def _fail(self, state: str) -> None:
+    def _fail(self, state: str, error: BaseException) -> None:
+        """End the run early: it never completes, and every later test() or wait() raises ``error``."""
+        self._error = error
+        self._run = self._pending = None
         if self._progress is not None:
             self._progress.discard(self)
         FlightRecorder.finish(self._rec, state)
@@ -662,10 +674,11 @@ class ScheduleRequest(Request):
     def _timed_out(self, peers, timeout):
         from .watchdog import recent_summary
 
-        self._fail("timed out")
         error = timeout_error(self._info, self._index, self._step, peers, timeout, recent_summary(self._recorder))
+        pending = self._pending
+        self._fail("timed out", error)
         if self._on_timeout is not None:
-            self._on_timeout(self._pending, str(error))
+            self._on_timeout(pending, str(error))
         raise error
 
     @property

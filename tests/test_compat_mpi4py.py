@@ -1092,18 +1092,35 @@ def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
         assert np.array_equal(r, x), i
     plan = comm.comm.last_plan("allreduce")
     assert plan is not None and plan.hot[0] is x and plan.hot[1] is r
-    # While a trace records, the plan steps aside so the call is recorded (and still right).
-    with commkit.trace() as t:
-        x[:] = 11
+    # The face runs that plan itself: count its runs.
+    runs = []
+    compiled = plan.run
+
+    def counted():
+        runs.append(1)
+        return compiled()
+
+    plan.run = counted
+    try:
+        x[:] = 5
         comm.Allreduce(x, r, MPI.SUM)
-    assert np.array_equal(r, x)
-    assert [e["collective"] for e in t.events] == ["allreduce"]
-    # Another op is another call: never the SUM plan.
-    x[:] = 3
-    comm.Allreduce(x, r, MPI.MAX)
-    assert np.array_equal(r, x)
-    comm.Allreduce(x, r, MPI.SUM)
-    assert np.array_equal(r, x)
+        assert np.array_equal(r, x) and len(runs) == 1
+        # While a trace records, the plan steps aside so the call is recorded (and still right).
+        with commkit.trace() as t:
+            x[:] = 11
+            comm.Allreduce(x, r, MPI.SUM)
+        assert np.array_equal(r, x) and len(runs) == 1
+        assert [e["collective"] for e in t.events] == ["allreduce"]
+        # Another op, or another output array, is another call: never the SUM plan.
+        comm.Allreduce(x, r, MPI.MAX)
+        comm.Allreduce(x, np.empty_like(r), MPI.SUM)
+        assert len(runs) == 1
+        comm.Allreduce(x, r, MPI.SUM)
+        assert len(runs) == 2
+    finally:
+        plan.run = compiled
+    with pytest.raises(commkit.errors.InvalidArgument, match="allreduce"):
+        comm.comm.last_plan("allreduse")
 
 
 def test_none_means_in_place_where_mpi4py_reads_it_so(face, debug_log):

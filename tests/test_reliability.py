@@ -394,3 +394,48 @@ print(f"rank {c.rank}: OK", flush=True)
 def test_allgather_object_of_large_objects_completes(nprocs):
     result = run_mpi(nprocs, _BIG_OBJECTS, timeout=60)
     assert result.stdout.count("OK") == nprocs, result.stdout
+
+
+# -- a nonblocking collective that failed stays failed ------------------------------------------------------------
+
+
+def test_a_failed_nonblocking_request_raises_again_and_never_completes():
+    """A transport error ends a nonblocking run; waiting again must not return a half-computed result."""
+    from commkit.errors import InvalidBuffer
+    from commkit.schedule import CallInfo, Exchange, ScheduleRequest
+
+    class Pending:
+        def __init__(self):
+            self.polls = 0
+
+        def test(self):
+            self.polls += 1
+            return self.polls > 1  # in flight when the request is made, complete at the next poll
+
+        def wait(self, timeout):
+            return []
+
+    class RefusesTheSecondPost:
+        posts = 0
+
+        def post(self, sends, recvs, tag):
+            self.posts += 1
+            if self.posts == 2:
+                raise InvalidBuffer("the transport refused this message")
+            return Pending()
+
+        def transfer(self, sends, recvs, tag, timeout):
+            raise AssertionError("a nonblocking run posts every transfer")
+
+    steps = [Exchange(0, ("out", 0, 2), 0, ("tmp", 0, 2)), Exchange(0, ("out", 2, 4), 0, ("tmp", 2, 4))]
+    bufs = {"out": np.zeros(4), "tmp": np.zeros(4)}
+    finished = []
+    req = ScheduleRequest(iter(steps), bufs, RefusesTheSecondPost(), 0, None, CallInfo("allreduce", "test", 0, 0),
+                          finish=lambda: finished.append(True) or "a result")
+    with pytest.raises(InvalidBuffer, match="refused") as first:
+        req.test()
+    assert "allreduce #0" in str(first.value) and "step 1" in str(first.value)
+    for again in (req.wait, req.test, req.wait):
+        with pytest.raises(InvalidBuffer, match="refused"):
+            again()
+    assert not req.done and not finished

@@ -262,6 +262,8 @@ def phased(fn: Callable) -> Callable:
 
     Example::
 
+        from commkit.schedule import partition
+
         @algorithm("broadcast", "scatter_allgather")
         @phased
         def broadcast_scatter_allgather(rank, size, count, root):

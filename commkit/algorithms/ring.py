@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..schedule import Copy, Exchange, Recv, Reduce, Send, partition
 from . import Phase, algorithm, log2ceil, phased
+from ._blocks import block_offsets
 
 
 def _ring_allgather(rank, size, blocks, buf, origin=0):
@@ -73,9 +74,7 @@ def reduce_scatter_ring(rank, size, counts, op):
     are equal, a lower bound otherwise.
     Scratch: two blocks, used alternately as the receive buffer and the next send.
     """
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
+    offsets = block_offsets(counts)
 
     def block(b):
         return offsets[b], offsets[b + 1]

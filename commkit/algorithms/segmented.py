@@ -54,6 +54,7 @@ import math
 
 from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition, partition_sizes
 from . import algorithm, is_pow2, log2ceil
+from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_step, segment_count
 from .recursive_halving import (
     fold,
@@ -240,9 +241,7 @@ def reduce_scatter_ring_pipelined(rank, size, counts, op, segment=None):
     segment), only to the right neighbour; n - counts[rank] elements sent.
     Scratch: two blocks of the largest count, used alternately to receive and to send on.
     """
-    offsets = [0]
-    for c in counts:
-        offsets.append(offsets[-1] + c)
+    offsets = block_offsets(counts)
     if size == 1:
         yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
         return

@@ -317,7 +317,8 @@ class Comm:
             "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
         self._allreduce = self._blocking.get("allreduce")
         # The arguments of the last Allreduce that took the short path, and what they became:
-        # (sendbuf, recvbuf, op, x, commkit op). A loop repeating one call skips _short.
+        # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
+        # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
 
     def __getattr__(self, name):
