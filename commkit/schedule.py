@@ -407,9 +407,14 @@ def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, 
             rec[STEP] = index
             rec[STEP_OBJ] = step
             overlap = step.overlap
-            if blocking and not overlap and sendrecv is not None and type(step) is Exchange:
+            if blocking and not overlap and type(step) is Exchange:  # most steps: no lists to build
                 d, sn, slo, shi, s, rn, rlo, rhi = step.pair
-                sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
+                if sendrecv is not None:
+                    sendrecv(d, bufs[sn][slo:shi], s, bufs[rn][rlo:rhi], tag)
+                else:
+                    stuck = transfer(((d, bufs[sn][slo:shi]),), ((s, bufs[rn][rlo:rhi]),), tag, timeout)
+                    if stuck:
+                        raise timeout_error(info, index, step, stuck, timeout)
             else:
                 sends = [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.sends]
                 recvs = [(peer, bufs[name][lo:hi]) for peer, (name, lo, hi) in step.recvs]
