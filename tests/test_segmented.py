@@ -71,8 +71,12 @@ def test_check_algorithm_passes(coll, name, seg, monkeypatch):
 def test_results_match_numpy_with_any_segment_size(coll, data):
     size = data.draw(st.one_of(st.sampled_from([1, 2, 3, 5, 7, 13, 16]), st.integers(1, 16)), label="size")
     case = data.draw(cases(size, collectives=(coll,)), label="case")
+    _check_with_segment(data, case, size, sorted(n for c, n in NEW if c == coll))
+
+
+def _check_with_segment(data, case, size, names):
+    """Run ``case`` with each algorithm of ``names`` on ``size`` threads, at a drawn segment size."""
     seg = data.draw(st.sampled_from(["1", "2", "3", "5", "64"]), label="segment")
-    names = sorted(n for c, n in NEW if c == coll)
 
     def body(comm):
         for name in names:
@@ -458,18 +462,7 @@ def test_registration_and_selection():
 def test_trees_match_numpy_with_any_segment_size(coll, data):
     size = data.draw(st.one_of(st.sampled_from([1, 2, 3, 4, 5, 8, 9, 16]), st.integers(1, 16)), label="size")
     case = data.draw(cases(size, collectives=(coll,)), label="case")
-    seg = data.draw(st.sampled_from(["1", "2", "3", "5", "64"]), label="segment")
-    names = sorted(n for c, n in TREES if c == coll)
-
-    def body(comm):
-        for name in names:
-            _, before = check_case(comm, case, name)
-            np.testing.assert_array_equal(collective_input(case, comm.rank, comm.size), before)
-        return True
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(pipelined.ENV_SEGMENT, seg)
-        assert all(ck.run_local(body, size, timeout=30))
+    _check_with_segment(data, case, size, sorted(n for c, n in TREES if c == coll))
 
 
 @pytest.mark.parametrize("seg", ["1", "3"])
