@@ -106,27 +106,43 @@ def _rate_table(args, nbytes, procs, only) -> list:
     def per_s(steps, cpu):
         return f"{steps / cpu / 1e6:.2f} M" if cpu > 0 else "-"
 
-    rows = []
     print(f"{'algorithm':<36} {'p':>5} {'steps':>10} {'generators alone':>17} {'engine, all ranks':>18} "
           f"{'engine own share':>17}  (steps per CPU second)", flush=True)
+
+    def line(row):
+        own = row["engine_cpu"] - row["generators_cpu"]
+        return (f"{row['steps']:>10} {per_s(row['steps'], row['generators_cpu']):>17} "
+                f"{per_s(row['steps'], row['engine_cpu']):>18} {per_s(row['steps'], own):>17}")
+
+    return _each_in_a_process(args, nbytes, procs, only, ["--one-rate"], line, lambda: f" > {args.timeout:g} s")
+
+
+def _each_in_a_process(args, nbytes, procs, only, flags, line, timed_out) -> list:
+    """Run this script with ``flags`` for each algorithm and p in a fresh process; print a line per run.
+
+    ``line(row)`` formats a finished run's JSON row after its name and p; ``timed_out()`` the cell of
+    a run stopped at ``args.timeout``. Returns the rows (a stopped run's row says so, a failed one
+    carries its error).
+    """
+    rows = []
     for p in procs:
         for collective, name in _algorithms(only):
-            cmd = [sys.executable, os.path.abspath(__file__), "--one-rate", collective, name, str(p), str(nbytes)]
+            cmd = [sys.executable, os.path.abspath(__file__), *flags[:1], collective, name, str(p), str(nbytes),
+                   *flags[1:]]
+            head = f"{collective + '_' + name:<36} {p:>5} "
             try:
                 out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
                 row = json.loads(out.stdout.strip().splitlines()[-1])
-                own = row["engine_cpu"] - row["generators_cpu"]
-                line = (f"{collective + '_' + name:<36} {p:>5} {row['steps']:>10} "
-                        f"{per_s(row['steps'], row['generators_cpu']):>17} {per_s(row['steps'], row['engine_cpu']):>18} "
-                        f"{per_s(row['steps'], own):>17}")
+                text = head + line(row)
             except subprocess.TimeoutExpired:
-                row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes, "timeout": args.timeout}
-                line = f"{collective + '_' + name:<36} {p:>5}  > {args.timeout:g} s"
+                row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes, "wall": None,
+                       "timeout": args.timeout}
+                text = head + timed_out()
             except subprocess.CalledProcessError as exc:
                 row = {"collective": collective, "algorithm": name, "p": p, "error": exc.stderr.strip()[-300:]}
-                line = f"{collective + '_' + name:<36} {p:>5}  error: {row['error'].splitlines()[-1]}"
+                text = head + f" error: {row['error'].splitlines()[-1]}"
             rows.append(row)
-            print(line, flush=True)
+            print(text, flush=True)
     return rows
 
 
@@ -175,31 +191,16 @@ def main(argv=None) -> int:
                 json.dump({"nbytes": nbytes, "engine_rate": True, "python": sys.version.split()[0], "rows": rows},
                           f, indent=1)
         return 0
-    rows = []
     print(f"{'algorithm':<36} {'p':>5} {'wall (s)':>9} {'cpu (s)':>9} {'steps':>10} {'ranks run':>9} "
           f"{'steps run':>10} {'steps/s':>9}", flush=True)
-    for p in procs:
-        for collective, name in _algorithms(only):
-            cmd = [sys.executable, os.path.abspath(__file__), "--one", collective, name, str(p), str(nbytes)]
-            if args.no_symmetry:
-                cmd.append("--no-symmetry")
-            if args.model:
-                cmd += ["--model", args.model]
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, check=True)
-                row = json.loads(out.stdout.strip().splitlines()[-1])
-                rate = f"{row['steps'] / row['cpu'] / 1e6:.2f} M" if row["cpu"] > 0 else "-"
-                line = (f"{collective + '_' + name:<36} {p:>5} {row['wall']:>9.2f} {row['cpu']:>9.2f} "
-                        f"{row['steps']:>10} {row['ranks_run']:>9} {row['steps_run']:>10} {rate:>9}")
-            except subprocess.TimeoutExpired:
-                row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes, "wall": None,
-                       "timeout": args.timeout}
-                line = f"{collective + '_' + name:<36} {p:>5} {'> ' + format(args.timeout, 'g'):>9}"
-            except subprocess.CalledProcessError as exc:
-                row = {"collective": collective, "algorithm": name, "p": p, "error": exc.stderr.strip()[-300:]}
-                line = f"{collective + '_' + name:<36} {p:>5}  error: {row['error'].splitlines()[-1]}"
-            rows.append(row)
-            print(line, flush=True)
+    flags = ["--one"] + (["--no-symmetry"] if args.no_symmetry else []) + (["--model", args.model] if args.model else [])
+
+    def line(row):
+        rate = f"{row['steps'] / row['cpu'] / 1e6:.2f} M" if row["cpu"] > 0 else "-"
+        return (f"{row['wall']:>9.2f} {row['cpu']:>9.2f} {row['steps']:>10} {row['ranks_run']:>9} "
+                f"{row['steps_run']:>10} {rate:>9}")
+
+    rows = _each_in_a_process(args, nbytes, procs, only, flags, line, lambda: f"{'> ' + format(args.timeout, 'g'):>9}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nbytes": nbytes, "symmetry": not args.no_symmetry, "model": args.model or "alpha-beta",
