@@ -53,10 +53,7 @@ CHECKED = [(c, n, seg) for c, n in SEGMENTED for seg in ("2", "7", None)] + [("r
 
 @pytest.mark.parametrize("coll,name,seg", CHECKED, ids=[f"{c}_{n}-segment={s}" for c, n, s in CHECKED])
 def test_check_algorithm_passes(coll, name, seg, monkeypatch):
-    if seg is None:
-        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
-    else:
-        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    _use_segment(monkeypatch, seg)
     report = testing.check_algorithm(coll, name, max_procs=6, sim_procs=24)
     report.raise_if_failed()
     assert report.ok
@@ -203,15 +200,20 @@ def expected_counts(coll, name, p, count, root):
     return msgs, elems
 
 
+def _use_segment(monkeypatch, seg):
+    """Set the default segment size (elements) for this test; None leaves the built-in default."""
+    if seg is None:
+        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
+    else:
+        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+
+
 SWEEP = [(c, n, seg) for c, n in SEGMENTED for seg in ("1", "7", None)] + [("reduce", "rabenseifner", None)]
 
 
 @pytest.mark.parametrize("coll,name,seg", SWEEP, ids=[f"{c}_{n}-segment={s}" for c, n, s in SWEEP])
 def test_no_deadlock_and_textbook_counts_up_to_64_ranks(coll, name, seg, monkeypatch):
-    if seg is None:
-        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
-    else:
-        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    _use_segment(monkeypatch, seg)
     alg = algorithms.get(coll, name)
     for p in range(1, 65):
         roots = sorted({0, p // 2, p - 1}) if coll in ("broadcast", "reduce") else [0]
@@ -259,10 +261,7 @@ def test_overlapped_steps_never_race_and_empty_segments_send_nothing(coll, name,
 def test_broadcast_schedules_are_in_place_safe(name, seg, monkeypatch):
     # What the communicator's in-place fast path needs: only the root reads "in", and the root
     # writes "out" only by copying "in" onto the same range (a copy skipped when they are one array).
-    if seg is None:
-        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
-    else:
-        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    _use_segment(monkeypatch, seg)
     for p in range(1, 13):
         for count in (0, 1, p + 1, 3 * p + 2):
             for root in range(p):
@@ -589,10 +588,7 @@ def tree_counts(coll, name, p, count, root, seg):
 @pytest.mark.parametrize("coll,name", TREES, ids=TREE_IDS)
 @pytest.mark.parametrize("seg", ["1", "7", None])
 def test_trees_never_deadlock_and_send_what_the_trees_say_up_to_64_ranks(coll, name, seg, monkeypatch):
-    if seg is None:
-        monkeypatch.delenv(pipelined.ENV_SEGMENT, raising=False)
-    else:
-        monkeypatch.setenv(pipelined.ENV_SEGMENT, seg)
+    _use_segment(monkeypatch, seg)
     alg = algorithms.get(coll, name)
     a, b, g = 1.0, 1e-3, 1e-6
     for p in range(1, 65):
