@@ -1068,6 +1068,7 @@ class Communicator(VectorCollectives):
         key = ('allreduce', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_allreduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
 
@@ -1104,6 +1105,7 @@ class Communicator(VectorCollectives):
         key = ('reduce', id(x), id(out), op, root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
 
@@ -1126,6 +1128,7 @@ class Communicator(VectorCollectives):
         key = ('scan', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_scan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
 
@@ -1152,6 +1155,7 @@ class Communicator(VectorCollectives):
         key = ('exscan', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_exscan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("exscan", x, op, out, algorithm, timeout, False, key=key)
 
@@ -1179,6 +1183,7 @@ class Communicator(VectorCollectives):
         key = ('broadcast', id(x), id(out), root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and plan.ready(x):
+            self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
@@ -1222,6 +1227,7 @@ class Communicator(VectorCollectives):
         key = ('gather', id(x), id(out), root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_gather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._gather(x, root, out, algorithm, timeout, False, key=key)
 
@@ -1268,6 +1274,7 @@ class Communicator(VectorCollectives):
         key = ('scatter', id(x), id(out), root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and plan.ready(x):
+            self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._scatter(x, root, out, algorithm, timeout, False, key=key)
 
@@ -1323,6 +1330,7 @@ class Communicator(VectorCollectives):
         key = ('allgather', id(x), id(out), algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_allgather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._allgather(x, out, algorithm, timeout, False, key=key)
 
@@ -1363,6 +1371,7 @@ class Communicator(VectorCollectives):
         key = ('alltoall', id(x), id(out), algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_alltoall = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._alltoall(x, out, algorithm, timeout, False, key=key)
 
@@ -1411,6 +1420,7 @@ class Communicator(VectorCollectives):
         key = ("reduce_scatter", id(x), id(out), op, None if counts is None else tuple(counts), algorithm)
         plan = self._fast.get(key) if timeout is None else None
         if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+            self._hot_reduce_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False, key=key)
 

@@ -588,6 +588,9 @@ class ScheduleRequest(Request):
             return self._advance_steps()
         except InvalidBuffer as exc:
             raise self._failed(exc) from None
+        except BaseException as exc:  # a local step (a user's op) or the transport raised: the run is over
+            self._fail("failed", exc)
+            raise
 
     def _advance_steps(self) -> bool:
         while True:
@@ -661,7 +664,7 @@ class ScheduleRequest(Request):
                     break
                 progress = self._progress
                 if progress is not None and len(progress.requests) > 1:
-                    if not progress.wait(self._pending.test, timeout, skip=self):
+                    if not progress.wait(self._test_pending, timeout, skip=self):
                         self._timed_out(self._pending.peers_waiting() if hasattr(self._pending, "peers_waiting")
                                         else _peers_of(self._step), timeout)
                     continue
@@ -676,12 +679,20 @@ class ScheduleRequest(Request):
                 recorder.active = None
         return self._result
 
+    def _test_pending(self) -> bool:
+        """Whether the transfer in flight has completed; a transport error ends the run, naming the step."""
+        try:
+            return self._pending.test()
+        except InvalidBuffer as exc:
+            raise self._failed(exc) from None
+
     def _timed_out(self, peers, timeout):
         from .watchdog import recent_summary
 
-        error = timeout_error(self._info, self._index, self._step, peers, timeout, recent_summary(self._recorder))
         pending = self._pending
-        self._fail("timed out", error)
+        self._fail("timed out", None)  # first, so that the recent calls the error lists show it timed out
+        error = self._error = timeout_error(self._info, self._index, self._step, peers, timeout,
+                                            recent_summary(self._recorder))
         if self._on_timeout is not None:
             self._on_timeout(pending, str(error))
         raise error

@@ -188,6 +188,32 @@ def test_plan_is_not_used_when_the_call_changes():
     assert ck.run_local(body, 3) == [[3.0] * 4] * 3
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast"])
+def test_a_loop_back_on_an_earlier_call_takes_its_plan_by_identity_again(collective):
+    """Two compiled calls used in turn: going back to the first makes its plan the one tested first."""
+    def body(comm):
+        a, b, out_a, out_b = np.full(4, comm.rank + 1.0), np.full(8, 2.0), np.empty(4), np.empty(8)
+
+        def call(x, out):
+            if collective == "allreduce":
+                return comm.allreduce(x, out=out)
+            return comm.broadcast(x, 0, out=out)
+
+        for _ in range(3):
+            call(a, out_a)
+        plan_a = comm.last_plan(collective)
+        for _ in range(3):
+            call(b, out_b)
+        assert comm.last_plan(collective) is not plan_a
+        a[...] = comm.rank + 10.0  # new data: the plan must read it
+        call(a, out_a)
+        assert comm.last_plan(collective) is plan_a
+        want = sum(q + 10.0 for q in range(comm.size)) if collective == "allreduce" else 10.0
+        return out_a.tolist() == [want] * 4
+
+    assert all(ck.run_local(body, 3))
+
+
 def test_wait_any_and_wait_all_over_any_mix_of_requests():
     def body(comm):
         peer_right, peer_left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size

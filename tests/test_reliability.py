@@ -439,3 +439,89 @@ def test_a_failed_nonblocking_request_raises_again_and_never_completes():
         with pytest.raises(InvalidBuffer, match="refused"):
             again()
     assert not req.done and not finished
+
+
+class _Pending:
+    """A transfer in flight for the hand-driven requests below: ``polls`` answers to test(), then complete."""
+
+    def __init__(self, answers=(False,), stuck=()):
+        self.answers, self.stuck = list(answers), list(stuck)
+
+    def test(self):
+        answer = self.answers.pop(0) if self.answers else True
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def wait(self, timeout):
+        return self.stuck
+
+
+class _Chan:
+    def __init__(self, *pendings):
+        self.pendings = list(pendings)
+
+    def post(self, sends, recvs, tag):
+        return self.pendings.pop(0)
+
+    def transfer(self, sends, recvs, tag, timeout):
+        raise AssertionError("a nonblocking run posts every transfer")
+
+
+def _request(chan, steps, **kwargs):
+    from commkit.schedule import CallInfo, ScheduleRequest
+
+    bufs = {"out": np.zeros(4), "tmp": np.zeros(4)}
+    return ScheduleRequest(iter(steps), bufs, chan, 0, None, CallInfo("allreduce", "test", 0, 0), **kwargs)
+
+
+def test_a_nonblocking_request_whose_reduction_raised_never_completes():
+    """A user's op that raises inside a step ends the run: waiting again raises, it never returns a result."""
+    from commkit.schedule import Exchange, Reduce
+
+    class Broken:
+        def combine(self, *args):
+            raise ZeroDivisionError("the user's op failed")
+
+    steps = [Exchange(0, ("out", 0, 2), 0, ("tmp", 0, 2)), Reduce(("out", 0, 2), ("tmp", 0, 2), Broken())]
+    finished = []
+    req = _request(_Chan(_Pending()), steps, finish=lambda: finished.append(True))
+    for again in (req.test, req.wait, req.wait):
+        with pytest.raises(ZeroDivisionError, match="user's op"):
+            again()
+    assert not req.done and not finished
+
+
+def test_a_transport_error_while_other_requests_are_driven_names_the_step_and_ends_the_run():
+    from commkit.errors import InvalidBuffer
+    from commkit.schedule import Exchange, Progress
+
+    progress = Progress()
+    step = Exchange(0, ("out", 0, 2), 0, ("tmp", 0, 2))
+    failing = _request(_Chan(_Pending([False, False, InvalidBuffer("the message was cut short")])), [step],
+                       progress=progress)
+    other = _request(_Chan(_Pending([False] * 1000)), [step], progress=progress)
+    assert len(progress.requests) == 2
+    with pytest.raises(InvalidBuffer, match="cut short") as caught:
+        failing.wait()
+    assert "allreduce #0" in str(caught.value) and "step 0" in str(caught.value)
+    assert failing not in progress.requests and other in progress.requests and not failing.done
+    with pytest.raises(InvalidBuffer, match="cut short"):
+        failing.wait()
+
+
+def test_a_timed_out_request_lists_itself_as_timed_out_among_the_recent_calls():
+    from commkit.errors import CommTimeout
+    from commkit.schedule import Exchange
+    from commkit.watchdog import FlightRecorder
+
+    recorder = FlightRecorder(0, 2, "test")
+    rec = recorder.start(0, "allreduce", "test", {})
+    req = _request(_Chan(_Pending([False] * 1000, stuck=[1])), [Exchange(1, ("out", 0, 2), 1, ("tmp", 0, 2))],
+                   recorder=recorder, rec=rec)
+    with pytest.raises(CommTimeout) as caught:
+        req.wait(timeout=0.01)
+    assert "waiting for rank(s) 1" in str(caught.value)
+    assert "Recent calls on this rank: #0 allreduce (test) timed out" in str(caught.value)
+    with pytest.raises(CommTimeout):
+        req.wait()

@@ -81,7 +81,7 @@ class SegmentBytes:
     cost formula sums over the segments; at 16 GiB in 64-element segments a list of
     them would not fit in memory, and :func:`commkit.cost.crossovers` evaluates the
     formulas thousands of times. So this holds the two lengths and sums in O(1).
-    Indexing (``segs[k]``, ``segs[-1]``), ``len`` and truth work as on the list.
+    Indexing by an int (``segs[k]``, ``segs[-1]``), ``len`` and truth work as on the list.
     """
 
     __slots__ = ("long", "short", "n_long", "k")
@@ -102,17 +102,26 @@ class SegmentBytes:
         """The bytes of all segments."""
         return self.n_long * self.long + (self.k - self.n_long) * self.short
 
-    def sum(self, f, start: int = 0, stop: int | None = None) -> float:
-        """``sum(f(segs[k]) for k in range(start, stop))``."""
+    def _range(self, start: int, stop: int | None) -> int:
         stop = self.k if stop is None else stop
+        if start < 0 or stop > self.k:
+            raise IndexError(f"segments [{start}, {stop}) of {self.k}: sums take 0 <= start, stop <= K")
+        return stop
+
+    def sum(self, f, start: int = 0, stop: int | None = None) -> float:
+        """``sum(f(segs[k]) for k in range(start, stop))``, for ``0 <= start`` and ``stop <= K``."""
+        stop = self._range(start, stop)
         if stop <= start:
             return 0.0
         mid = min(max(self.n_long, start), stop)
         return (mid - start) * f(self.long) + (stop - mid) * f(self.short)
 
     def sum_pairs(self, f, start: int = 0, stop: int | None = None) -> float:
-        """``sum(f(segs[k], segs[k - 1]) for k in range(start, stop))``, ``segs[-1]`` before ``segs[0]``."""
-        stop = self.k if stop is None else stop
+        """``sum(f(segs[k], segs[k - 1]) for k in range(start, stop))``, ``segs[-1]`` before ``segs[0]``.
+
+        For ``0 <= start`` and ``stop <= K``.
+        """
+        stop = self._range(start, stop)
         total, k = 0.0, start
         if k >= stop:
             return total
