@@ -101,6 +101,69 @@ def _plain_args(step):
     return step.sends[0] if step.sends else step.recvs[0]
 
 
+class SegmentBytes:
+    """The bytes of each of K segments as :func:`~commkit.schedule.partition` cuts a vector, without listing them.
+
+    ``partition`` gives ``n_long`` segments one element longer than the rest, first. A
+    cost formula sums over the segments; at 16 GiB in 64-element segments a list of
+    them would not fit in memory, and :func:`commkit.cost.crossovers` evaluates the
+    formulas thousands of times. So this holds the two lengths and sums in O(1).
+    Indexing by an int (``segs[k]``, ``segs[-1]``), ``len`` and truth work as on the list.
+    """
+
+    __slots__ = ("long", "short", "n_long", "k")
+
+    def __init__(self, count: int, parts: int, itemsize: int = COST_ITEMSIZE):
+        long, short, n_long = partition_sizes(count, parts) if parts else (0, 0, 0)
+        self.long, self.short, self.n_long, self.k = long * itemsize, short * itemsize, n_long, parts
+
+    def __len__(self) -> int:
+        return self.k
+
+    def __getitem__(self, k: int) -> int:
+        if not -self.k <= k < self.k:
+            raise IndexError(f"segment {k} of {self.k}")
+        return self.long if k % self.k < self.n_long else self.short
+
+    def total(self) -> int:
+        """The bytes of all segments."""
+        return self.n_long * self.long + (self.k - self.n_long) * self.short
+
+    def _range(self, start: int, stop: int | None) -> int:
+        stop = self.k if stop is None else stop
+        if start < 0 or stop > self.k:
+            raise IndexError(f"segments [{start}, {stop}) of {self.k}: sums take 0 <= start, stop <= K")
+        return stop
+
+    def sum(self, f, start: int = 0, stop: int | None = None) -> float:
+        """``sum(f(segs[k]) for k in range(start, stop))``, for ``0 <= start`` and ``stop <= K``."""
+        stop = self._range(start, stop)
+        if stop <= start:
+            return 0.0
+        mid = min(max(self.n_long, start), stop)
+        return (mid - start) * f(self.long) + (stop - mid) * f(self.short)
+
+    def sum_pairs(self, f, start: int = 0, stop: int | None = None) -> float:
+        """``sum(f(segs[k], segs[k - 1]) for k in range(start, stop))``, ``segs[-1]`` before ``segs[0]``.
+
+        For ``0 <= start`` and ``stop <= K``.
+        """
+        stop = self._range(start, stop)
+        total, k = 0.0, start
+        if k >= stop:
+            return total
+        if k == 0:
+            total += f(self[0], self[-1])
+            k = 1
+        long_end = min(max(self.n_long, k), stop)  # [k, long_end): a long segment after a long one
+        total += (long_end - k) * f(self.long, self.long)
+        k = long_end
+        if k < stop and k == self.n_long:  # the first short segment, after the last long one
+            total += f(self.short, self.long)
+            k += 1
+        return total + max(stop - k, 0) * f(self.short, self.short)
+
+
 def _pipelined_cost(p, n, a, b, g):
     if p == 1 or n <= 0:
         return 0.0
@@ -108,20 +171,12 @@ def _pipelined_cost(p, n, a, b, g):
     k_segments = segment_count(count, p)
     if k_segments <= 1:
         return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
-    # Segment k overlaps the reduction of segment k-1 (cyclically). partition() puts its n_long
-    # longer segments first, so only four (segment, previous) pairs occur; sum them by their counts.
-    long, short, n_long = partition_sizes(count // p, k_segments)
-    long, short = long * COST_ITEMSIZE, short * COST_ITEMSIZE
+    segs = SegmentBytes(count // p, k_segments)
 
-    def step(seg, prev):
+    def step(seg, prev):  # segment k overlaps the reduction of segment k-1 (cyclically)
         return max(a + seg * b, prev * g)
 
-    if n_long == 0:
-        overlapped = k_segments * step(short, short)
-    else:  # k = 0 follows the last (short) segment; then the long run, the switch, the short run
-        overlapped = (step(long, short) + (n_long - 1) * step(long, long) + step(short, long)
-                      + (k_segments - n_long - 1) * step(short, short))
-    return (p - 1) * (k_segments * a + (count // p) * COST_ITEMSIZE * b) + (p - 1) * overlapped
+    return (p - 1) * (k_segments * a + segs.total() * b) + (p - 1) * segs.sum_pairs(step)
 
 
 @algorithm("allreduce", "ring_pipelined", commutative=True, scratch=lambda r, p, n: _max_block(n, p),

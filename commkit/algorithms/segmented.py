@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import math
 
-from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition, partition_sizes
+from ..schedule import TRANSFER, Copy, Exchange, Recv, Reduce, Send, Transfer, partition
 from . import algorithm, is_pow2, log2ceil
 from ._blocks import block_offsets
-from .pipelined import COST_ITEMSIZE, segment_step, segment_count
+from .pipelined import COST_ITEMSIZE, SegmentBytes, segment_step, segment_count
 from .recursive_halving import (
     fold,
     halving_reduce_scatter,
@@ -72,69 +72,6 @@ def _segments(count: int, segment: int | None = None) -> tuple:
     ``segment``: the segment size in elements (None: :func:`.pipelined.segment_elements`'s default).
     """
     return partition(count, segment_count(count, 1, segment)) if count else ()
-
-
-class SegmentBytes:
-    """The bytes of each of K segments as :func:`~commkit.schedule.partition` cuts a vector, without listing them.
-
-    ``partition`` gives ``n_long`` segments one element longer than the rest, first. A
-    cost formula sums over the segments; at 16 GiB in 64-element segments a list of
-    them would not fit in memory, and :func:`commkit.cost.crossovers` evaluates the
-    formulas thousands of times. So this holds the two lengths and sums in O(1).
-    Indexing by an int (``segs[k]``, ``segs[-1]``), ``len`` and truth work as on the list.
-    """
-
-    __slots__ = ("long", "short", "n_long", "k")
-
-    def __init__(self, count: int, parts: int, itemsize: int = COST_ITEMSIZE):
-        long, short, n_long = partition_sizes(count, parts) if parts else (0, 0, 0)
-        self.long, self.short, self.n_long, self.k = long * itemsize, short * itemsize, n_long, parts
-
-    def __len__(self) -> int:
-        return self.k
-
-    def __getitem__(self, k: int) -> int:
-        if not -self.k <= k < self.k:
-            raise IndexError(f"segment {k} of {self.k}")
-        return self.long if k % self.k < self.n_long else self.short
-
-    def total(self) -> int:
-        """The bytes of all segments."""
-        return self.n_long * self.long + (self.k - self.n_long) * self.short
-
-    def _range(self, start: int, stop: int | None) -> int:
-        stop = self.k if stop is None else stop
-        if start < 0 or stop > self.k:
-            raise IndexError(f"segments [{start}, {stop}) of {self.k}: sums take 0 <= start, stop <= K")
-        return stop
-
-    def sum(self, f, start: int = 0, stop: int | None = None) -> float:
-        """``sum(f(segs[k]) for k in range(start, stop))``, for ``0 <= start`` and ``stop <= K``."""
-        stop = self._range(start, stop)
-        if stop <= start:
-            return 0.0
-        mid = min(max(self.n_long, start), stop)
-        return (mid - start) * f(self.long) + (stop - mid) * f(self.short)
-
-    def sum_pairs(self, f, start: int = 0, stop: int | None = None) -> float:
-        """``sum(f(segs[k], segs[k - 1]) for k in range(start, stop))``, ``segs[-1]`` before ``segs[0]``.
-
-        For ``0 <= start`` and ``stop <= K``.
-        """
-        stop = self._range(start, stop)
-        total, k = 0.0, start
-        if k >= stop:
-            return total
-        if k == 0:
-            total += f(self[0], self[-1])
-            k = 1
-        long_end = min(max(self.n_long, k), stop)  # [k, long_end): a long segment after a long one
-        total += (long_end - k) * f(self.long, self.long)
-        k = long_end
-        if k < stop and k == self.n_long:  # the first short segment, after the last long one
-            total += f(self.short, self.long)
-            k += 1
-        return total + max(stop - k, 0) * f(self.short, self.short)
 
 
 def _cost_segments(n: float) -> SegmentBytes:
