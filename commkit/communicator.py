@@ -43,10 +43,10 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import Plan, PersistentRequest, compile_ops
+from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in
 from .requests import Request, wait_all, wait_any
 from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, run_schedule
-from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects
+from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
 
@@ -56,6 +56,7 @@ _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (
 # Messages that may still arrive for calls that timed out: kept alive (never freed under the
 # transport's feet) for as long as this process runs. Only timeouts add to it.
 _ABANDONED: list = []
+_SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -236,6 +237,7 @@ class Communicator(VectorCollectives):
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
         self._forget_hot()
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
+        self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased) -> Plan, _SEEN_ONCE or False
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
@@ -362,6 +364,7 @@ class Communicator(VectorCollectives):
         self._closed = _FREED
         self._plain = False
         self._fast.clear()
+        self._shaped.clear()
         self._forget_hot()
         self._finalizer()
         if self._progress.requests:
@@ -735,6 +738,7 @@ class Communicator(VectorCollectives):
                     _inplace_safe(steps), alg.name, tagbase, signature)
         if len(self._plans) >= 512:
             self._plans.clear()
+            self._shaped.clear()
         self._plans[key] = plan
         return plan
 
@@ -763,8 +767,29 @@ class Communicator(VectorCollectives):
             plan = self._plan(call, algorithm)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self._last = (name, choice)
-        if call.key is not None and not nonblocking and timeout is None:
-            self._remember(call, plan)
+        if not nonblocking and not self._check and not self._progress.requests and not _trace_active:
+            if call.key is not None and timeout is None:
+                self._remember(call, plan)
+            if call.xp is np and call.nbytes <= self._FAST_MAX_BYTES and (inplace_safe or not call.aliased):
+                # A known call shape on new arrays (or with a timeout): its shape plan, once it has one
+                # (the second call). Keyed by the cached plan's identity: _shaped is emptied whenever _plans is.
+                timed = timeout is not None
+                key = (id(plan), call.aliased, timed)
+                shaped = self._shaped.get(key)
+                if shaped is None or shaped is _SEEN_ONCE:
+                    shaped = self._shape_plan(call, plan, key, shaped, timed)
+                if shaped:
+                    if not timed:
+                        shaped.run(call.dst if call.aliased else call.src, call.dst)
+                        return self._finish(call) if call.has_result else None
+                    seq = self._seq
+                    try:
+                        shaped.run(call.dst if call.aliased else call.src, call.dst, timeout)
+                    except CommTimeout as exc:  # the plan marked the call timed out in the flight record
+                        self._break(f"{call.collective} #{seq} timed out on rank {self.rank}.")
+                        raise CommTimeout(f"{exc} Recent calls on this rank: "
+                                          f"{_watchdog.recent_summary(self._recorder)}.") from None
+                    return self._finish(call) if call.has_result else None
         seq = self._seq
         self._seq = seq + 1
         if log.isEnabledFor(logging.DEBUG):
@@ -838,47 +863,81 @@ class Communicator(VectorCollectives):
             setattr(self, "_hot_" + name, None)
 
     def _remember(self, call: Call, plan) -> None:
-        """Compile a plan for this blocking call's arrays the second time they come (see plan.py)."""
-        keep = call.keep or ()
-        nbytes = sum(a.nbytes for a in keep if a is not None)
-        if nbytes > self._FAST_MAX_BYTES or not self._plain or _trace_active or self._progress.requests:
+        """Compile a plan for this blocking call's arrays the second time they come (see plan.py).
+
+        A call without ``out`` (``keep`` ends in None where the call has a result)
+        gets a plan that allocates its output at each run, where the plan can be
+        written so (NumPy arrays, every op inline); else none, and its calls take
+        the shape plan.
+        """
+        keep = call.keep
+        if keep:  # (x, out): written out, as this runs on every call that has no plan yet
+            x, out = keep
+            fresh = out is None and call.has_result
+            if fresh and (call.xp is not np or call.result is None or call.collective == "exscan"):
+                return
+            nbytes = (0 if x is None else x.nbytes) + (0 if out is None else out.nbytes)
+        else:  # barrier
+            x = out = None
+            fresh, nbytes = False, 0
+        key = call.key
+        if nbytes > self._FAST_MAX_BYTES or key in self._fast:
             return
         # A key names arrays by identity, and an identity is reused once its array is gone: the
         # first sighting keeps weak references, so a fresh view per call never looks "seen".
         seen = self._seen
-        refs = seen.get(call.key)
-        if refs is None or any(ref is not None and ref() is not a for ref, a in zip(refs, keep)):
+        refs = seen.get(key)
+        if refs is None or (refs[0] is not None and refs[0]() is not x) or (refs[1] is not None
+                                                                            and refs[1]() is not out):
             if len(seen) >= 4 * self._FAST_ENTRIES:
                 seen.clear()
             try:
-                seen[call.key] = tuple(None if a is None else weakref.ref(a) for a in keep)
+                seen[key] = (None if x is None else weakref.ref(x), None if out is None else weakref.ref(out))
             except TypeError:  # an array type without weak references: no plan for it
                 pass
             return
         if len(self._fast) >= self._FAST_ENTRIES:
             self._fast.clear()
-        compiled = self._fast[call.key] = self._compile(call, plan)
+        compiled = self._compile(call, plan, ("out",), fresh=True) if fresh else self._compile(call, plan)
+        if compiled.run is None:  # None: the key stays known, and its calls go the general way
+            self._fast[call.key] = None
+            return
+        self._fast[call.key] = compiled
         if call.collective in self._HOT:
             # The arguments themselves, in the order the method tests them: x, out, then the key's rest.
             compiled.hot = call.keep + call.key[3:]
             setattr(self, "_hot_" + call.collective, compiled)
 
-    def _bound(self, call: Call, plan, persistent_tag=None):
-        """The ops of ``call`` on its own buffers: ``(ops, prologue)``; ``persistent_tag`` for *_init."""
+    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False):
+        """The ops of ``call`` on its own buffers: ``(ops, prologue, slots)``; ``persistent_tag`` for *_init.
+
+        ``slots`` names the buffers a plan takes at each run instead (``"in"``,
+        ``"out"``; see :class:`commkit.plan.Slots`): a shape plan compiles the
+        schedule against stand-ins for both, a call without ``out`` against its
+        own output.
+        """
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         prologue = None
         if steps is None:
             send, recv, inplace, counts, prologue = self._native_args(call)
             bind = getattr(self._coll, "bind_native", None)
+            taken = None
+            if slots:  # the library takes the call's whole buffers (or None, or IN_PLACE)
+                taken = Slots({"in": call.src, "out": call.dst}, slots)
+                taken.whole("in", call.src)
+                taken.whole("out", call.dst)
             if bind is not None:
                 run = bind(call.collective, send, recv, op=call.op, root=call.root, counts=counts, inplace=inplace)
             else:
                 def run(tag, coll=self._coll):
                     coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
                                 inplace=inplace)
-            return [(TRANSFER, run, None, ())], prologue
-        src = call.src
-        if call.aliased:
+            return [(TRANSFER, run, None, ())], prologue, taken
+        src, dst = call.src, call.dst
+        if "in" in slots and src is not None:  # a shape plan: no array of this call is bound
+            src = stand_in(len(src), call.dtype)
+            dst = src if call.aliased else stand_in(len(dst), call.dtype)
+        elif call.aliased:
             if inplace_safe:
                 src = call.dst
             else:  # the algorithm reads the input after writing the output: save the input first, each run
@@ -888,14 +947,38 @@ class Communicator(VectorCollectives):
                     dst[...] = given
         private = persistent_tag is not None
         tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
-        bufs = {"in": src, "out": call.dst, "tmp": tmp}
-        return compile_ops(steps, bufs, self._coll, persistent_tag), prologue
+        bufs = {"in": src, "out": dst, "tmp": tmp}
+        taken = Slots(bufs, slots) if slots else None
+        return compile_ops(steps, bufs, self._coll, persistent_tag, taken, timed), prologue, taken
 
-    def _compile(self, call: Call, plan) -> Plan:
-        ops, prologue = self._bound(call, plan)
+    def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False) -> Plan | None:
+        """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
+
+        ``timed``: a shape plan whose transfers give up after the run's timeout;
+        None for a library collective (its blocking call cannot give up).
+        """
+        if timed and plan[1] is None:
+            return None
+        ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed)
+        if slots and not fresh:  # a shape plan: the caller finishes the call
+            return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, None, None,
+                        None, prologue, taken, timed=timed)
         finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
-                    call.result if call.has_result else None, finish, prologue)
+                    call.result if call.has_result else None, finish, prologue, taken,
+                    (call.result.shape, call.dtype) if fresh else None)
+
+    def _shape_plan(self, call: Call, plan, key, state, timed):
+        """The shape plan for ``call``'s shape: compiled the second time the shape comes, else None or False."""
+        shaped = self._shaped
+        if state is None:
+            if len(shaped) >= self._FAST_ENTRIES:
+                shaped.clear()
+            shaped[key] = _SEEN_ONCE
+            return None
+        compiled = self._compile(call, plan, ("in", "out"), timed=timed)
+        shaped[key] = compiled = compiled if compiled is not None and compiled.run is not None else False
+        return compiled
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
@@ -924,7 +1007,7 @@ class Communicator(VectorCollectives):
                 native = _NativeRestart(self._coll, call.collective, send, recv, call.op, call.root, counts, inplace)
             ops = []
         else:
-            ops, prologue = self._bound(call, plan, persistent_tag=tag)
+            ops, prologue, _ = self._bound(call, plan, persistent_tag=tag)
         return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
                                  timeout, native)
 
@@ -953,6 +1036,7 @@ class Communicator(VectorCollectives):
             if self.rank == call.root and not same_memory(call.src, call.dst):
                 def prologue(tag, dst=call.dst, src=call.src):
                     dst[...] = src
+                inline(prologue, "{0}[...] = {1}", (call.dst, call.src))
             send = None
         if c in ("reduce", "gather") and self.rank != call.root:
             recv = None
@@ -1035,10 +1119,12 @@ class Communicator(VectorCollectives):
                 check_out(out, x.shape, x.dtype, "out", like=x)
             out = self._scratch_buffer(array_module(x), x.dtype, x.size, nonblocking, role="reduce-out")
             aliased = False
-        call = Call(collective, x.size, x.reshape(-1), out.reshape(-1), op, root, x.nbytes, x.dtype,
-                     np if type(x) is np.ndarray else array_module(x), aliased, x.shape, has_result)
+        # Flat views of both (a 1-D array is its own: reshape costs more than the rest of this line).
+        call = Call(collective, x.size, x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1),
+                    op, root, x.nbytes, x.dtype, np if type(x) is np.ndarray else array_module(x), aliased, x.shape,
+                    has_result)
         call.result = out
-        if key is not None and x is given and (out is given_out or not has_result):
+        if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1209,10 +1295,10 @@ class Communicator(VectorCollectives):
             x = check_out(out, None, None, "out")
         x = input_for(x, nonblocking, "broadcast")
         out = self._output(out, x.shape, x)
-        call = Call("broadcast", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes, x.dtype,
-                     array_module(x), check_alias(x, out, "broadcast"), x.shape)
+        call = Call("broadcast", x.size, x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1),
+                    None, root, x.nbytes, x.dtype, array_module(x), check_alias(x, out, "broadcast"), x.shape)
         call.result = out
-        if key is not None and (x is given or x is given_out) and out is given_out:
+        if key is not None and (x is given or x is given_out) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1255,7 +1341,7 @@ class Communicator(VectorCollectives):
         call = Call("gather", x.size, x.reshape(-1), out.reshape(-1), None, root, x.nbytes * self.size, x.dtype,
                      xp, False, shape, self.rank == root)
         call.result = out
-        if key is not None and x is given and (out is given_out or self.rank != root):
+        if key is not None and x is given and (out is given_out or given_out is None or self.rank != root):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1315,7 +1401,7 @@ class Communicator(VectorCollectives):
         call = Call("scatter", count, src, out.reshape(-1), None, root, count * like.dtype.itemsize * self.size,
                      like.dtype, xp, False, block_shape)
         call.result = out
-        if key is not None and (x is given or self.rank != root) and out is given_out:
+        if key is not None and (x is given or self.rank != root) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1353,7 +1439,7 @@ class Communicator(VectorCollectives):
         call = Call("allgather", x.size, x.reshape(-1), out.reshape(-1), None, 0, x.nbytes * self.size, x.dtype,
                      array_module(x), False, shape)
         call.result = out
-        if key is not None and x is given and out is given_out:
+        if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1400,7 +1486,7 @@ class Communicator(VectorCollectives):
         call = Call("alltoall", count, x.reshape(-1), out.reshape(-1), None, 0, count * x.dtype.itemsize, x.dtype,
                      array_module(x), False, x.shape)
         call.result = out
-        if key is not None and x is given and out is given_out:
+        if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1467,7 +1553,7 @@ class Communicator(VectorCollectives):
         call = Call("reduce_scatter", elems, x.reshape(-1), out.reshape(-1), op, 0, x.nbytes, x.dtype,
                      array_module(x), False, shape)
         call.result = out
-        if key is not None and x is given and out is given_out:
+        if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         return self._run(call, algorithm, timeout, nonblocking)
 

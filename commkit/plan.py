@@ -9,11 +9,18 @@ a flat list of bound operations -- and every later call with the same arrays
 runs the list. What is left per call is the call number (it goes into the
 tag), a flight-recorder entry and the transport calls themselves.
 
-Two users of plans:
+Three users of plans:
 
 * the communicator's blocking calls, which keep the plans of recent
   ``(collective, x, out, op, algorithm)`` combinations (keyed by the arrays'
-  identity; the plan holds the arrays, so the identity stays theirs);
+  identity; the plan holds the arrays, so the identity stays theirs). A
+  call without ``out`` gets a plan that allocates its result at each run;
+* *shape plans*: the same code with the input and output taken at each run,
+  so a call with new arrays of a known shape (a fresh ``out``, a new ``x``)
+  runs a plan too, once its arguments are checked. They are compiled against
+  stand-in arrays that hold no memory (:func:`stand_in`), and only when every
+  op is written inline, so the generated code slices the run's own arrays
+  (:class:`Slots`);
 * persistent collectives (:meth:`commkit.Communicator.allreduce_init` ...),
   MPI-4 style: compiled once, then ``start()``/``wait()`` any number of
   times. Their transfers may be bound once too (MPI persistent requests), so
@@ -30,6 +37,8 @@ import re
 from collections.abc import Callable
 from time import monotonic as _monotonic
 
+import numpy as np
+
 from ._events import active as _trace_active
 from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
@@ -37,16 +46,67 @@ from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
 from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, timeout_error, transfer_error, wire_bytes
 
-__all__ = ["Plan", "PersistentRequest", "compile_ops"]
+__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "stand_in"]
 
 
-def _view(bufs, ref):
+def _view(bufs, ref, slots=None):
     name, lo, hi = ref
-    return bufs[name][lo:hi]
+    view = bufs[name][lo:hi]
+    if slots is not None and name in slots.names:
+        slots[id(view)] = (view, name, lo, hi)
+    return view
 
 
-def _reduce_op(step, bufs):
-    into, operand, src = _view(bufs, step.into), _view(bufs, step.operand), _view(bufs, step.src)
+class Slots(dict):
+    """The buffers a plan takes at each run instead of binding them, and every view sliced from them.
+
+    A plan compiled with slots is a *shape plan*: it runs any arrays of its call
+    shape. It is compiled against stand-ins of the right length
+    (:func:`stand_in`), and every op must be written inline, so the generated
+    function slices the run's own arrays where the stand-ins' views were bound
+    (``id(view) -> (view, name, lo, hi)``). ``names`` are the buffers taken per
+    run (``"in"``, ``"out"``); ``lengths`` their lengths.
+    """
+
+    def __init__(self, bufs: dict, names: tuple):
+        super().__init__()
+        self.names = names
+        self.lengths = {name: len(bufs[name]) for name in names if bufs.get(name) is not None}
+        # The arrays compiled against (stand-ins, or the call's own for a library collective): no
+        # constant of the plan may be one of them or a view of one. They are alive while it compiles.
+        self.stand_ins = {id(bufs[name]) for name in names if bufs.get(name) is not None}
+
+    def whole(self, name: str, array) -> None:
+        """``array`` (a call's whole buffer, as a library collective takes it) is buffer ``name`` of each run."""
+        if array is not None and name in self.names:
+            self[id(array)] = (array, name, 0, len(array))
+
+
+def stand_in(n: int, dtype):
+    """A read-only array of ``n`` elements over one element's memory: what a shape plan is compiled against.
+
+    It holds no caller's data and costs no memory; a shape plan refuses to bind
+    it (or any view of it) as a constant, so running the plan can only touch the
+    arrays of the run.
+    """
+    return np.lib.stride_tricks.as_strided(np.empty(1, dtype), (n,), (0,), writeable=False)
+
+
+def _derived(value, ids) -> bool:
+    """Whether ``value`` is one of the arrays ``ids`` names or a view of one (NumPy keeps the chain in .base),
+    or a list or tuple holding one at any depth."""
+    if type(value) in (list, tuple):
+        return any(_derived(item, ids) for item in value)
+    while isinstance(value, np.ndarray):
+        if id(value) in ids:
+            return True
+        value = value.base
+    return False
+
+
+def _reduce_op(step, bufs, slots=None):
+    into, operand, src = (_view(bufs, step.into, slots), _view(bufs, step.operand, slots),
+                          _view(bufs, step.src, slots))
     fn = step.op.fn
     a, b = (operand, src) if step.operand_first else (src, operand)
     if step.op.is_ufunc:
@@ -68,7 +128,15 @@ def _copy_op(dst, src):
 def _generic_transfer(chan, sends, recvs):
     def run(tag):
         chan.transfer(sends, recvs, tag, None)
-    return run
+    return inline(run, "{0}({1}, {2}, tag, None)", (chan.transfer, sends, recvs))
+
+
+def _timed_transfer(chan, sends, recvs):
+    """A transfer that gives up after the run's ``_timeout`` seconds: only written inline (a timed shape plan)."""
+    def run(tag):
+        raise TypeError("a timed transfer runs only inside a generated plan, which passes its timeout")
+    return inline(run, "if (_stuck := {0}({1}, {2}, tag, _timeout)): raise _timed_out(rec, seq, _stuck, _timeout)",
+                  (chan.transfer, sends, recvs))
 
 
 def _overlapped_transfer(chan, sends, recvs, local):
@@ -80,21 +148,21 @@ def _overlapped_transfer(chan, sends, recvs, local):
     return run
 
 
-def _local_ops(steps, bufs) -> list:
+def _local_ops(steps, bufs, slots=None) -> list:
     ops = []
     for step in steps:
         if step.kind == REDUCE:
             if step.into[2] > step.into[1]:
-                ops.append((REDUCE, _reduce_op(step, bufs), step, ()))
+                ops.append((REDUCE, _reduce_op(step, bufs, slots), step, ()))
         else:
-            dst, src = _view(bufs, step.dst), _view(bufs, step.src)
+            dst, src = _view(bufs, step.dst, slots), _view(bufs, step.src, slots)
             same = bufs[step.dst[0]] is bufs[step.src[0]] and step.dst[1] == step.src[1]
             if step.dst[2] > step.dst[1] and not same:
                 ops.append((COPY, _copy_op(dst, src), step, ()))
     return ops
 
 
-def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
+def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped)``, views sliced and calls bound.
 
     ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
@@ -102,16 +170,18 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
     ``test()``, ``wait()``) and ``overlapped`` the local ops to run once one is
     started; else transfers are callables ``op(tag)`` that move the data (running
     their overlapped local ops while it is in flight) and return when done.
-    Empty ranges and copies of a range onto itself are dropped.
+    Empty ranges and copies of a range onto itself are dropped. With ``slots``
+    (a shape plan's), every view of a buffer it names is recorded there; with
+    ``timed`` each transfer gives up after the run's timeout (shape plans only).
     """
     ops = []
     for step in steps:
         if step.kind != TRANSFER:
-            ops.extend(_local_ops((step,), bufs))
+            ops.extend(_local_ops((step,), bufs, slots))
             continue
-        sends = [(peer, _view(bufs, ref)) for peer, ref in step.sends]
-        recvs = [(peer, _view(bufs, ref)) for peer, ref in step.recvs]
-        local = tuple(op for _, op, _, _ in _local_ops(step.overlap, bufs))
+        sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
+        recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
+        local = tuple(op for _, op, _, _ in _local_ops(step.overlap, bufs, slots))
         if persistent_tag is not None:
             make = getattr(chan, "persistent_transfer", None)
             op = make(sends, recvs, persistent_tag) if make is not None else None
@@ -123,10 +193,13 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None) -> list:
             ops.append((TRANSFER, _overlapped_transfer(chan, sends, recvs, local), step, ()))
             continue
         bind = getattr(chan, "bind_transfer", None)
-        ops.append((TRANSFER, bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs),
-                    step, ()))
+        if timed:
+            op = _timed_transfer(chan, sends, recvs)
+        else:
+            op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
+        ops.append((TRANSFER, op, step, ()))
         # Too small to hide anything: the overlapped local steps run after the transfer.
-        ops.extend(_local_ops(step.overlap, bufs))
+        ops.extend(_local_ops(step.overlap, bufs, slots))
     return ops
 
 
@@ -149,7 +222,15 @@ def fuse(ops) -> list:
 _INLINE_UNITS = 256  # plans with more units run a loop instead of one straight-line function
 
 
-def _generate(plan, units, prologue) -> Callable[[], object]:
+def _mentions(value, slots) -> bool:
+    """Whether a list or tuple holds (at any depth) a view a shape plan slices per run."""
+    for item in value:
+        if id(item) in slots or (type(item) in (list, tuple) and _mentions(item, slots)):
+            return True
+    return False
+
+
+def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Callable[..., object] | None:
     """The body of :meth:`Plan.run`, written for this plan and compiled once.
 
     A call of a known shape then runs as one Python function: the concurrency
@@ -158,23 +239,64 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
     as constants -- no loop, no Python call per op where the op says how to be
     written inline (:func:`inline`). A 2-rank recursive-doubling allreduce is a
     ``Sendrecv`` and an ``np.add`` between the bookkeeping.
+
+    With ``slots`` the buffers it names are not constants: a shape plan's
+    ``run(_b_in, _b_out)`` takes them, or (``fresh = (shape, dtype)``, for a
+    call without ``out``) ``run()`` allocates the output each time and returns
+    it. Each view of them is sliced at the top of the run, each message
+    specification holding one is built there. Returns None when that cannot be
+    done safely: an op that is not written inline (it may hold a view of its
+    own), or a constant that is a compiled-against buffer or a view of one.
+    A ``timed`` shape plan's ``run(_b_in, _b_out, _timeout)`` gives up on a
+    transfer after ``_timeout`` seconds: it marks the call timed out in the
+    flight record and raises the interpreter's :class:`CommTimeout`.
     """
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
           "_finish": plan.finish, "_result": plan.result, "_prologue": prologue}
     consts: dict = {}
+    sliced: list = []  # the lines that slice a run's buffers (shape plans)
+    ranges: dict = {}
+    unsafe = []
 
     def const(value) -> str:
         name = consts.get(id(value))
-        if name is None:
-            name = consts[id(value)] = f"_c{len(consts)}"
-            ns[name] = value
+        if name is not None:
+            return name
+        if slots:
+            hit = slots.get(id(value))
+            if hit is not None and hit[0] is value:
+                _, buf, lo, hi = hit
+                if lo == 0 and hi == slots.lengths[buf]:
+                    name = f"_b_{buf}"
+                else:  # one view per range, however many ops use it
+                    name = ranges.get((buf, lo, hi))
+                    if name is None:
+                        name = ranges[buf, lo, hi] = f"_v{len(sliced)}"
+                        sliced.append(f"{name} = _b_{buf}[{lo}:{hi}]")
+                consts[id(value)] = name
+                return name
+            if type(value) in (list, tuple) and _mentions(value, slots):
+                items = ", ".join(const(item) for item in value)
+                name = f"_v{len(sliced)}"
+                sliced.append(f"{name} = [{items}]" if type(value) is list else f"{name} = ({items},)")
+                consts[id(value)] = name
+                return name
+            if _derived(value, slots.stand_ins):
+                unsafe.append(value)
+        name = consts[id(value)] = f"_c{len(consts)}"
+        ns[name] = value
         return name
 
     body = []
     if prologue is not None:
-        body.append("_prologue(tag)")
+        spec = getattr(prologue, "inline", None)
+        if spec is not None and spec[2] is None:
+            body.append(spec[0].format(*(const(v) for v in spec[1])))
+        else:
+            unsafe.append(prologue)
+            body.append("_prologue(tag)")
     straight = len(units) <= _INLINE_UNITS
     if straight:
         many = len(units) > 1
@@ -184,6 +306,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
             for op in ops:
                 spec = getattr(op, "inline", None)
                 if spec is None:
+                    unsafe.append(op)
                     body.append(f"{const(op)}(tag)")
                     continue
                 template, values, errors = spec
@@ -194,21 +317,37 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
                     body += ["try:", f"    {line}", f"except {const(errors[0])} as exc:",
                              f"    raise {const(errors[1])}(exc) from None"]
     else:
+        unsafe.append(units)
         ns["_units"] = tuple((step, tuple(ops)) for step, ops in units)
         body += ["for index, (step, ops) in enumerate(_units):",
                  f"    rec[{STEP}] = index; rec[{STEP_OBJ}] = step",
                  "    for op in ops:", "        op(tag)"]
+    if slots is not None and unsafe:
+        return None
     if not body:
         body.append("pass")
     done = "return _finish()" if plan.finish is not None else "return _result"
+    head = []
+    if timed:
+        info = (plan.collective, plan.algorithm, plan.comm.rank)
+
+        def timed_out(rec, seq, stuck, timeout):
+            FlightRecorder.finish(rec, "timed out")
+            return timeout_error((info[0], info[1], seq, info[2], None), rec[STEP], rec[STEP_OBJ], stuck, timeout)
+        ns["_timed_out"] = timed_out
+    if fresh is not None:
+        ns["_empty"], ns["_shape"], ns["_dtype"] = np.empty, fresh[0], fresh[1]
+        head = ["    _result = _empty(_shape, _dtype)", "    _b_out = _result.reshape(-1)"]
+    head += ["    " + line for line in sliced]
     step0 = const(units[0][0] if units else None)
     # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
     coll, alg = repr(plan.collective), repr(plan.algorithm)
+    shape_plan = slots is not None and fresh is None  # run by the communicator's general path, which holds the guard
     source = "\n".join([
-        "def run():",
-        "    if not _acquire(False):",
-        f"        raise _comm._concurrent({coll})",
+        ("def run(_b_in, _b_out, _timeout):" if timed else "def run(_b_in, _b_out):") if shape_plan else "def run():",
+        *head,
+        *([] if shape_plan else ["    if not _acquire(False):", f"        raise _comm._concurrent({coll})"]),
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
@@ -224,7 +363,7 @@ def _generate(plan, units, prologue) -> Callable[[], object]:
         "exc) from None",
         "    finally:",
         "        _recorder.active = None",
-        "        _release()",
+        *([] if shape_plan else ["        _release()"]),
         f"    rec[{STATE}] = 'done'",
         f"    {done}",
     ])
@@ -266,13 +405,16 @@ class Plan:
     ``plan.run()`` is the whole per-call path of a call whose plan is known: a
     function generated for this plan (:func:`_generate`; its text is
     ``plan.run.source``), with every attribute it needs resolved once, here.
+    Two variants take buffers per run instead (``slots``): a call without
+    ``out`` allocates its result at each ``run()``, and a *shape plan*'s
+    ``run(src, dst)`` runs any flat arrays of its call shape.
     """
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
-                 finish=None, prologue=None):
+                 finish=None, prologue=None, slots=None, fresh=None, timed=False):
         self.comm = comm
         self.tagbase = tagbase
         self.seq_mask = comm._layout.seq_mask
@@ -291,7 +433,9 @@ class Plan:
         self.lock = comm._entry
         self.hot = None           # the call's arguments, for the communicator's last-plan check
         # prologue: a local op run first (saving the input of an in-place call that needs it)
-        self.run = _generate(self, fuse(ops), prologue)
+        # slots: the buffers each run takes (a shape plan: run(in, out)), or with fresh, allocates (out).
+        # run is None when the ops cannot be written that way (see _generate): use the general path.
+        self.run = _generate(self, fuse(ops), prologue, slots, fresh, timed)
 
     def ready(self, x) -> bool:
         """Whether this plan may run now: same element type, and nothing that needs the general path."""

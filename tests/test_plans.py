@@ -7,6 +7,8 @@ fail), swap arrays, reinterpret dtypes, and mix plans with the general path.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -402,3 +404,193 @@ def test_inplace_safety_of_the_built_in_schedules(collective):
         assert not verdicts["naive"]  # it reads its input after writing the output
     if collective == "reduce":
         assert not verdicts["naive"]
+
+
+# -- shape plans: new arrays of a known shape, and calls without out ----------------------------------------
+
+
+def _new_arrays_body(name, algorithm, n, rounds, root):
+    """Each round: new input arrays, and the output given new, left out, or (same x) left out again."""
+    def body(comm):
+        r = comm.rank
+        got = []
+        same_x = None
+        for k in range(rounds):
+            x, xx, out, kwargs = _setup(comm, name, n, root)
+            mode = ("new out", "no out", "no out, same x", "no out, same x")[k % 4]
+            if mode.endswith("same x"):
+                if same_x is None:
+                    same_x = (x, xx)
+                x, xx = same_x
+            x[...] = np.random.default_rng(1000 * k + r).integers(-9, 9, x.size)
+            given = x.copy()
+            if mode != "new out" and not (name == "scatter" and r != root):
+                kwargs["out"] = None
+            result = getattr(comm, name)(xx, algorithm=algorithm, **kwargs)
+            np.testing.assert_array_equal(x, given)  # the input is never touched
+            if kwargs.get("out") is not None:
+                assert result is kwargs["out"]
+            got.append((given, result, None if result is None else result.copy()))
+        compiled = [v for v in comm._shaped.values() if isinstance(v, ck.plan.Plan)]
+        fresh = [v for v in comm._fast.values() if v is not None and v.hot is not None and v.hot[1] is None]
+        return got, len(compiled), len(fresh)
+    return body
+
+
+@pytest.mark.parametrize("name", [c for c in COLLECTIVE_INITS if c != "barrier"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_new_arrays_and_no_out_run_plans_and_stay_right(name, size):
+    """Every algorithm: calls with new arrays run the shape plan, calls without out a plan that allocates.
+
+    A result handed back must be the caller's to keep: the next call must not
+    write into it (a plan that bound its output would).
+    """
+    rounds, n, root = 8, 3, size - 1
+    for algorithm in [None, *(a for a in ck.algorithms.for_collective(name) if a != "native")]:
+        alg = ck.algorithms.get(name, algorithm) if algorithm else None
+        if alg is not None and alg.why_not(size, ck.ops.get_op("sum")) is not None:
+            continue
+        per_rank = ck.run_local(_new_arrays_body(name, algorithm, n, rounds, root), size)
+        for k in range(rounds):
+            inputs = [per_rank[r][0][k][0] for r in range(size)]
+            for r in range(size):
+                want = _expected(name, inputs, r, root)
+                _, result, copy = per_rank[r][0][k]
+                if want is None:
+                    assert result is None
+                    continue
+                np.testing.assert_array_equal(copy.reshape(want.shape), want, err_msg=f"{algorithm} round {k}")
+                np.testing.assert_array_equal(result, copy, err_msg=f"{algorithm}: a later call wrote into "
+                                                                    f"round {k}'s result")
+        for r in range(size):
+            assert per_rank[r][1] >= 1, f"{name} {algorithm}: no shape plan on rank {r}"
+            # exscan finishes its result after the run (rank 0's identity): its calls without out take the shape plan
+            without_out = not (name == "scatter" and r != root)  # a scatter's non-root ranks always pass out
+            if name != "exscan" and without_out and _expected(name, [np.zeros(n * size)] * size, r, root) is not None:
+                assert per_rank[r][2] >= 1, f"{name} {algorithm}: no plan for the calls without out on rank {r}"
+
+
+def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeypatch):
+    """Ops that are not written inline, or that bind a view the plan cannot re-slice, keep the general path."""
+    from commkit import plan as plan_module
+    from commkit.transports.base import inline
+
+    def resliced(chan, sends, recvs):  # binds views of views: the plan cannot know to slice them per run
+        sends = [(peer, view[0:len(view)]) for peer, view in sends]
+        recvs = [(peer, view[0:len(view)]) for peer, view in recvs]
+
+        def run(tag):
+            chan.transfer(sends, recvs, tag, None)
+        return inline(run, "{0}({1}, {2}, tag, None)", (chan.transfer, sends, recvs))
+
+    def body(comm):
+        results = []
+        for k in range(4):
+            x = np.full(5, comm.rank + k, np.float64)
+            results.append(comm.allreduce(x, out=np.empty(5), algorithm="ring").tolist())
+        # Large enough for overlap: the ring's reductions run in the op that waits for the transfer.
+        big = ck.Communicator._FAST_MAX_BYTES // 16
+        for k in range(3):
+            comm.allreduce(np.ones(big), out=np.empty(big), algorithm="ring_pipelined:16K")
+        return results, sorted(map(repr, comm._shaped.values()))
+
+    monkeypatch.setattr(plan_module, "_generic_transfer", resliced)
+    for rank, (results, shaped) in enumerate(ck.run_local(body, 3)):
+        assert results == [[float(sum(q + k for q in range(3)))] * 5 for k in range(4)]
+        assert shaped == ["False", "False"], shaped  # neither shape got a plan; the calls stayed right
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
+def test_a_call_with_a_timeout_runs_a_timed_shape_plan_that_still_gives_up(algorithm):
+    """Calls with a timeout run a plan too; when a peer stops coming, it times out as the interpreter does."""
+    def body(comm):
+        got = []
+        for k in range(4):
+            x = np.full(6, comm.rank + k, np.float32)
+            got.append(comm.allreduce(x, algorithm=algorithm, timeout=30).tolist())
+        timed = [v for (_, _, t), v in comm._shaped.items() if t and isinstance(v, ck.plan.Plan)]
+        assert len(timed) == 1 and "_timeout" in timed[0].run.source
+        if comm.rank == 3:
+            return got, None, None
+        with pytest.raises(ck.CommTimeout) as info:
+            comm.allreduce(np.ones(6, np.float32), algorithm=algorithm, timeout=0.3)
+        with pytest.raises(ck.CommBroken, match=r"allreduce #4 timed out"):
+            comm.barrier()
+        record = comm.flight_recorder.calls[-1]
+        return got, str(info.value), record[8]
+
+    for rank, (got, message, state) in enumerate(ck.run_local(body, 4)):
+        assert got == [[float(sum(q + k for q in range(4)))] * 6 for k in range(4)]
+        if rank == 3:
+            continue
+        assert re.search(rf"rank {rank} timed out after 0.3 s in allreduce #4 \(algorithm '{algorithm}'\) "
+                         r"at step \d+ \(.*\), waiting for rank\(s\) [0-9, ]+\.", message), message
+        assert "Recent calls on this rank:" in message
+        assert state == "timed out"
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_shape_plans_fresh_outputs_and_timed_plans_under_mpiexec():
+    """MPI's bound messages (Sendrecv on specification lists) re-sliced per run, for every algorithm."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    m = 3
+
+    def x_of(q, k, rows=1):  # rank q's input in round k: one row, or one per rank
+        x = (q * 10 + k + np.arange(rows * m)).reshape(rows, m)
+        return x[0] if rows == 1 else x
+
+    def want(name, k):
+        xs = [x_of(q, k, p if name in ("scatter", "alltoall", "reduce_scatter") else 1) for q in range(p)]
+        return {"allreduce": sum(xs), "reduce": sum(xs) if r == 0 else None, "scan": sum(xs[: r + 1]),
+                "broadcast": xs[p - 1], "allgather": np.stack(xs), "gather": np.stack(xs) if r == 0 else None,
+                "scatter": xs[0][r], "alltoall": np.stack([xs[q][r] for q in range(p)]),
+                "reduce_scatter": sum(xs)[r:r + 1]}[name]
+
+    sum_op = ck.ops.get_op("sum")
+    for name in ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall",
+                 "reduce_scatter"):
+        names = [None, *ck.algorithms.for_collective(name)]
+        for algorithm in names:
+            alg = ck.algorithms.get(name, algorithm) if algorithm else None
+            if alg is not None and alg.why_not(p, sum_op) is not None:
+                continue
+            kept, same = [], None
+            for k in range(9):
+                mode = ("new out", "no out", "timeout", "no out, same x")[k % 4]
+                x = x_of(r, k, p if name in ("scatter", "alltoall", "reduce_scatter") else 1).astype(np.int64)
+                if mode == "no out, same x":  # the same array again: a plan that allocates each result
+                    if same is None:
+                        same = x
+                    same[...] = x
+                    x = same
+                given = x.copy()
+                kw = {"algorithm": algorithm}
+                if mode == "timeout":
+                    kw["timeout"] = 30.0
+                if name in ("reduce", "gather", "broadcast", "scatter"):
+                    kw["root"] = p - 1 if name == "broadcast" else 0
+                if name == "scatter" and r != 0:
+                    x, kw["out"] = None, np.empty(m, np.int64)
+                elif mode == "new out":
+                    w = want(name, k)
+                    kw["out"] = None if w is None else np.empty(w.shape, np.int64)
+                got = getattr(c, name)(x, **kw)
+                if x is not None:
+                    assert (x == given).all(), (name, algorithm, "input changed")
+                w = want(name, k)
+                assert (got is None) == (w is None), (name, algorithm, mode)
+                if w is not None:
+                    assert got.tolist() == w.tolist(), (name, algorithm, mode, k, got, w)
+                    kept.append((got, got.copy()))
+            for got, copy in kept:
+                assert (got == copy).all(), (name, algorithm, "a later call wrote into an earlier result")
+    print(f"ok {r}", flush=True)
+    """
+    for nprocs in (2, 3):
+        result = run_mpi(nprocs, code, timeout=240)
+        assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
