@@ -15,6 +15,8 @@ import shlex
 import statistics
 import sys
 
+from commkit._units import format_bytes
+
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 
 # Issue 5's bands, as (exclusive lower, inclusive upper) bytes: "up to 1 KiB" includes 1 KiB.
@@ -52,10 +54,8 @@ def band_of(size: int) -> int | None:
 
 
 def fmt_size(n: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
+    """The page's sizes: exact binary units up to MiB (``'64 KiB'``, ``'1536 B'``; the sweeps end at 64 MiB)."""
+    return format_bytes(n, largest="MiB")
 
 
 def fmt_us(t: float) -> str:

@@ -264,12 +264,12 @@ def forms_task(spec):
                     names = spec.get("names") or ["auto", *bench.candidates(collective, p, op)]
                 seen = set()
                 for size in spec["sizes"]:
-                    actual = bench._actual_size(collective, p, size, itemsize)
+                    actual = bench.actual_size(collective, p, size, itemsize)
                     if actual in seen or actual == 0:
                         continue  # rounds to a size already measured (or to nothing)
                     seen.add(actual)
                     # New data every sweep (seed = sweep), in buffers made for this size.
-                    case = bench._Case(comm, collective, size, dtype, op, 0, np, seed=rep)
+                    case = bench.Case(comm, collective, size, dtype, op, 0, np, seed=rep)
                     iters, warmup = iterations(actual, len(names), spec)
                     for record in measure_forms(comm, raw, case, names, iters, warmup):
                         record["rep"] = rep
@@ -335,7 +335,7 @@ def _measure_gloo(comm, dist, group, collective, size, iters, warmup):
     """commkit auto, native and gloo on the same buffers, interleaved as :func:`commkit.bench.measure` does."""
     from commkit import bench
 
-    case = bench._Case(comm, collective, size, "float32", "sum", 0, np)
+    case = bench.Case(comm, collective, size, "float32", "sum", 0, np)
     gloo = _gloo_call(dist, case, group)
     names = ["auto", "native"] + (["gloo"] if gloo is not None else [])
     has_result = case.expected is not None
@@ -404,7 +404,7 @@ def gloo_task(spec):
                 for size in spec["sizes"]:
                     from commkit import bench
 
-                    actual = bench._actual_size(collective, comm.size, size, 4)
+                    actual = bench.actual_size(collective, comm.size, size, 4)
                     if actual in seen or actual == 0:
                         continue
                     seen.add(actual)

@@ -75,7 +75,7 @@ def measure(comm, raw, args, collectives, sizes, loads):
             algorithms = bench.candidates(collective, comm.size, "sum")
             names = _tasks.form_names(collective, ["raw", *algorithms])
             for size in sizes:
-                case = bench._Case(comm, collective, size, "float32", "sum", 0, np, seed=sweep)
+                case = bench.Case(comm, collective, size, "float32", "sum", 0, np, seed=sweep)
                 iters, warmup = _tasks.iterations(case.size, len(names), spec)
                 for row in _tasks.measure_forms(comm, raw, case, names, iters, warmup):
                     row["rep"] = sweep

@@ -61,7 +61,7 @@ def _worker(args) -> int:
     size = bench.parse_size(args.size)
     names = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         [a for a in bench.candidates(args.collective, comm.size) if a != "native"]
-    case = bench._Case(comm, args.collective, size, "float32", "sum", 0, np)
+    case = bench.Case(comm, args.collective, size, "float32", "sum", 0, np)
     order = names + ["native"]
     totals = {name: [] for name in order}
     with ck.trace(comm) as tracer:

@@ -42,11 +42,12 @@ import numpy as np
 
 from . import algorithms, collectives
 from ._checks import parse_size
+from ._units import format_bytes
 from .errors import AlgorithmNotApplicable, InvalidArgument
 from .ops import get_op
 
 __all__ = ["Row", "parse_size", "parse_sizes", "size_range", "format_size", "busbw_factor", "candidates",
-           "measure", "run", "format_table", "to_csv", "to_json", "plot", "Progress"]
+           "Case", "actual_size", "measure", "run", "format_table", "to_csv", "to_json", "plot", "Progress"]
 
 _REDUCING = collectives.REDUCING
 
@@ -109,11 +110,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def format_size(n: int) -> str:
-    """``1048576`` -> ``"1M"`` (exact binary units only)."""
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
+    """``1048576`` -> ``"1M"``, ``1536`` -> ``"1536"``: exact binary units only, as :func:`parse_size` reads them."""
+    return format_bytes(n, compact=True)
 
 
 # -- what a run moves --------------------------------------------------------------------------------
@@ -145,8 +143,33 @@ def candidates(collective: str, p: int, op="sum") -> list[str]:
 # -- one benchmark case: buffers, inputs, reference --------------------------------------------------
 
 
-class _Case:
-    """The buffers, inputs and expected result of one collective at one size, on this rank."""
+class Case:
+    """The buffers, inputs and expected result of one collective at one size, on this rank.
+
+    What :func:`measure` times, and what benchmarks/ builds its own timings on
+    (the raw library call, torch.distributed) so that every contender runs on
+    the same buffers and is checked against the same reference.
+
+    Args:
+        comm: the communicator (every rank builds its case; building one communicates nothing).
+        collective: the collective's name, as in :data:`commkit.algorithms.COLLECTIVES`.
+        size: the message size in bytes, as :mod:`commkit.selection` counts it;
+            rounded as :func:`actual_size` rounds it (``self.size`` is the result).
+        dtype: the element type (any NumPy dtype name).
+        op: the reduction's name, for the reducing collectives (ignored by the others).
+        root: the root rank of the rooted collectives.
+        xp: the array module of the buffers (``numpy``, or ``cupy`` for NCCL).
+        seed: picks the inputs; each rank's input is a pure function of
+            (seed, rank, size), so every rank computes every reference without communicating.
+
+    Attributes: ``x`` (this rank's input, None where it sends nothing), ``out``
+    (its output buffer, None where it receives nothing), ``expected`` (its
+    NumPy reference, None where the collective returns None), ``size``,
+    ``count``, ``counts`` (reduce_scatter's, else None), ``block`` (elements
+    per block, None for reduce_scatter), ``dtype``, ``op``.
+
+    Cost: the reference folds every rank's input on every rank: O(p * size) time, O(size) extra memory.
+    """
 
     def __init__(self, comm, collective, size, dtype, op, root, xp, seed=0):
         from .sim import schedule_args
@@ -279,6 +302,7 @@ class _Case:
         raise AssertionError(c)
 
     def correct(self, result) -> bool:
+        """Whether ``result`` (what :meth:`run` returned) equals this rank's reference exactly."""
         if self.expected is None:
             return result is None
         if result is None:
@@ -312,7 +336,7 @@ def measure(comm, collective: str, size: int, names, *, dtype="float32", op="sum
         raise InvalidArgument(f"iters must be an int >= 1, got {iters!r}.")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise InvalidArgument(f"warmup must be an int >= 0, got {warmup!r}.")
-    case = _Case(comm, collective, size, dtype, op, root, xp)
+    case = Case(comm, collective, size, dtype, op, root, xp)
     names = list(names)
     if "native" in names and not _native_available(case):
         names.remove("native")
@@ -410,7 +434,7 @@ def run(comm, collectives, sizes, *, names=None, dtype="float32", op="sum", root
         chosen = resolve_algorithms(collective, comm.size, names, op)
         seen = set()
         for size in sizes:
-            actual = _actual_size(collective, comm.size, size, np.dtype(dtype).itemsize)
+            actual = actual_size(collective, comm.size, size, np.dtype(dtype).itemsize)
             if actual in seen:
                 continue  # sizes that round to the same message (see schedule_args)
             seen.add(actual)
@@ -419,7 +443,14 @@ def run(comm, collectives, sizes, *, names=None, dtype="float32", op="sum", root
     return rows
 
 
-def _actual_size(collective, p, size, itemsize):
+def actual_size(collective: str, p: int, size: int, itemsize: int) -> int:
+    """The bytes a benchmark of ``collective`` on ``p`` ranks at ``size`` bytes really moves.
+
+    ``size`` is rounded down to whole elements of ``itemsize`` bytes (for
+    gather, scatter and allgather, to whole per-rank blocks; a barrier moves 0),
+    as :class:`Case` rounds it (:func:`commkit.sim.schedule_args`): two requested
+    sizes with the same actual size are the same benchmark.
+    """
     from .sim import schedule_args
 
     return schedule_args(collective, p, size, itemsize)[1]

@@ -48,6 +48,7 @@ from itertools import pairwise
 from . import _states, cost, sim
 from ._crossover import changes
 from ._events import MESSAGE_KINDS, events_of, messages
+from ._units import format_bytes
 from .algorithms import for_collective
 from .errors import InvalidArgument
 from .schedule import partition
@@ -86,11 +87,7 @@ def _figure(ax, size):
 
 def _fmt_bytes(n: float) -> str:
     """Exact bytes below 10 KiB (what a schedule moves is rarely a round number), else 3 digits."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and (n >= 10 * 1024 or n % scale == 0):
-            value = n / scale
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
-    return f"{int(n)} B"
+    return format_bytes(n, 3, exact_below=10 << 10)
 
 
 def _time_unit(span: float):

@@ -49,7 +49,7 @@ import numpy as np
 
 from . import algorithms, bench, collectives, cost
 from ._checks import parse_size
-from ._units import format_seconds
+from ._units import format_bytes, format_seconds
 from .algorithms.pipelined import segment_elements
 from .errors import InvalidArgument
 from .ops import get_op
@@ -62,12 +62,8 @@ _REDUCING = collectives.REDUCING
 
 
 def _size(n) -> str:
-    if n is None:
-        return "no limit"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
+    """``n`` bytes in the log and the reasons: exact binary units (``'64 KiB'``, ``'1536 B'``); None is no limit."""
+    return format_bytes(n, none="no limit")
 
 
 # -- measuring ------------------------------------------------------------------------------------

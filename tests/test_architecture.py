@@ -9,7 +9,10 @@
   modules that import them; elsewhere only inside functions, so that importing
   commkit needs neither).
 * No module reads another module's private names (``other._name``, ``from other
-  import _name``), apart from the allow-list :data:`KNOWN_PRIVATE_ACCESS`.
+  import _name``), apart from the allow-list :data:`KNOWN_PRIVATE_ACCESS`; nor
+  does a script of :data:`SCRIPT_DIRS` (benchmarks/, which imports commkit's
+  modules by name: what it needs of them is public API too). A private module
+  (``commkit._units``) may be imported; its public names may be read.
 
 What counts as an import of module M:
 
@@ -33,15 +36,19 @@ import os
 
 import pytest
 
-PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "commkit")
+REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.join(REPO_DIR, "commkit")
+# Folders of scripts outside the package that import commkit by name and are held to its rule on private names.
+SCRIPT_DIRS = ("benchmarks",)
 
 # Edges (importer, imported) that close a cycle today. Each one stays here only until the change
 # named beside it lands; test_every_allowed_edge_still_closes_a_cycle fails once it no longer does,
 # so that the entry is removed with the fix.
 KNOWN_CYCLE_EDGES: dict = {}
 
-# Private names read across modules today: (reader, "module.name"). Each is a name another module
-# needs, so it should be public (or move to where it is used).
+# Private names read across modules today: (reader, "module.name"), the reader a module's dotted name or a
+# script's path from the repository root. Each is a name another module needs, so it should be public (or move
+# to where it is used).
 KNOWN_PRIVATE_ACCESS: dict = {}
 
 # The optional libraries only the transports and the compatibility face may import at module level.
@@ -75,10 +82,35 @@ def _modules() -> dict:
 MODULES = _modules()
 
 
+def _scripts() -> dict:
+    """Every script of :data:`SCRIPT_DIRS`: its path from the repository root -> its absolute path."""
+    found = {}
+    for top in SCRIPT_DIRS:
+        for folder, dirs, files in os.walk(os.path.join(REPO_DIR, top)):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for file in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, file)
+                found[os.path.relpath(path, REPO_DIR).replace(os.sep, "/")] = path
+    return found
+
+
+SCRIPTS = _scripts()
+
+
 @functools.lru_cache(maxsize=None)
+def _parse_file(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
+
+
 def _parse(name: str) -> ast.Module:
-    with open(MODULES[name][0], encoding="utf-8") as f:
-        return ast.parse(f.read(), MODULES[name][0])
+    """The syntax tree of a module of the package (by dotted name) or of a script (by its path in SCRIPTS)."""
+    return _parse_file(MODULES[name][0] if name in MODULES else SCRIPTS[name])
+
+
+def _where(reader: str) -> str:
+    """A module's or a script's path from the repository root."""
+    return os.path.relpath(MODULES[reader][0], REPO_DIR) if reader in MODULES else reader
 
 
 def _is_type_checking(node) -> bool:
@@ -341,12 +373,30 @@ def test_no_module_outside_transports_and_compat_imports_them_through_another():
                            "module level:\n  " + "\n  ".join(sorted(set(offenders))))
 
 
-def _private_reads(reader: str):
-    """("module.name", line) for each private name of another commkit module that ``reader`` reads."""
-    tree = _parse(reader)
+def _module_of(node, aliases) -> str | None:
+    """The commkit module an expression names: a name bound by an import, or a module attribute of one."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _module_of(node.value, aliases)
+        if base is not None and f"{base}.{node.attr}" in MODULES:
+            return f"{base}.{node.attr}"
+    return None
+
+
+def _private_reads(reader: str, tree=None):
+    """("module.name", line) for each private name of another commkit module that ``reader`` reads.
+
+    ``reader`` is a module of the package (dotted name) or a script (its path
+    in :data:`SCRIPTS`; a script's relative imports are of its own folder, not
+    of commkit). ``tree``, when given, is read instead of the reader's file.
+    """
+    tree = _parse(reader) if tree is None else tree
     aliases = {}  # local name -> commkit module it is bound to
     for node, _ in _statements(tree):
         if isinstance(node, ast.ImportFrom):
+            if node.level and reader not in MODULES:
+                continue
             base = _base(reader, node)
             if base.split(".")[0] != "commkit":
                 continue
@@ -361,17 +411,36 @@ def _private_reads(reader: str):
                 if alias.name.split(".")[0] == "commkit":
                     aliases[alias.asname or "commkit"] = alias.name if alias.asname else "commkit"
     for node, _ in _statements(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                and node.attr.startswith("_") and not node.attr.startswith("__")):
-            full = f"{aliases[node.value.id]}.{node.attr}"
-            if full not in MODULES and aliases[node.value.id] != reader:
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            module = _module_of(node.value, aliases)
+            full = f"{module}.{node.attr}"
+            if module is not None and full not in MODULES and module != reader:
                 yield full, node.lineno
 
 
+def _reads_of(source: str, reader: str = "benchmarks/example.py") -> set:
+    return {full for full, _ in _private_reads(reader, ast.parse(source))}
+
+
+def test_the_reader_sees_private_names_read_by_a_script():
+    """Each way a script reaches a module's private name is seen; a private module's public names are not."""
+    assert "benchmarks/_tasks.py" in SCRIPTS and "benchmarks/compare.py" in SCRIPTS
+    assert _reads_of("from commkit import bench\nbench._Case") == {"commkit.bench._Case"}
+    assert _reads_of("def f():\n    from commkit import bench as b\n    return b._x") == {"commkit.bench._x"}
+    assert _reads_of("import commkit as ck\nck.bench._Case") == {"commkit.bench._Case"}
+    assert _reads_of("import commkit.bench\ncommkit.bench._Case") == {"commkit.bench._Case"}
+    assert _reads_of("from commkit.bench import _Case") == {"commkit.bench._Case"}
+    assert _reads_of("import commkit\ncommkit._private()") == {"commkit._private"}
+    assert _reads_of("from commkit._units import format_bytes\nimport commkit._units as u\nu.format_bytes") == set()
+    # The script's own names and its folder's modules are not commkit's.
+    assert _reads_of("import _report\n_report._ratio\nfrom . import _tasks\nself._x\nbench._Case") == set()
+
+
 def test_no_private_names_read_across_modules():
-    found = {(reader, full): line for reader in MODULES for full, line in _private_reads(reader)}
-    new = sorted(f"{os.path.relpath(MODULES[r][0], PACKAGE_DIR)}:{line} reads {full}"
+    found = {(reader, full): line for reader in [*MODULES, *SCRIPTS] for full, line in _private_reads(reader)}
+    new = sorted(f"{_where(r)}:{line} reads {full}"
                  for (r, full), line in found.items() if (r, full) not in KNOWN_PRIVATE_ACCESS)
-    assert not new, "private names read from another module (make them public, or move them):\n  " + "\n  ".join(new)
+    assert not new, ("private names read from another module (make them public, or move them); benchmarks/ "
+                     "counts as outside the package:\n  " + "\n  ".join(new))
     stale = sorted(f"{r} reads {full}" for r, full in KNOWN_PRIVATE_ACCESS if (r, full) not in found)
     assert not stale, f"these KNOWN_PRIVATE_ACCESS entries were fixed: remove them: {stale}"

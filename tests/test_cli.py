@@ -94,7 +94,7 @@ def test_bench_under_mpiexec_writes_json_to_stdout(mpi):
 
 
 def test_wrong_results_are_counted(monkeypatch):
-    real_run = bench._Case.run
+    real_run = bench.Case.run
 
     def broken(case, algorithm):
         result = real_run(case, algorithm)
@@ -102,7 +102,7 @@ def test_wrong_results_are_counted(monkeypatch):
             result.reshape(-1)[0] += 1
         return result
 
-    monkeypatch.setattr(bench._Case, "run", broken)
+    monkeypatch.setattr(bench.Case, "run", broken)
     rows = ck.run_local(lambda comm: bench.run(comm, ["allreduce"], [64], names=["ring", "naive"], iters=4,
                                                warmup=1), 3)
     by_name = {r.algorithm: r for r in rows[0]}
@@ -111,14 +111,14 @@ def test_wrong_results_are_counted(monkeypatch):
 
 
 def test_an_algorithm_that_writes_nothing_is_caught(monkeypatch):
-    real_run = bench._Case.run
+    real_run = bench.Case.run
 
     def lazy(case, algorithm):
         if algorithm == "ring":
             return case.out  # whatever the last run left there
         return real_run(case, algorithm)
 
-    monkeypatch.setattr(bench._Case, "run", lazy)
+    monkeypatch.setattr(bench.Case, "run", lazy)
     rows = ck.run_local(lambda comm: bench.run(comm, ["allgather"], [96], names=["naive", "ring"], iters=3,
                                                warmup=0), 2)[0]
     assert {r.algorithm: r.wrong for r in rows} == {"naive": 0, "ring": 6}

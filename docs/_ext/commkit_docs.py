@@ -83,7 +83,7 @@ class AlgorithmsTable(SphinxDirective):
     def run(self):
         from commkit import algorithms
 
-        algorithms._load()
+        algorithms.load()  # the built-in algorithms and any named in COMMKIT_ALGORITHMS
         for path in glob.glob(os.path.join(os.path.dirname(algorithms.__file__), "*.py")):
             self.env.note_dependency(path)  # rebuild the page when an algorithm's registration changes
         family = self.arguments[0]
@@ -137,10 +137,9 @@ class TuningTable(SphinxDirective):
 
 
 def _size(n: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
+    from commkit._units import format_bytes
+
+    return format_bytes(n, largest="MiB")
 
 
 def _bounds(what, lo, hi, fmt):
