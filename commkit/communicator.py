@@ -779,6 +779,9 @@ class Communicator(VectorCollectives):
                 if shaped is None or shaped is _SEEN_ONCE:
                     shaped = self._shape_plan(call, plan, key, shaped, timed)
                 if shaped:
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
+                                  call.collective, self._seq, call.nbytes, self.size, name, choice.reason)
                     if not timed:
                         shaped.run(call.dst if call.aliased else call.src, call.dst)
                         return self._finish(call) if call.has_result else None
@@ -932,7 +935,7 @@ class Communicator(VectorCollectives):
                 def run(tag, coll=self._coll):
                     coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
                                 inplace=inplace)
-            return [(TRANSFER, run, None, ())], prologue, taken
+            return [(TRANSFER, run, None, (), 0)], prologue, taken
         src, dst = call.src, call.dst
         if "in" in slots and src is not None:  # a shape plan: no array of this call is bound
             src = stand_in(len(src), call.dtype)
@@ -963,10 +966,12 @@ class Communicator(VectorCollectives):
         if slots and not fresh:  # a shape plan: the caller finishes the call
             return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, None, None,
                         None, prologue, taken, timed=timed)
+        if fresh:  # the result is allocated by each run: the plan keeps none of them
+            return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
+                        None, None, prologue, taken, (call.result.shape, call.dtype, call.keep[0]))
         finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
-                    call.result if call.has_result else None, finish, prologue, taken,
-                    (call.result.shape, call.dtype) if fresh else None)
+                    call.result if call.has_result else None, finish, prologue)
 
     def _shape_plan(self, call: Call, plan, key, state, timed):
         """The shape plan for ``call``'s shape: compiled the second time the shape comes, else None or False."""

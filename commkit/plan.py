@@ -72,9 +72,9 @@ class Slots(dict):
         super().__init__()
         self.names = names
         self.lengths = {name: len(bufs[name]) for name in names if bufs.get(name) is not None}
-        # The arrays compiled against (stand-ins, or the call's own for a library collective): no
-        # constant of the plan may be one of them or a view of one. They are alive while it compiles.
-        self.stand_ins = {id(bufs[name]) for name in names if bufs.get(name) is not None}
+        # The arrays compiled against (stand-ins, or the call's own): no constant of the plan may share
+        # memory with one of them.
+        self.compiled_against = [bufs[name] for name in names if bufs.get(name) is not None]
 
     def whole(self, name: str, array) -> None:
         """``array`` (a call's whole buffer, as a library collective takes it) is buffer ``name`` of each run."""
@@ -92,15 +92,15 @@ def stand_in(n: int, dtype):
     return np.lib.stride_tricks.as_strided(np.empty(1, dtype), (n,), (0,), writeable=False)
 
 
-def _derived(value, ids) -> bool:
-    """Whether ``value`` is one of the arrays ``ids`` names or a view of one (NumPy keeps the chain in .base),
-    or a list or tuple holding one at any depth."""
+def _shares(value, arrays) -> bool:
+    """Whether ``value`` (an array, or a list, tuple or dict holding one at any depth) may share memory
+    with one of ``arrays``."""
+    if isinstance(value, np.ndarray):
+        return any(np.may_share_memory(value, a) for a in arrays)
     if type(value) in (list, tuple):
-        return any(_derived(item, ids) for item in value)
-    while isinstance(value, np.ndarray):
-        if id(value) in ids:
-            return True
-        value = value.base
+        return any(_shares(item, arrays) for item in value)
+    if type(value) is dict:
+        return any(_shares(item, arrays) for item in value.values())
     return False
 
 
@@ -148,22 +148,22 @@ def _overlapped_transfer(chan, sends, recvs, local):
     return run
 
 
-def _local_ops(steps, bufs, slots=None) -> list:
+def _local_ops(steps, bufs, slots=None, index=0) -> list:
     ops = []
     for step in steps:
         if step.kind == REDUCE:
             if step.into[2] > step.into[1]:
-                ops.append((REDUCE, _reduce_op(step, bufs, slots), step, ()))
+                ops.append((REDUCE, _reduce_op(step, bufs, slots), step, (), index))
         else:
             dst, src = _view(bufs, step.dst, slots), _view(bufs, step.src, slots)
             same = bufs[step.dst[0]] is bufs[step.src[0]] and step.dst[1] == step.src[1]
             if step.dst[2] > step.dst[1] and not same:
-                ops.append((COPY, _copy_op(dst, src), step, ()))
+                ops.append((COPY, _copy_op(dst, src), step, (), index))
     return ops
 
 
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False) -> list:
-    """The steps of a schedule as a list of ``(kind, op, step, overlapped)``, views sliced and calls bound.
+    """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
 
     ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
     ops are the transport's persistent transfers for that tag (``start()``,
@@ -175,47 +175,48 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     ``timed`` each transfer gives up after the run's timeout (shape plans only).
     """
     ops = []
-    for step in steps:
+    for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:
-            ops.extend(_local_ops((step,), bufs, slots))
+            ops.extend(_local_ops((step,), bufs, slots, index))
             continue
         sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
         recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
-        local = tuple(op for _, op, _, _ in _local_ops(step.overlap, bufs, slots))
+        local = tuple(entry[1] for entry in _local_ops(step.overlap, bufs, slots, index))
         if persistent_tag is not None:
             make = getattr(chan, "persistent_transfer", None)
             op = make(sends, recvs, persistent_tag) if make is not None else None
             if op is None:  # no persistent requests on this transport (or for these buffers)
                 op = _Reposted(chan, sends, recvs, persistent_tag)
-            ops.append((TRANSFER, op, step, local))
+            ops.append((TRANSFER, op, step, local, index))
             continue
         if local and wire_bytes(sends, recvs) >= OVERLAP_MIN_BYTES:
-            ops.append((TRANSFER, _overlapped_transfer(chan, sends, recvs, local), step, ()))
+            ops.append((TRANSFER, _overlapped_transfer(chan, sends, recvs, local), step, (), index))
             continue
         bind = getattr(chan, "bind_transfer", None)
         if timed:
             op = _timed_transfer(chan, sends, recvs)
         else:
             op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
-        ops.append((TRANSFER, op, step, ()))
+        ops.append((TRANSFER, op, step, (), index))
         # Too small to hide anything: the overlapped local steps run after the transfer.
-        ops.extend(_local_ops(step.overlap, bufs, slots))
+        ops.extend(_local_ops(step.overlap, bufs, slots, index))
     return ops
 
 
 def fuse(ops) -> list:
     """Blocking ops grouped as units of work: each transfer with the local ops after it.
 
-    Returns ``(step, [op, ...])`` pairs, ``step`` being the unit's transfer (None
-    for local ops before the first one): a plan's flight record names the unit
-    running, not every local op.
+    Returns ``(index, step, [op, ...])`` triples, ``step`` being the unit's
+    transfer (None for local ops before the first one) and ``index`` its place in
+    the schedule: a plan's flight record names the unit running, not every local
+    op, by the number the interpreter gives it.
     """
     units = []
-    for kind, op, step, _ in ops:
+    for kind, op, step, _, index in ops:
         if kind == TRANSFER or not units:
-            units.append((step if kind == TRANSFER else None, [op]))
+            units.append((index if kind == TRANSFER else 0, step if kind == TRANSFER else None, [op]))
         else:
-            units[-1][1].append(op)
+            units[-1][2].append(op)
     return units
 
 
@@ -241,12 +242,12 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     ``Sendrecv`` and an ``np.add`` between the bookkeeping.
 
     With ``slots`` the buffers it names are not constants: a shape plan's
-    ``run(_b_in, _b_out)`` takes them, or (``fresh = (shape, dtype)``, for a
-    call without ``out``) ``run()`` allocates the output each time and returns
-    it. Each view of them is sliced at the top of the run, each message
+    ``run(_b_in, _b_out)`` takes them, or (``fresh = (shape, dtype, x)``, for a
+    call without ``out``) ``run()`` allocates the output each time, shaped as
+    ``x`` is then, and returns it. Each view of them is sliced at the top of the run, each message
     specification holding one is built there. Returns None when that cannot be
     done safely: an op that is not written inline (it may hold a view of its
-    own), or a constant that is a compiled-against buffer or a view of one.
+    own), or a constant that may share memory with a compiled-against buffer.
     A ``timed`` shape plan's ``run(_b_in, _b_out, _timeout)`` gives up on a
     transfer after ``_timeout`` seconds: it marks the call timed out in the
     flight record and raises the interpreter's :class:`CommTimeout`.
@@ -254,7 +255,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
-          "_finish": plan.finish, "_result": plan.result, "_prologue": prologue}
+          "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish}
     consts: dict = {}
     sliced: list = []  # the lines that slice a run's buffers (shape plans)
     ranges: dict = {}
@@ -283,7 +284,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
                 sliced.append(f"{name} = [{items}]" if type(value) is list else f"{name} = ({items},)")
                 consts[id(value)] = name
                 return name
-            if _derived(value, slots.stand_ins):
+            if _shares(value, slots.compiled_against):
                 unsafe.append(value)
         name = consts[id(value)] = f"_c{len(consts)}"
         ns[name] = value
@@ -296,11 +297,12 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
             body.append(spec[0].format(*(const(v) for v in spec[1])))
         else:
             unsafe.append(prologue)
+            ns["_prologue"] = prologue
             body.append("_prologue(tag)")
     straight = len(units) <= _INLINE_UNITS
     if straight:
         many = len(units) > 1
-        for index, (step, ops) in enumerate(units):
+        for index, step, ops in units:
             if many:
                 body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}")
             for op in ops:
@@ -318,8 +320,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
                              f"    raise {const(errors[1])}(exc) from None"]
     else:
         unsafe.append(units)
-        ns["_units"] = tuple((step, tuple(ops)) for step, ops in units)
-        body += ["for index, (step, ops) in enumerate(_units):",
+        ns["_units"] = tuple((index, step, tuple(ops)) for index, step, ops in units)
+        body += ["for index, step, ops in _units:",
                  f"    rec[{STEP}] = index; rec[{STEP_OBJ}] = step",
                  "    for op in ops:", "        op(tag)"]
     if slots is not None and unsafe:
@@ -336,10 +338,22 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
             return timeout_error((info[0], info[1], seq, info[2], None), rec[STEP], rec[STEP_OBJ], stuck, timeout)
         ns["_timed_out"] = timed_out
     if fresh is not None:
-        ns["_empty"], ns["_shape"], ns["_dtype"] = np.empty, fresh[0], fresh[1]
-        head = ["    _result = _empty(_shape, _dtype)", "    _b_out = _result.reshape(-1)"]
+        # The result's shape follows the input's, read at each run: an array reshaped in place
+        # (x.shape = ...) between calls gets a result of its new shape.
+        shape, dtype, x = fresh
+        ns["_empty"], ns["_shape"], ns["_dtype"], ns["_x"] = np.empty, shape, dtype, x
+        p = plan.comm.size
+        if shape == x.shape:
+            shape_of = "_x.shape"
+        elif shape == (p,) + x.shape:
+            shape_of = f"({p},) + _x.shape"
+        elif shape == x.shape[1:]:
+            shape_of = "_x.shape[1:]"
+        else:
+            shape_of = "_shape"
+        head = [f"    _result = _empty({shape_of}, _dtype)", "    _b_out = _result.reshape(-1)"]
     head += ["    " + line for line in sliced]
-    step0 = const(units[0][0] if units else None)
+    step0 = const(units[0][1] if units else None)
     # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
     coll, alg = repr(plan.collective), repr(plan.algorithm)
@@ -351,16 +365,21 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
-        f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, 0, {step0}, 'running']",
+        f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, {units[0][0] if units else 0}, "
+        f"{step0}, 'running']",
         "    _append(rec)",
         "    _comm._last = _last",
         "    _recorder.active = rec",
         "    try:",
         *("        " + line for line in body),
         "    except _InvalidBuffer as exc:",
-        f"        rec[{STATE}] = 'failed'",
+        "        _end(rec, 'failed')",
         f"        raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
+        "    except BaseException:",  # a user's op that raised, an interrupt: the record says so
+        f"        if rec[{STATE}] == 'running':",
+        "            _end(rec, 'failed')",
+        "        raise",
         "    finally:",
         "        _recorder.active = None",
         *([] if shape_plan else ["        _release()"]),
@@ -531,9 +550,9 @@ class PersistentRequest(Request):
                 if self._index >= len(ops):
                     self._complete()
                     return True
-                kind, op, step, overlapped = ops[self._index]
+                kind, op, step, overlapped, index = ops[self._index]
                 if kind == TRANSFER:
-                    self._rec[STEP] = self._index
+                    self._rec[STEP] = index
                     self._rec[STEP_OBJ] = step
                     op.start()
                     self._pending = op
@@ -549,7 +568,7 @@ class PersistentRequest(Request):
         """Stop this run after a transport error; the error to raise, naming the call and step."""
         self._stop("failed")
         return transfer_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
-                               self._index, self._rec[STEP_OBJ], exc)
+                               self._rec[STEP], self._rec[STEP_OBJ], exc)
 
     def _advance_once(self) -> bool:
         if not self._active:
@@ -628,7 +647,7 @@ class PersistentRequest(Request):
             self._pending.abandon()
         self._stop("timed out")
         error = timeout_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
-                               self._index, step, peers, timeout, recent_summary(self._comm._recorder))
+                               self._rec[STEP], step, peers, timeout, recent_summary(self._comm._recorder))
         self._comm._break(f"persistent {self._collective} #{self._seq} timed out on rank {self._comm.rank}.")
         raise error
 
@@ -654,9 +673,9 @@ class PersistentRequest(Request):
         if self._freed:
             return
         self._freed = True
-        for kind, op, _, _ in self._ops:
-            if kind == TRANSFER:
-                op.free()
+        for entry in self._ops:
+            if entry[0] == TRANSFER:
+                entry[1].free()
         if self._native is not None:
             self._native.Free()
         self._ops = ()

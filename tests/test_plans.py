@@ -277,7 +277,8 @@ def test_plans_and_persistent_collectives_under_mpiexec():
     print(f"ok {r}", flush=True)
     """
     for nprocs in (2, 3):
-        result = run_mpi(nprocs, code, timeout=120)
+        # No default timeout (run_mpi sets one): a call with a timeout takes the timed path, not these plans.
+        result = run_mpi(nprocs, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
         assert result.stdout.count("ok") == nprocs
 
 
@@ -519,6 +520,14 @@ def test_a_call_with_a_timeout_runs_a_timed_shape_plan_that_still_gives_up(algor
         record = comm.flight_recorder.calls[-1]
         return got, str(info.value), record[8]
 
+    def first_call(comm):  # the same call with no plan yet: the interpreter's message
+        if comm.rank == 3:
+            return None
+        with pytest.raises(ck.CommTimeout) as info:
+            comm.allreduce(np.ones(6, np.float32), algorithm=algorithm, timeout=0.3)
+        return str(info.value)
+
+    interpreted = ck.run_local(first_call, 4)
     for rank, (got, message, state) in enumerate(ck.run_local(body, 4)):
         assert got == [[float(sum(q + k for q in range(4)))] * 6 for k in range(4)]
         if rank == 3:
@@ -527,6 +536,49 @@ def test_a_call_with_a_timeout_runs_a_timed_shape_plan_that_still_gives_up(algor
                          r"at step \d+ \(.*\), waiting for rank\(s\) [0-9, ]+\.", message), message
         assert "Recent calls on this rank:" in message
         assert state == "timed out"
+        # The same step, named by its place in the schedule, as the interpreter names it.
+        step = re.search(r"at step (\d+ \(.*\)), waiting for rank\(s\) [0-9, ]+", message).group(1)
+        assert step in interpreted[rank], (step, interpreted[rank])
+
+
+def test_plans_keep_the_flight_record_the_log_and_the_result_shape_right(caplog):
+    """What the general path does around a call, a plan does too (found by review: each failed before)."""
+    import gc
+    import logging
+    import weakref
+
+    def failing(a, b):
+        if (a < 0).any() or (b < 0).any():
+            raise ZeroDivisionError("the user's op failed")
+        return a + b
+    op = ck.Op(failing, commutative=True, name="failing")
+
+    def body(comm):
+        # A user's op that raises inside a shape plan: the call is recorded as failed, not running.
+        for k in (0, 1, -1):  # the third call's op raises, in the shape plan the second compiled
+            try:
+                comm.allreduce(np.full(4, k, np.float64), op=op, algorithm="recursive_doubling")
+            except ZeroDivisionError:
+                assert k == -1
+        state = comm.flight_recorder.calls[-1][8]
+        # A call without out on an array reshaped in place: the result has the array's shape now.
+        x = np.arange(6.0)
+        for _ in range(3):
+            comm.allreduce(x)
+        x.shape = (2, 3)
+        shape = comm.allreduce(x).shape
+        # A plan that allocates its results keeps none of them.
+        refs = [weakref.ref(comm.allreduce(x)) for _ in range(4)]
+        gc.collect()
+        return state, shape, [r() is None for r in refs]
+
+    with caplog.at_level(logging.DEBUG, logger="commkit"):
+        for state, shape, freed in ck.run_local(body, 2):
+            assert state == "failed"
+            assert shape == (2, 3)
+            assert all(freed), freed
+        ck.run_local(lambda comm: [comm.allreduce(np.ones(3) * k, algorithm="ring") for k in range(5)], 1)
+    assert sum("allreduce" in r.getMessage() and "-> ring" in r.getMessage() for r in caplog.records) == 5
 
 
 @requires_mpi
@@ -589,8 +641,20 @@ def test_shape_plans_fresh_outputs_and_timed_plans_under_mpiexec():
                     kept.append((got, got.copy()))
             for got, copy in kept:
                 assert (got == copy).all(), (name, algorithm, "a later call wrote into an earlier result")
+    # Shape plans keep no caller's array (a native broadcast's root copy is written into the plan, not bound).
+    import gc, weakref
+    refs = []
+    for k in range(4):
+        b, o = np.full(3, k, np.int64), np.empty(3, np.int64)
+        c.broadcast(b, root=0, out=o, algorithm="native")
+        assert o.tolist() == [k] * 3
+        refs += [weakref.ref(b), weakref.ref(o)]
+    del b, o
+    gc.collect()
+    assert all(ref() is None for ref in refs), [ref() is None for ref in refs]
     print(f"ok {r}", flush=True)
     """
     for nprocs in (2, 3):
-        result = run_mpi(nprocs, code, timeout=240)
+        # No default timeout (run_mpi sets one), so the untimed plans run; the "timeout" rounds pass their own.
+        result = run_mpi(nprocs, code, timeout=240, env={"COMMKIT_TIMEOUT": ""})
         assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
