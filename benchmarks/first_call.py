@@ -1,14 +1,17 @@
-"""What a call costs when it runs the interpreter instead of a compiled plan.
+"""What a call costs when it is not the same call on the same arrays again.
 
     mpiexec -n 2 python benchmarks/first_call.py [--sizes 8,1024] [--sweeps 9] [--calls 4000]
 
 A repeated call on the same arrays runs a compiled plan (docs/call_cost.md).
-Everything else runs the step interpreter (``commkit.schedule.execute``): a
-call with a timeout, a call with a new output array each time, and a
-nonblocking call. This script times those three forms of a float32 sum
-allreduce (``recursive_doubling``, the algorithm the shipped table picks at
-these sizes on 2 ranks) next to the compiled plan and the raw mpi4py call on a
-``Dup`` of COMM_WORLD, on the same input, in CPU time of rank 0
+A call without ``out`` runs a plan that allocates its result; a call on new
+arrays of a known shape has its arguments checked and then runs the shape's
+plan (``commkit.plan``); a call with a timeout and a nonblocking call run the
+step interpreter (``commkit.schedule.execute``). This script times those forms
+of a float32 sum allreduce (``recursive_doubling``, the algorithm the shipped
+table picks at these sizes on 2 ranks) next to the raw mpi4py call on a
+``Dup`` of COMM_WORLD (with the same output, and with a new output each call,
+which is what a caller who wants a fresh result writes), on the same input, in
+CPU time of rank 0
 (``time.process_time``: a busy machine disturbs it less than wall time). The
 variants rotate from sweep to sweep; each cell is the best sweep's time per
 call, in microseconds. To compare two versions of commkit, run the script of
@@ -45,15 +48,24 @@ def main(argv=None) -> int:
     if comm.rank == 0:
         print(f"# float32 sum allreduce ({alg}), {comm.size} ranks, {args.sweeps} sweeps x {args.calls} calls, "
               f"best sweep, CPU us per call on rank 0; load average {os.getloadavg()[0]:.2f}")
-        print(f"{'bytes':>6}  {'raw mpi4py':>10}  {'plan':>8}  {'timeout':>8}  {'fresh out':>9}  {'i-form':>8}")
+        print(f"{'bytes':>6}  {'raw mpi4py':>10}  {'raw, new out':>12}  {'plan':>8}  {'no out':>8}  "
+              f"{'new out':>8}  {'new x, out':>10}  {'timeout':>8}  {'i-form':>8}")
     for size in (int(s) for s in args.sizes.split(",")):
         x = np.ones(max(size // 4, 1), np.float32)
         out = np.empty_like(x)
+        def raw_new_out():
+            result = np.empty_like(x)
+            raw.Allreduce(x, result, MPI.SUM)
+            return result
+
         variants = {
             "raw mpi4py": lambda: raw.Allreduce(x, out, MPI.SUM),
+            "raw, new out": raw_new_out,
             "plan": lambda: comm.allreduce(x, out=out, algorithm=alg),
+            "no out": lambda: comm.allreduce(x, algorithm=alg),
+            "new out": lambda: comm.allreduce(x, out=np.empty_like(x), algorithm=alg),
+            "new x, out": lambda: comm.allreduce(x.copy(), out=np.empty_like(x), algorithm=alg),
             "timeout": lambda: comm.allreduce(x, out=out, algorithm=alg, timeout=60.0),
-            "fresh out": lambda: comm.allreduce(x, out=np.empty_like(x), algorithm=alg),
             "i-form": lambda: comm.iallreduce(x, out=out, algorithm=alg).wait(),
         }
         names = list(variants)
