@@ -44,9 +44,10 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in
+from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in, timed_native
 from .requests import Request, wait_all, wait_any
-from .schedule import TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, run_schedule
+from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, native_timeout_error,
+                       run_schedule)
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -266,7 +267,7 @@ class Communicator(VectorCollectives):
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
         self._forget_hot()
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
-        self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased) -> Plan, _SEEN_ONCE or False
+        self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased, timed) -> Plan, _SEEN_ONCE or False
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
@@ -818,7 +819,11 @@ class Communicator(VectorCollectives):
                     try:
                         shaped.run(call.dst if call.aliased else call.src, call.dst, timeout)
                     except CommTimeout as exc:  # the plan marked the call timed out in the flight record
-                        self._break(f"{call.collective} #{seq} timed out on rank {self.rank}.")
+                        pending = getattr(exc, "pending", None)
+                        if pending is not None:  # a library collective still in flight: keep its buffers alive
+                            _ABANDONED.append(pending)
+                        self._break(f"{call.collective} #{seq}{' (native)' if steps is None else ''} timed out on "
+                                    f"rank {self.rank}.")
                         raise CommTimeout(f"{exc} Recent calls on this rank: "
                                           f"{_watchdog.recent_summary(self._recorder)}.") from None
                     return self._finish(call) if call.has_result else None
@@ -958,7 +963,9 @@ class Communicator(VectorCollectives):
                 taken = Slots({"in": call.src, "out": call.dst}, slots)
                 taken.whole("in", call.src)
                 taken.whole("out", call.dst)
-            if bind is not None:
+            if timed:  # the library's nonblocking form, waited for with the run's timeout
+                run = timed_native(self._coll, call.collective, send, recv, call.op, call.root, counts, inplace)
+            elif bind is not None:
                 run = bind(call.collective, send, recv, op=call.op, root=call.root, counts=counts, inplace=inplace)
             else:
                 def run(tag, coll=self._coll):
@@ -986,11 +993,9 @@ class Communicator(VectorCollectives):
     def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False) -> Plan | None:
         """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
 
-        ``timed``: a shape plan whose transfers give up after the run's timeout;
-        None for a library collective (its blocking call cannot give up).
+        ``timed``: a shape plan whose transfers (or library collective, in its
+        nonblocking form) give up after the run's timeout.
         """
-        if timed and plan[1] is None:
-            return None
         ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed)
         if slots and not fresh:  # a shape plan: the caller finishes the call
             return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, None, None,
@@ -1696,13 +1701,7 @@ class _NativeRequest(Request):
                 comm._progress.discard(self)
                 _ABANDONED.append(self._pending)
                 comm._break(f"{self._info.collective} #{self._info.seq} (native) timed out on rank {self._info.rank}.")
-                raise CommTimeout(
-                    f"rank {self._info.rank} timed out after {timeout:g} s in {self._info.collective} "
-                    f"#{self._info.seq} (algorithm 'native'): the library's own collective made no progress. "
-                    "A peer may have stopped, called a different collective (or the same one with another root, "
-                    "count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports mismatched collectives. "
-                    f"Recent calls on this rank: {_watchdog.recent_summary(comm._recorder)}."
-                )
+                raise native_timeout_error(self._info, timeout, _watchdog.recent_summary(comm._recorder))
             self._complete()
         return self._result
 

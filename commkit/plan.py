@@ -44,9 +44,10 @@ from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
-from .schedule import COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, timeout_error, transfer_error, wire_bytes
+from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
+                       transfer_error, wire_bytes)
 
-__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "stand_in"]
+__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -137,6 +138,21 @@ def _timed_transfer(chan, sends, recvs):
         raise TypeError("a timed transfer runs only inside a generated plan, which passes its timeout")
     return inline(run, "if (_stuck := {0}({1}, {2}, tag, _timeout)): raise _timed_out(rec, seq, _stuck, _timeout)",
                   (chan.transfer, sends, recvs))
+
+
+def timed_native(chan, collective, send, recv, op, root, counts, inplace):
+    """A library collective that gives up after the run's ``_timeout`` seconds: only written inline.
+
+    Its nonblocking form (``chan.native(..., nonblocking=True)``), waited for
+    with the timeout; on a timeout the plan raises the error a nonblocking
+    native call raises, carrying the request still in flight (``.pending``) for
+    the communicator to keep alive.
+    """
+    def run(tag):
+        raise TypeError("a timed library collective runs only inside a generated plan, which passes its timeout")
+    return inline(run, "if (_pending := {0}({1}, {2}, {3}, op={4}, root={5}, counts={6}, inplace={7}, "
+                  "nonblocking=True)).wait(_timeout): raise _native_timed_out(rec, seq, _pending, _timeout)",
+                  (chan.native, collective, send, recv, op, root, counts, inplace))
 
 
 def _overlapped_transfer(chan, sends, recvs, local):
@@ -337,6 +353,13 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
             FlightRecorder.finish(rec, "timed out")
             return timeout_error((info[0], info[1], seq, info[2], None), rec[STEP], rec[STEP_OBJ], stuck, timeout)
         ns["_timed_out"] = timed_out
+
+        def native_timed_out(rec, seq, pending, timeout):
+            FlightRecorder.finish(rec, "timed out")
+            error = native_timeout_error((info[0], info[1], seq, info[2], None), timeout)
+            error.pending = pending
+            return error
+        ns["_native_timed_out"] = native_timed_out
     if fresh is not None:
         # The result's shape follows the input's, read at each run: an array reshaped in place
         # (x.shape = ...) between calls gets a result of its new shape.

@@ -347,6 +347,24 @@ def timeout_error(info, index: int, step, pending_peers, timeout, recent: str = 
     return CommTimeout(text)
 
 
+def native_timeout_error(info, timeout, recent: str = "") -> CommTimeout:
+    """The error of a library collective (``native``) that made no progress within ``timeout`` seconds.
+
+    ``info`` is a :class:`CallInfo` or the tuple of its fields; ``recent`` this
+    rank's recent calls (the flight record), if known.
+    """
+    info = _info(info)
+    text = (
+        f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} (algorithm 'native'): "
+        "the library's own collective made no progress. A peer may have stopped, called a different collective "
+        "(or the same one with another root, count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports "
+        "mismatched collectives."
+    )
+    if recent:
+        text += f" Recent calls on this rank: {recent}."
+    return CommTimeout(text)
+
+
 def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
     """A transport's error inside a collective, re-raised naming the call, step and peer."""
     hint = ""

@@ -658,3 +658,41 @@ def test_shape_plans_fresh_outputs_and_timed_plans_under_mpiexec():
         # No default timeout (run_mpi sets one), so the untimed plans run; the "timeout" rounds pass their own.
         result = run_mpi(nprocs, code, timeout=240, env={"COMMKIT_TIMEOUT": ""})
         assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_library_collective_with_a_timeout_runs_a_timed_plan_that_gives_up():
+    """native with a timeout: its nonblocking form waited for in a plan, and the same error when it stalls."""
+    code = """
+    import re, time
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    r = c.rank
+    for k in range(4):
+        x = np.full(3, r + k, np.float64)
+        assert c.allreduce(x, algorithm="native", timeout=30).tolist() == [2.0 * k + 1] * 3
+        b = c.broadcast(np.full(2, float(k) if r == 0 else -1.0), root=0, algorithm="native", timeout=30)
+        assert b.tolist() == [k] * 2
+    if r == 0:
+        try:
+            c.allreduce(np.ones(3), algorithm="native", timeout=0.5)
+        except ck.CommTimeout as exc:
+            text = str(exc)
+            assert re.search(r"rank 0 timed out after 0.5 s in allreduce #8 \\(algorithm 'native'\\): the "
+                             r"library's own collective made no progress", text), text
+            assert text.count("Recent calls on this rank:") == 1, text
+            assert c.flight_recorder.calls[-1][8] == "timed out"
+            assert c.broken and "allreduce #8 (native) timed out" in c.broken
+        else:
+            raise AssertionError("no timeout")
+    else:
+        # Then join, so rank 0's abandoned request completes before both finalize. With a timeout too:
+        # MPI never matches a blocking collective with a nonblocking one, and a timed native call is one.
+        time.sleep(1.5)
+        assert c.allreduce(np.ones(3), algorithm="native", timeout=30).tolist() == [2.0] * 3
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
