@@ -36,6 +36,17 @@ def have_mpi() -> bool:
 requires_mpi = pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec (pip install 'commkit[mpi]')")
 
 
+def benchmark_module(name: str):
+    """Import ``benchmarks/<name>.py`` (a helper module of the benchmark scripts, such as ``_report``)."""
+    import importlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = None, args=(), check=True):
     """Run Python ``code`` on ``nprocs`` MPI ranks (``python -m mpi4py``, so an uncaught
     exception aborts the whole job). Returns the CompletedProcess; with ``check`` a

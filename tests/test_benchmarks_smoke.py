@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from conftest import benchmark_module
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
@@ -28,12 +30,7 @@ OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMM
 
 
 def _report():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import _report
-    finally:
-        sys.path.pop(0)
-    return _report
+    return benchmark_module("_report")
 
 
 def _run(argv, timeout=120):

@@ -7,16 +7,14 @@ before they were merged; each caller is checked through its own name as well.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
 from commkit import bench, plot, tune
 from commkit._units import format_bytes
 from commkit.errors import InvalidArgument
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from conftest import benchmark_module
+
 
 SIZES = (0, 1, 1023, 1024, 1536, 10 * 1024 - 1, 10 * 1024, 65536, 1 << 20, 3 << 20, 1 << 30, 5 * (1 << 30))
 # What each style writes for SIZES, in order.
@@ -27,12 +25,7 @@ PLOT = EXACT  # on these sizes; it differs where a size of 10 KiB or more is not
 
 
 def _report():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import _report
-    finally:
-        sys.path.pop(0)
-    return _report
+    return benchmark_module("_report")
 
 
 @pytest.mark.parametrize("style, expected", [
