@@ -1097,13 +1097,31 @@ class Communicator(VectorCollectives):
             return self._finish(call)
 
         # With a timeout, even a blocking call goes through the library's nonblocking
-        # form so that waiting can give up (a blocking MPI call cannot be interrupted);
-        # with requests outstanding, so that waiting can drive them.
+        # form so that waiting can give up (a blocking MPI call cannot be interrupted).
+        # MPI never matches a blocking collective with a nonblocking one, so the form
+        # must not depend on what else this rank has going on: a blocking call with
+        # requests outstanding first drives them to completion (they may need this
+        # rank's next step), then takes the same form as a rank with none.
         recorder = self._recorder
+        progress = self._progress
+        if progress.requests and not nonblocking:
+            recorder.active = rec
+            try:
+                done = progress.wait(lambda: not progress.requests, timeout)
+            finally:
+                recorder.active = None
+            if not done:
+                recorder.finish(rec, "timed out")
+                self._break(f"{c} #{info.seq} (native) timed out on rank {self.rank}.")
+                raise CommTimeout(
+                    f"rank {self.rank} timed out after {timeout:g} s in {c} #{info.seq} (algorithm 'native') "
+                    f"finishing this rank's {len(progress.requests)} outstanding nonblocking call(s) first (a "
+                    "blocking library collective never matches a nonblocking one, so they must be complete "
+                    f"before it starts). Recent calls on this rank: {_watchdog.recent_summary(recorder)}.")
         recorder.active = rec
         try:
             pending = self._coll.native(c, send, recv, op=call.op, root=call.root, counts=counts, inplace=inplace,
-                                        nonblocking=nonblocking or timeout is not None or bool(self._progress.requests))
+                                        nonblocking=nonblocking or timeout is not None)
         except BaseException:
             recorder.finish(rec, "failed")
             raise

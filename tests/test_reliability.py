@@ -525,3 +525,35 @@ def test_a_timed_out_request_lists_itself_as_timed_out_among_the_recent_calls():
     assert "Recent calls on this rank: #0 allreduce (test) timed out" in str(caught.value)
     with pytest.raises(CommTimeout):
         req.wait()
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("timeout", ["", "60"])
+def test_a_library_collective_never_waits_on_another_form_of_itself(timeout):
+    """A blocking native call on a rank with a request outstanding, beside a rank without one.
+
+    MPI never matches a blocking collective with a nonblocking one. The rank
+    with a request outstanding used to call the library's nonblocking form (to
+    drive the request while waiting) and the other its blocking form, and both
+    waited forever at the first call (found this stop). Now the
+    rank finishes its requests first and both take the same form.
+    """
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    r = c.rank
+    for k in range(20):
+        req = c.iallreduce(np.full(4, k, np.float64), algorithm="recursive_doubling")
+        if r == 1:
+            req.wait()
+        assert c.allreduce(np.full(3, r + k, np.float64), algorithm="native").tolist() == [2.0 * k + 1] * 3
+        b = c.broadcast(np.full(2, float(k)) if r == 0 else np.empty(2), root=0, algorithm="native")
+        assert b.tolist() == [k] * 2
+        if r == 0:
+            assert req.wait().tolist() == [2.0 * k] * 4
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=60, env={"COMMKIT_TIMEOUT": timeout, "COMMKIT_WATCHDOG": "20"})
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
