@@ -637,8 +637,15 @@ class Communicator(VectorCollectives):
             self._scratch[key] = buf
         return buf[:n]
 
-    def _verify_call(self, call: Call, seq: int, algorithm: str, timeout, signature=()) -> None:
-        """Debug mode: all ranks compare what they are about to run; mismatch raises everywhere."""
+    def _verify_call(self, call: Call, seq: int, algorithm: str, timeout, signature=(), nonblocking=False) -> None:
+        """Debug mode: all ranks compare what they are about to run; mismatch raises everywhere.
+
+        For a library collective that includes its form: MPI never matches a
+        blocking call with a nonblocking one, which a timeout or an i-form makes.
+        """
+        form = None
+        if algorithm == "native":
+            form = "nonblocking" if nonblocking or timeout is not None else "blocking"
         segment = dict(signature).get("segment")
         if segment is not None:
             algorithm = f"{algorithm} (segment {segment})"
@@ -650,6 +657,7 @@ class Communicator(VectorCollectives):
             "dtype": str(call.dtype) if call.dtype is not None else None,
             "count": call.signature_count,
             "algorithm": algorithm,
+            "library form": form,
             "failed": None,
         }, seq, timeout)
 
@@ -688,7 +696,8 @@ class Communicator(VectorCollectives):
         failed = f"{type(exc).__name__}: {exc}"
         try:
             self._agree({"collective": collective, "seq": seq, "op": None, "root": None, "dtype": None,
-                         "count": None, "algorithm": None, "failed": failed}, seq, self.timeout)
+                         "count": None, "algorithm": None, "library form": None, "failed": failed}, seq,
+                        self.timeout)
         except PeerFailed:
             pass  # the others know (every rank raises, this one its own error)
 
@@ -833,7 +842,7 @@ class Communicator(VectorCollectives):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
                       call.nbytes, self.size, name, choice.reason)
         if self.check:
-            self._verify_call(call, seq, name, timeout, signature)
+            self._verify_call(call, seq, name, timeout, signature, bool(nonblocking))
         tracer = _trace_active[-1] if _trace_active else None
         info = (call.collective, name, seq, self.rank, tracer)
         recorder = self._recorder

@@ -557,3 +557,24 @@ def test_a_library_collective_never_waits_on_another_form_of_itself(timeout):
     """
     result = run_mpi(2, code, timeout=60, env={"COMMKIT_TIMEOUT": timeout, "COMMKIT_WATCHDOG": "20"})
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_check_mode_names_ranks_that_disagree_on_a_library_collectives_form():
+    """A timeout on one rank only makes its native call nonblocking: check mode says so instead of hanging."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init(check=True)
+    r = c.rank
+    try:
+        c.allreduce(np.ones(3), algorithm="native", timeout=(30 if r == 0 else None))
+    except ck.CollectiveMismatch as exc:
+        assert "library form: 'nonblocking' on ranks [0]; 'blocking' on ranks [1]" in str(exc), str(exc)
+        print(f"ok {r}", flush=True)
+    # Agreeing forms run: both with a timeout.
+    assert c.allreduce(np.ones(3), algorithm="native", timeout=30).tolist() == [2.0] * 3
+    """
+    result = run_mpi(2, code, timeout=60, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
