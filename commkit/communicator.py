@@ -770,7 +770,8 @@ class Communicator(VectorCollectives):
         tagbase = self._layout.base(call.collective, call.dtype,
                                     (root, op, call.signature_count, alg.name) + signature[4:])
         if alg.name == "native":
-            plan = (choice, None, 0, False, alg.name, tagbase, signature)
+            # In place is always safe for the library: MPI_IN_PLACE, or a broadcast's buffer as it is.
+            plan = (choice, None, 0, True, alg.name, tagbase, signature)
         else:
             steps = tuple(self._steps(alg, call, segment))
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),

@@ -265,8 +265,13 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     done safely: an op that is not written inline (it may hold a view of its
     own), or a constant that may share memory with a compiled-against buffer.
     A ``timed`` shape plan's ``run(_b_in, _b_out, _timeout)`` gives up on a
-    transfer after ``_timeout`` seconds: it marks the call timed out in the
-    flight record and raises the interpreter's :class:`CommTimeout`.
+    transfer, or on the library collective it runs in its nonblocking form,
+    after ``_timeout`` seconds: it marks the call timed out in the flight
+    record and raises the interpreter's :class:`CommTimeout` (for a library
+    collective, the one a nonblocking native call raises, carrying the request
+    still in flight as ``.pending`` for the communicator to keep alive). An
+    exception while that request runs (an interrupt) hands it to the
+    communicator, which keeps it alive and breaks.
     """
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
@@ -360,6 +365,11 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
             error.pending = pending
             return error
         ns["_native_timed_out"] = native_timed_out
+
+        def interrupted(pending, seq):  # an exception (an interrupt) while the library's request runs
+            plan.comm._collective_timed_out(pending, f"{info[0]} #{seq} (native) was interrupted on rank "
+                                                     f"{info[2]}")
+        ns["_interrupted"] = interrupted
     if fresh is not None:
         # The result's shape follows the input's, read at each run: an array reshaped in place
         # (x.shape = ...) between calls gets a result of its new shape.
@@ -390,6 +400,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, {units[0][0] if units else 0}, "
         f"{step0}, 'running']",
+        *(["    _pending = None"] if "_pending" in "".join(body) else []),
         "    _append(rec)",
         "    _comm._last = _last",
         "    _recorder.active = rec",
@@ -402,6 +413,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         "    except BaseException:",  # a user's op that raised, an interrupt: the record says so
         f"        if rec[{STATE}] == 'running':",
         "            _end(rec, 'failed')",
+        *(["            if _pending is not None:", "                _interrupted(_pending, seq)"]
+          if "_pending" in "".join(body) else []),
         "        raise",
         "    finally:",
         "        _recorder.active = None",
@@ -664,14 +677,20 @@ class PersistentRequest(Request):
         return self._result
 
     def _timed_out(self, timeout):
-        step = self._rec[STEP_OBJ]
-        peers = sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends}) if step is not None else []
-        if self._pending is not None:
-            self._pending.abandon()
+        info = (self._collective, self._algorithm, self._seq, self._comm.rank, None)
         self._stop("timed out")
-        error = timeout_error((self._collective, self._algorithm, self._seq, self._comm.rank, None),
-                               self._rec[STEP], step, peers, timeout, recent_summary(self._comm._recorder))
-        self._comm._break(f"persistent {self._collective} #{self._seq} timed out on rank {self._comm.rank}.")
+        recent = recent_summary(self._comm._recorder)
+        if self._native is not None:  # the library's request may still use the buffers: keep it alive
+            error = native_timeout_error(info, timeout, recent)
+            in_flight, form = self._native, " (native)"
+        else:
+            step = self._rec[STEP_OBJ]
+            peers = sorted({p for p, _ in step.recvs} | {p for p, _ in step.sends}) if step is not None else []
+            error = timeout_error(info, self._rec[STEP], step, peers, timeout, recent)
+            in_flight, form = self._pending, ""
+        # Cancels what can be cancelled, keeps the rest alive, and breaks the communicator.
+        self._comm._collective_timed_out(in_flight, f"persistent {self._collective} #{self._seq}{form} timed out "
+                                                    f"on rank {self._comm.rank}")
         raise error
 
     @property

@@ -675,16 +675,20 @@ def test_a_library_collective_with_a_timeout_runs_a_timed_plan_that_gives_up():
         assert c.allreduce(x, algorithm="native", timeout=30).tolist() == [2.0 * k + 1] * 3
         b = c.broadcast(np.full(2, float(k) if r == 0 else -1.0), root=0, algorithm="native", timeout=30)
         assert b.tolist() == [k] * 2
+    for k in range(3):  # in place on new arrays: MPI_IN_PLACE, in a timed shape plan too
+        y = np.full(5, r + k, np.float64)
+        assert c.allreduce(y, out=y, algorithm="native", timeout=30) is y and y.tolist() == [2.0 * k + 1] * 5
+    assert any(key[1] and key[2] and plan for key, plan in c._shaped.items()), c._shaped
     if r == 0:
         try:
             c.allreduce(np.ones(3), algorithm="native", timeout=0.5)
         except ck.CommTimeout as exc:
             text = str(exc)
-            assert re.search(r"rank 0 timed out after 0.5 s in allreduce #8 \\(algorithm 'native'\\): the "
+            assert re.search(r"rank 0 timed out after 0.5 s in allreduce #11 \\(algorithm 'native'\\): the "
                              r"library's own collective made no progress", text), text
             assert text.count("Recent calls on this rank:") == 1, text
             assert c.flight_recorder.calls[-1][8] == "timed out"
-            assert c.broken and "allreduce #8 (native) timed out" in c.broken
+            assert c.broken and "allreduce #11 (native) timed out" in c.broken
         else:
             raise AssertionError("no timeout")
     else:
@@ -692,6 +696,29 @@ def test_a_library_collective_with_a_timeout_runs_a_timed_plan_that_gives_up():
         # MPI never matches a blocking collective with a nonblocking one, and a timed native call is one.
         time.sleep(1.5)
         assert c.allreduce(np.ones(3), algorithm="native", timeout=30).tolist() == [2.0] * 3
+    # A persistent native request that times out: the same message, and its request kept alive.
+    import gc, weakref
+    d = c.dup()  # collective, and it works on a broken communicator
+    req = d.allreduce_init(np.ones(4), algorithm="native", timeout=0.5)
+    if r == 0:
+        req.start()
+        try:
+            req.wait()
+        except ck.CommTimeout as exc:
+            assert "(algorithm 'native'): the library's own collective made no progress" in str(exc), str(exc)
+        else:
+            raise AssertionError("no timeout")
+        library_request = weakref.ref(req._native)
+        del req
+        gc.collect()
+        assert library_request() is not None  # still in flight, so kept alive
+        assert d.broken and re.search(r"persistent allreduce #\\d+ \\(native\\) timed out on rank 0\\. ", d.broken), \\
+            d.broken
+    else:
+        time.sleep(1.5)
+        req.start()
+        assert req.wait(30).tolist() == [2.0] * 4
+        req.free()
     print(f"ok {r}", flush=True)
     """
     result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
