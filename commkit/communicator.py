@@ -188,12 +188,7 @@ def _announced(collective: str | None):
         # every call without a plan would pay although only check mode needs the wrapper.
         params = list(inspect.signature(fn).parameters.values())
         if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
-            @functools.wraps(fn)
-            def run(self, *args, **kwargs):
-                if not self._check:
-                    return fn(self, *args, **kwargs)
-                return checked(self, *args, **kwargs)
-            return run
+            raise TypeError(f"_announced wraps entries with named parameters only, not {fn.__qualname__}")
         ns = {"_fn": fn, "_checked": checked}
         heads, positional, keywords = [], [], []
         for i, p in enumerate(params):
@@ -822,20 +817,15 @@ class Communicator(VectorCollectives):
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
                                   call.collective, self._seq, call.nbytes, self.size, name, choice.reason)
+                    src = call.dst if call.aliased else call.src
                     if not timed:
-                        shaped.run(call.dst if call.aliased else call.src, call.dst)
-                        return self._finish(call) if call.has_result else None
-                    seq = self._seq
-                    try:
-                        shaped.run(call.dst if call.aliased else call.src, call.dst, timeout)
-                    except CommTimeout as exc:  # the plan marked the call timed out in the flight record
-                        pending = getattr(exc, "pending", None)
-                        if pending is not None:  # a library collective still in flight: keep its buffers alive
-                            _ABANDONED.append(pending)
-                        self._break(f"{call.collective} #{seq}{' (native)' if steps is None else ''} timed out on "
-                                    f"rank {self.rank}.")
-                        raise CommTimeout(f"{exc} Recent calls on this rank: "
-                                          f"{_watchdog.recent_summary(self._recorder)}.") from None
+                        shaped.run(src, call.dst)
+                    else:
+                        seq = self._seq
+                        try:
+                            shaped.run(src, call.dst, timeout)
+                        except CommTimeout as exc:  # the plan marked the call timed out in the flight record
+                            raise self._gave_up(call.collective, seq, exc, steps is None) from None
                     return self._finish(call) if call.has_result else None
         seq = self._seq
         self._seq = seq + 1
@@ -875,8 +865,7 @@ class Communicator(VectorCollectives):
             run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)
         except CommTimeout as exc:
             recorder.finish(rec, "timed out")
-            self._break(f"{call.collective} #{seq} timed out on rank {self.rank}.")
-            raise CommTimeout(f"{exc} Recent calls on this rank: {_watchdog.recent_summary(recorder)}.") from None
+            raise self._gave_up(call.collective, seq, exc) from None
         except BaseException:
             recorder.finish(rec, "failed")
             raise
@@ -1007,15 +996,17 @@ class Communicator(VectorCollectives):
         nonblocking form) give up after the run's timeout.
         """
         ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed)
-        if slots and not fresh:  # a shape plan: the caller finishes the call
-            return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, None, None,
-                        None, prologue, taken, timed=timed)
-        if fresh:  # the result is allocated by each run: the plan keeps none of them
-            return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
-                        None, None, prologue, taken, (call.result.shape, call.dtype, call.keep[0]))
-        finish = (lambda: self._finish(call)) if call.collective == "exscan" and call.has_result else None
-        return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, call.keep,
-                    call.result if call.has_result else None, finish, prologue)
+        keep, result, finish, allocate = call.keep, None, None, None
+        if slots and not fresh:  # a shape plan: no arrays of its own, and the caller finishes the call
+            keep = None
+        elif fresh:  # the result is allocated by each run: the plan keeps none of them
+            allocate = (call.result.shape, call.dtype, call.keep[0])
+        else:
+            result = call.result if call.has_result else None
+            if call.collective == "exscan" and call.has_result:
+                finish = lambda: self._finish(call)  # noqa: E731 - rank 0's result needs work after the run
+        return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, keep, result,
+                    finish, prologue, taken, allocate, timed)
 
     def _shape_plan(self, call: Call, plan, key, state, timed):
         """The shape plan for ``call``'s shape: compiled the second time the shape comes, else None or False."""
@@ -1059,6 +1050,19 @@ class Communicator(VectorCollectives):
             ops, prologue, _ = self._bound(call, plan, persistent_tag=tag)
         return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
                                  timeout, native)
+
+    def _gave_up(self, collective: str, seq: int, exc: CommTimeout, native: bool = False) -> CommTimeout:
+        """A blocking collective timed out (its flight record says so): the error to raise.
+
+        Keeps what the library still has in flight alive (a timed plan's error
+        carries it as ``.pending``), breaks this communicator, and adds this
+        rank's recent calls to the message.
+        """
+        pending = getattr(exc, "pending", None)
+        if pending is not None:
+            _ABANDONED.append(pending)
+        self._break(f"{collective} #{seq}{' (native)' if native else ''} timed out on rank {self.rank}.")
+        return CommTimeout(f"{exc} Recent calls on this rank: {_watchdog.recent_summary(self._recorder)}.")
 
     def _collective_timed_out(self, pending, reason: str) -> None:
         abandon = getattr(pending, "abandon", None)

@@ -391,6 +391,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
     coll, alg = repr(plan.collective), repr(plan.algorithm)
     shape_plan = slots is not None and fresh is None  # run by the communicator's general path, which holds the guard
+    waits_native = timed and any("_pending" in line for line in body)  # a timed library collective
     source = "\n".join([
         ("def run(_b_in, _b_out, _timeout):" if timed else "def run(_b_in, _b_out):") if shape_plan else "def run():",
         *head,
@@ -400,7 +401,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, {units[0][0] if units else 0}, "
         f"{step0}, 'running']",
-        *(["    _pending = None"] if "_pending" in "".join(body) else []),
+        *(["    _pending = None"] if waits_native else []),
         "    _append(rec)",
         "    _comm._last = _last",
         "    _recorder.active = rec",
@@ -414,7 +415,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         f"        if rec[{STATE}] == 'running':",
         "            _end(rec, 'failed')",
         *(["            if _pending is not None:", "                _interrupted(_pending, seq)"]
-          if "_pending" in "".join(body) else []),
+          if waits_native else []),
         "        raise",
         "    finally:",
         "        _recorder.active = None",

@@ -328,23 +328,27 @@ def _call_text(info, index: int, step) -> str:
             f"at step {index} ({step!r})")
 
 
+def _gave_up(info, timeout, where: str, recent: str) -> CommTimeout:
+    """A collective's timeout error: who gave up, after how long, in which call, ``where`` in it, and why."""
+    text = (
+        f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} "
+        f"(algorithm {info.algorithm!r}){where} A peer may have stopped, called a different collective (or the "
+        "same one with another root, count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports "
+        "mismatched collectives."
+    )
+    if recent:
+        text += f" Recent calls on this rank: {recent}."
+    return CommTimeout(text)
+
+
 def timeout_error(info, index: int, step, pending_peers, timeout, recent: str = "") -> CommTimeout:
     """The error of a collective step that waited ``timeout`` seconds: the rank, call, algorithm, step and peers.
 
     ``info`` is a :class:`CallInfo` or the tuple of its fields; ``pending_peers`` the ranks
     still outstanding; ``recent`` this rank's recent calls (the flight record), if known.
     """
-    info = _info(info)
     peers = ", ".join(str(p) for p in pending_peers) or "?"
-    text = (
-        f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} "
-        f"(algorithm {info.algorithm!r}) at step {index} ({step!r}), waiting for rank(s) {peers}. "
-        "A peer may have stopped, called a different collective (or the same one with another root, "
-        "count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports mismatched collectives."
-    )
-    if recent:
-        text += f" Recent calls on this rank: {recent}."
-    return CommTimeout(text)
+    return _gave_up(_info(info), timeout, f" at step {index} ({step!r}), waiting for rank(s) {peers}.", recent)
 
 
 def native_timeout_error(info, timeout, recent: str = "") -> CommTimeout:
@@ -353,16 +357,7 @@ def native_timeout_error(info, timeout, recent: str = "") -> CommTimeout:
     ``info`` is a :class:`CallInfo` or the tuple of its fields; ``recent`` this
     rank's recent calls (the flight record), if known.
     """
-    info = _info(info)
-    text = (
-        f"rank {info.rank} timed out after {timeout:g} s in {info.collective} #{info.seq} (algorithm 'native'): "
-        "the library's own collective made no progress. A peer may have stopped, called a different collective "
-        "(or the same one with another root, count, dtype or op), or be much slower; COMMKIT_DEBUG=check reports "
-        "mismatched collectives."
-    )
-    if recent:
-        text += f" Recent calls on this rank: {recent}."
-    return CommTimeout(text)
+    return _gave_up(_info(info), timeout, ": the library's own collective made no progress.", recent)
 
 
 def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
