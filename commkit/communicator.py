@@ -282,9 +282,10 @@ class Communicator(VectorCollectives):
         self._recorder = _watchdog.FlightRecorder(self.rank, self.size, label)
         _watchdog.register(self._recorder)
         chans = (self._p2p, self._coll) + ((self._base,) if owns_transport and self._base is not self._p2p else ())
+        self._persistent_channels = _PersistentChannels(self._coll, self._layout.seq_mask + 1)
         # Communicators dropped without free() release their contexts when collected, so a
         # program that makes many never runs the MPI library out of communicators.
-        self._finalizer = weakref.finalize(self, _free_channels, chans)
+        self._finalizer = weakref.finalize(self, _free_channels, chans, self._persistent_channels)
         self._update_plain()
 
     def _update_plain(self) -> None:
@@ -944,7 +945,7 @@ class Communicator(VectorCollectives):
             compiled.hot = call.keep + call.key[3:]
             setattr(self, "_hot_" + call.collective, compiled)
 
-    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False):
+    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False, chan=None):
         """The ops of ``call`` on its own buffers: ``(ops, prologue, slots)``; ``persistent_tag`` for *_init.
 
         ``slots`` names the buffers a plan takes at each run instead (``"in"``,
@@ -987,7 +988,7 @@ class Communicator(VectorCollectives):
         tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
         bufs = {"in": src, "out": dst, "tmp": tmp}
         taken = Slots(bufs, slots) if slots else None
-        return compile_ops(steps, bufs, self._coll, persistent_tag, taken, timed), prologue, taken
+        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed), prologue, taken
 
     def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False) -> Plan | None:
         """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
@@ -1034,10 +1035,8 @@ class Communicator(VectorCollectives):
         result = call.result if call.has_result else None
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None
-        # Its own tag, fixed for the life of the request: every rank creates persistent requests in order.
-        base = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, name, "persistent"))
-        tag = self._layout.tag(base, self._next_seq())
         native = None
+        chan, tag, release = self._coll, None, None
         if steps is None:
             send, recv, inplace, counts, prologue = self._native_args(call)
             make = getattr(self._coll, "native_init", None)
@@ -1047,9 +1046,14 @@ class Communicator(VectorCollectives):
                 native = _NativeRestart(self._coll, call.collective, send, recv, call.op, call.root, counts, inplace)
             ops = []
         else:
-            ops, prologue, _ = self._bound(call, plan, persistent_tag=tag)
+            # Its own identity for the life of the request (see _PersistentChannels): a channel that
+            # ordinary calls never use, and a number there that no other live persistent request holds.
+            chan, number, release = self._persistent_channels.claim()
+            base = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, name))
+            tag = self._layout.tag(base, number)
+            ops, prologue, _ = self._bound(call, plan, persistent_tag=tag, chan=chan)
         return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
-                                 timeout, native)
+                                 timeout, native, release)
 
     def _gave_up(self, collective: str, seq: int, exc: CommTimeout, native: bool = False) -> CommTimeout:
         """A blocking collective timed out (its flight record says so): the error to raise.
@@ -1745,12 +1749,72 @@ class _NativeRequest(Request):
 _FREED = "this communicator was freed; create a new one with dup() or split() before freeing."
 
 
-def _free_channels(chans) -> None:
+def _free_channels(chans, persistent=None) -> None:
+    if persistent is not None:
+        chans = tuple(chans) + persistent.close()
     for chan in chans:
         try:
             chan.free()
         except Exception:  # noqa: BLE001 - at collection or exit, nothing can be done about it
             pass
+
+
+class _PersistentChannels:
+    """Where persistent requests' messages travel: channels of their own, numbered slots on each.
+
+    Why. An ordinary call's tag holds its call number modulo 2**S, which is safe
+    because ordinary calls are short-lived (see :mod:`commkit.identity`). A
+    persistent request lives as long as the user keeps it, so a tag fixed at its
+    creation would, 2**S calls later, be the tag of an ordinary call or of another
+    persistent request of the same shape, and the two would exchange data. So
+    persistent requests get channels of their own (duplicates of the collective
+    channel, never used by ordinary calls), and each channel hands out each of its
+    2**S numbers once: the next creation after the last number duplicates a fresh
+    channel. Creation is collective and ordered, so every rank claims the same
+    channel and number for the same request. A channel is freed when its last
+    request is freed (or collected) and it hands out no more numbers.
+    """
+
+    __slots__ = ("source", "per_channel", "current", "used", "live")
+
+    def __init__(self, source, per_channel: int):
+        self.source = source
+        self.per_channel = per_channel
+        self.current = None  # the channel handing out numbers
+        self.used = 0        # numbers it has handed out
+        self.live: dict = {}  # channel -> its requests not yet freed
+
+    def claim(self):
+        """``(channel, number, release)`` for a new persistent request; ``release()`` when it is freed."""
+        if self.current is None or self.used == self.per_channel:
+            retired = self.current
+            self.current, self.used = _checked_dup(self.source), 0
+            self.live[self.current] = 0
+            if retired is not None and self.live[retired] == 0:
+                self._drop(retired)
+        chan, number = self.current, self.used
+        self.used += 1
+        self.live[chan] += 1
+        return chan, number, functools.partial(self._release, chan)
+
+    def _release(self, chan) -> None:
+        count = self.live.get(chan)
+        if count is None:  # the communicator was freed first
+            return
+        self.live[chan] = count - 1
+        if count == 1 and chan is not self.current:
+            self._drop(chan)
+
+    def _drop(self, chan) -> None:
+        del self.live[chan]
+        _free_channels((chan,))
+
+    def close(self) -> tuple:
+        """Forget every channel; returns them, for the caller to free."""
+        chans = tuple(self.live)
+        self.live.clear()
+        self.current = None
+        return chans
 
 
 def _checked_dup(transport):

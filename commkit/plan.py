@@ -34,6 +34,7 @@ the tag.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable
 from time import monotonic as _monotonic
 
@@ -513,7 +514,7 @@ class PersistentRequest(Request):
     """
 
     def __init__(self, comm, ops, tag, collective, algorithm, signature, result, finish=None, prologue=None,
-                 timeout=None, native=None):
+                 timeout=None, native=None, release=None):
         self._comm = comm
         self._ops = ops
         self._tag = tag
@@ -532,8 +533,16 @@ class PersistentRequest(Request):
         self._driven = native is None and sum(1 for entry in ops if entry[0] == TRANSFER) > 1
         self._index = len(ops)
         self._pending = None
+        # _running: a run's transfers or local ops are not all done. _active: started and not yet seen
+        # complete by this rank's test() or wait(). start() and free() look at _active only, which
+        # follows the program's own calls, so a misuse is refused on every rank alike -- never on the
+        # rank whose run is still in flight and accepted on one where start() happened to finish it.
+        self._running = False
         self._active = False
         self._freed = False
+        # Gives back this request's identity (its channel and number, see Communicator._persistent)
+        # when it is freed, or collected without free().
+        self._release = weakref.finalize(self, release) if release is not None else None
         self._rec = None
         self._seq = None
         self._result = None
@@ -545,8 +554,8 @@ class PersistentRequest(Request):
         if self._freed:
             raise InvalidArgument(f"this persistent {self._collective} was freed; create a new one.")
         if self._active:
-            raise InvalidArgument(f"this persistent {self._collective} is still running: wait() for it before "
-                                  "starting it again.")
+            raise InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
+                                  "test() that returns True) before starting it again.")
         comm = self._comm
         if comm._closed:
             comm._check_open()
@@ -556,7 +565,7 @@ class PersistentRequest(Request):
         rec = self._rec = [seq, self._collective, self._algorithm, self._signature, _monotonic(), None, -1, None,
                            "running"]  # as FlightRecorder.start, without the call
         self._append(rec)
-        self._active = True
+        self._active = self._running = True
         if self._prologue is not None:
             self._prologue(self._tag)
         if self._native is not None:
@@ -608,7 +617,7 @@ class PersistentRequest(Request):
                                self._rec[STEP], self._rec[STEP_OBJ], exc)
 
     def _advance_once(self) -> bool:
-        if not self._active:
+        if not self._running:
             return False
         before = self._index
         return self._advance() or self._index != before
@@ -618,23 +627,28 @@ class PersistentRequest(Request):
         self._result = self._finish() if self._finish is not None else self._result_value
 
     def _stop(self, state: str) -> None:
-        self._active = False
+        self._running = False
+        if state != "done":  # the run failed or timed out, and its error says so: nothing left to complete
+            self._active = False
         if self._driven:
             self._comm._progress.discard(self)
         FlightRecorder.finish(self._rec, state)
 
     def test(self) -> bool:
-        """Advance without blocking; True once the current run is complete (or none was started)."""
-        if not self._active:
-            return True
-        if self._advance():
+        """Advance without blocking; True once the current run is complete (or none was started).
+
+        A True answer completes the run, as MPI_Test does: the request may then be started again or freed.
+        """
+        if not self._running or self._advance():
+            self._active = False
             return True
         self._comm._progress.drive(skip=self)
         return False
 
     def wait(self, timeout: float | None = None):
         """Block until the current run completes; return its result (the output array, or None)."""
-        if not self._active:
+        if not self._running:
+            self._active = False
             return self._result
         timeout = self._timeout if timeout is None else timeout
         comm = self._comm
@@ -647,13 +661,13 @@ class PersistentRequest(Request):
                 self._native.Wait()
             finally:
                 recorder.active = None
-            self._active = False
+            self._active = self._running = False
             rec[T_END] = _monotonic()
             rec[STATE] = "done"
             self._result = self._finish() if self._finish is not None else self._result_value
             return self._result
         try:
-            while self._active:
+            while self._running:
                 if (self._pending is not None and timeout is None and self._native is None
                         and len(comm._progress.requests) == self._driven):
                     # Nothing else to drive and no timeout: block in the transport at once
@@ -675,6 +689,7 @@ class PersistentRequest(Request):
                     waitable.wait(None)
         finally:
             comm._recorder.active = None
+        self._active = False
         return self._result
 
     def _timed_out(self, timeout):
@@ -697,7 +712,7 @@ class PersistentRequest(Request):
     @property
     def done(self) -> bool:
         """Whether no run is in progress (without making progress)."""
-        return not self._active
+        return not self._running
 
     @property
     def result(self):
@@ -711,11 +726,14 @@ class PersistentRequest(Request):
 
     def free(self) -> None:
         """Release the request (and the transport's persistent requests behind it)."""
-        if self._active:
-            raise InvalidArgument(f"this persistent {self._collective} is running: wait() for it before free().")
         if self._freed:
             return
+        if self._active:
+            raise InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
+                                  "test() that returns True) before free().")
         self._freed = True
+        if self._release is not None:
+            self._release()
         for entry in self._ops:
             if entry[0] == TRANSFER:
                 entry[1].free()
@@ -733,6 +751,6 @@ class PersistentRequest(Request):
             self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("running" if self._active else "inactive")
+        state = "freed" if self._freed else ("running" if self._running else "active" if self._active else "inactive")
         return f"<commkit.PersistentRequest {self._collective} ({self._algorithm}): {state}>"
 

@@ -91,7 +91,7 @@ def test_persistent_collectives_restart_with_new_data(name, size):
             comm.barrier()  # a regular call between runs must not disturb the request
         req.start()
         if not req.done:
-            with pytest.raises(ck.InvalidArgument, match="still running"):
+            with pytest.raises(ck.InvalidArgument, match="is active: complete it with wait"):
                 req.start()
         req.wait()
         req.free()

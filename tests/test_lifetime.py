@@ -1,0 +1,140 @@
+"""Identity and limits over a communicator's whole life: persistent requests, long runs, misuse on every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import commkit as ck
+
+from conftest import requires_mpi, run_mpi
+
+# -- persistent requests keep an identity nobody else holds ---------------------------------------------
+
+
+def _two_persistent_far_apart(comm, gap):
+    """P and Q of one shape made ``gap`` calls apart, started together: each must get its own result."""
+    n = 1000
+    ra, rb = np.empty(n), np.empty(n)
+    p = comm.allreduce_init(np.ones(n), out=ra, algorithm="ring")
+    for _ in range(gap):
+        comm.barrier()
+    q = comm.allreduce_init(np.full(n, 100.0), out=rb, algorithm="ring")
+    p.start(); q.start()
+    p.wait(); q.wait()
+    p.free(); q.free()
+    return float(ra[0]), float(ra[-1]), float(rb[0]), float(rb[-1])
+
+
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("gap", [1022, 1023, 2047])
+def test_persistent_requests_made_a_call_number_cycle_apart_keep_their_data(size, gap):
+    results = ck.run_local(lambda comm: _two_persistent_far_apart(comm, gap), size, timeout=60)
+    assert set(results) == {(size * 1.0, size * 1.0, size * 100.0, size * 100.0)}
+
+
+def test_persistent_request_never_shares_a_tag_with_ordinary_calls_of_its_shape():
+    # Every ordinary call numbered s + 1024k once had the persistent request's tag (its base
+    # hashed next to theirs): here ordinary iallreduces of the same shape run while P is active,
+    # across several call-number cycles.
+    def body(comm):
+        n = 643  # the old layout hashed this shape's persistent and ordinary tag bases alike (threads' tag bound)
+        out_p = np.empty(n)
+        p = comm.allreduce_init(np.full(n, 1.0), out=out_p, algorithm="ring")
+        bad = 0
+        for i in range(1100):  # P runs beside every ordinary call, past call number 1024
+            p.start()
+            got = comm.iallreduce(np.full(n, 1000.0 + i), algorithm="ring").wait()
+            p.wait()
+            bad += int(not np.all(got == comm.size * (1000.0 + i))) + int(not np.all(out_p == comm.size))
+        p.free()
+        return bad
+
+    assert ck.run_local(body, 3, timeout=120) == [0, 0, 0]
+
+
+def test_persistent_channels_are_reused_and_freed():
+    def body(comm):
+        chans = comm._persistent_channels
+        x = np.ones(4)
+        first = comm.allreduce_init(x, algorithm="ring")
+        made = [comm.allreduce_init(x, algorithm="ring") for _ in range(chans.per_channel)]
+        # The next number is on a second channel; the first channel still has live requests.
+        assert len(chans.live) == 2
+        first.free()
+        for r in made[:-1]:
+            r.free()
+        # The first channel hands out no more numbers and its last request is gone: freed.
+        assert len(chans.live) == 1
+        made[-1].free()
+        again = comm.allreduce_init(x, algorithm="ring")
+        again.start(); out = again.wait(); again.free()
+        return float(out[0])
+
+    assert ck.run_local(body, 2, timeout=60) == [2.0, 2.0]
+
+
+# -- misuse of a persistent request is refused on every rank alike ---------------------------------------
+
+
+@pytest.mark.parametrize("misuse", ["start", "free"])
+def test_second_start_or_free_of_an_active_persistent_request_is_refused_on_every_rank(misuse):
+    def body(comm):
+        req = comm.allreduce_init(np.ones(4), algorithm="recursive_doubling")
+        req.start()
+        if comm.rank == 0:
+            req.wait()  # rank 0's run is complete and waited: it may start again
+            req.start()
+        # Every rank's request is active (not yet completed by wait() or test()), however far its run got.
+        with pytest.raises(ck.InvalidArgument, match="is active: complete it with wait"):
+            getattr(req, misuse)()
+        out = req.wait()
+        if comm.rank != 0:
+            req.start(); req.wait()
+        req.free()
+        return float(out[0])
+
+    assert ck.run_local(body, 2, timeout=60) == [2.0, 2.0]
+
+
+def test_a_test_that_returns_true_completes_a_persistent_run():
+    def body(comm):
+        req = comm.allreduce_init(np.ones(4), algorithm="recursive_doubling")
+        for _ in range(3):
+            req.start()
+            while not req.test():
+                pass
+        req.free()
+        return float(req.result[0])
+
+    assert ck.run_local(body, 2, timeout=60) == [2.0, 2.0]
+
+
+@requires_mpi
+def test_persistent_requests_a_cycle_apart_under_mpiexec():
+    out = run_mpi(3, """
+        import numpy as np
+        import commkit as ck
+        from mpi4py import MPI
+        comm = ck.init()
+        n = 1000
+        ra, rb = np.empty(n), np.empty(n)
+        p = comm.allreduce_init(np.ones(n), out=ra, algorithm="ring")
+        for _ in range(1023):
+            comm.barrier()
+        q = comm.allreduce_init(np.full(n, 100.0), out=rb, algorithm="ring")
+        p.start(); q.start(); p.wait(); q.wait()
+        assert np.all(ra == 3.0) and np.all(rb == 300.0), (comm.rank, ra[:3], rb[:3])
+        # The face's persistent requests are the same requests.
+        from commkit.compat.mpi4py import Prequest, wrap
+        face = wrap(MPI.COMM_WORLD)
+        sa, sb = np.empty(n), np.empty(n)
+        P = face.Allreduce_init(np.ones(n), sa)
+        for _ in range(1023):
+            face.Barrier()
+        Q = face.Allreduce_init(np.full(n, 100.0), sb)
+        Prequest.Startall([P, Q]); Prequest.Waitall([P, Q])
+        assert np.all(sa == 3.0) and np.all(sb == 300.0), (comm.rank, sa[:3], sb[:3])
+        print("ok", comm.rank)
+    """, env={"COMMKIT_TIMEOUT": ""})
+    assert out.stdout.count("ok") == 3
