@@ -274,8 +274,7 @@ class Communicator(VectorCollectives):
         p2p_bits = TagLayout(self._p2p.tag_ub).bits
         self._tag_ub = (1 << (p2p_bits - 1)) - 1
         self._object_bit = 1 << (p2p_bits - 1)
-        self._progress = Progress(getattr(self._coll, "relax", None), self._layout.max_in_flight,
-                                  on_change=self._update_plain)
+        self._progress = Progress(getattr(self._coll, "relax", None), on_change=_weak_method(self._update_plain))
         self._sends: list = []  # (pending, buffer) of isends from copies commkit made
         self._label = label
         self._children = itertools.count()
@@ -620,6 +619,8 @@ class Communicator(VectorCollectives):
     def _next_seq(self) -> int:
         seq = self._seq
         self._seq = seq + 1
+        if self._progress.requests:
+            self._progress.settle(seq, self._layout.seq_mask + 1, self.timeout)
         return seq
 
     def _scratch_buffer(self, xp, dtype, n, nonblocking, role="tmp"):
@@ -828,8 +829,16 @@ class Communicator(VectorCollectives):
                         except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                             raise self._gave_up(call.collective, seq, exc, steps is None) from None
                     return self._finish(call) if call.has_result else None
+        if nonblocking and steps is not None and self._progress.held >= self._layout.max_in_flight:
+            raise InvalidArgument(
+                f"{self._progress.held} nonblocking collectives are outstanding on this communicator (started, "
+                "and not yet completed by wait() or a test() that returned True), the most whose messages can be "
+                "told apart; complete some before starting more."
+            )
         seq = self._seq
         self._seq = seq + 1
+        if self._progress.requests and steps is not None:
+            self._progress.settle(seq, self._layout.seq_mask + 1, timeout)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
                       call.nbytes, self.size, name, choice.reason)
@@ -859,7 +868,8 @@ class Communicator(VectorCollectives):
             # for it, driving the others meanwhile (see schedule.Progress).
             request = ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info,
                                       finish=lambda: self._finish(call), progress=self._progress,
-                                      recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
+                                      recorder=recorder, rec=rec, on_timeout=self._collective_timed_out,
+                                      held=bool(nonblocking))
             return request if nonblocking else request.wait()
         recorder.active = rec
         try:
@@ -1747,6 +1757,17 @@ class _NativeRequest(Request):
 
 
 _FREED = "this communicator was freed; create a new one with dup() or split() before freeing."
+
+
+def _weak_method(method):
+    """``method`` of an object, called through a weak reference: holding it keeps the object alive no longer."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            return bound(*args)
+    return call
 
 
 def _free_channels(chans, persistent=None) -> None:

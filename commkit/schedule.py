@@ -506,21 +506,19 @@ class Progress:
     outstanding, blocking calls take their direct path and pay nothing.
     """
 
-    __slots__ = ("requests", "relax", "limit", "on_change")
+    __slots__ = ("requests", "relax", "held", "on_change")
 
-    def __init__(self, relax: Callable[[], None] | None = None, limit: int = 1 << 30,
-                 on_change: Callable[[], None] | None = None):
+    def __init__(self, relax: Callable[[], None] | None = None, on_change: Callable[[], None] | None = None):
         self.requests: list = []
         self.relax = relax or (lambda: None)
-        self.limit = limit
+        # Nonblocking collectives the program started and has not yet seen complete (by wait(), a test()
+        # that returned True, or dropping the request): what the outstanding-request limit counts. It
+        # follows the program's own calls, so every rank running the same program decides the limit
+        # alike, however far each rank's requests got on their own.
+        self.held = 0
         self.on_change = on_change  # called when the list becomes empty or stops being empty
 
     def add(self, request) -> None:
-        if len(self.requests) >= self.limit:
-            raise InvalidArgument(
-                f"{len(self.requests)} nonblocking collectives are outstanding on this communicator, the most "
-                "whose messages can be told apart; wait() for some before starting more."
-            )
         self.requests.append(request)
         if len(self.requests) == 1 and self.on_change is not None:
             self.on_change()
@@ -540,6 +538,23 @@ class Progress:
             if request is not skip and request._advance_once():
                 moved = True
         return moved
+
+    def settle(self, seq: int, span: int, timeout: float | None) -> None:
+        """Complete every request still in flight whose call number is ``seq - span`` or earlier.
+
+        Its tag is the tag call ``seq`` is about to use (call numbers are kept
+        modulo ``span``). Once this rank has finished it, every message it sent
+        went out before call ``seq``'s and every receive it posted matched, so
+        MPI's in-order matching gives each call its own messages. Waiting here
+        is local progress, never an error that some ranks would raise and others
+        not; ranks that are in call ``seq`` too drive the old request as well.
+        """
+        oldest = seq - span
+        for request in tuple(self.requests):
+            number = getattr(request, "tag_seq", None)
+            if number is not None and number <= oldest and not request.done:
+                if not self.wait(lambda r=request: r.done or r._advance(), timeout, skip=request):
+                    request._timed_out(_peers_of(request._step), timeout)
 
     def wait(self, test: Callable[[], bool], timeout: float | None, skip=None) -> bool:
         """Poll ``test`` while driving the other requests; False if ``timeout`` passes without progress."""
@@ -568,7 +583,10 @@ class ScheduleRequest(Request):
 
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
-                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None):
+                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
+                 held: bool = False):
+        self.tag_seq = info.seq  # the call number in its tag (Progress.settle)
+        self._held = False
         self._bufs = bufs
         self._chan = chan
         self._tag = tag
@@ -588,6 +606,9 @@ class ScheduleRequest(Request):
         self._run = execute(steps, bufs, chan, tag, timeout, info, self._rec, info.tracer, blocking=False)
         if progress is not None:
             progress.add(self)
+            if held:  # a request the program holds (an i-form), until it sees it complete
+                self._held = True
+                progress.held += 1
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.
@@ -639,8 +660,19 @@ class ScheduleRequest(Request):
         self._fail("failed", error)
         return error
 
+    def _let_go(self) -> None:
+        """The program has seen this request end (or dropped it): it no longer counts as held."""
+        if self._held:
+            self._held = False
+            self._progress.held -= 1
+
+    def __del__(self) -> None:
+        if self._held:
+            self._let_go()
+
     def _fail(self, state: str, error: BaseException) -> None:
         """End the run early: it never completes, and every later test() or wait() raises ``error``."""
+        self._let_go()
         self._error = error
         self._run = self._pending = None
         if self._progress is not None:
@@ -649,12 +681,10 @@ class ScheduleRequest(Request):
 
     def test(self) -> bool:
         """Make progress without blocking; return True once the collective is complete."""
-        if self._done:
+        if self._done or self._advance() or (self._progress is not None and self._progress.drive(skip=self)
+                                             and self._advance()):
+            self._let_go()
             return True
-        if self._advance():
-            return True
-        if self._progress is not None and self._progress.drive(skip=self):
-            return self._advance()
         self._chan_relax()
         return False
 
@@ -666,6 +696,7 @@ class ScheduleRequest(Request):
     def wait(self, timeout: float | None = None):
         """Block until complete and return the result (``timeout`` in seconds without progress)."""
         if self._done:
+            self._let_go()
             return self._result
         timeout = self._timeout if timeout is None else timeout
         recorder = self._recorder
@@ -690,6 +721,7 @@ class ScheduleRequest(Request):
         finally:
             if recorder is not None:
                 recorder.active = None
+        self._let_go()
         return self._result
 
     def _test_pending(self) -> bool:

@@ -138,3 +138,51 @@ def test_persistent_requests_a_cycle_apart_under_mpiexec():
         print("ok", comm.rank)
     """, env={"COMMKIT_TIMEOUT": ""})
     assert out.stdout.count("ok") == 3
+
+
+# -- the outstanding-request limit is decided alike on every rank ---------------------------------------
+
+
+def test_outstanding_limit_counts_what_the_program_holds_not_what_happened_to_finish():
+    # Rank 0 lags, so its peers' requests stay pending while some of rank 0's own complete inside
+    # their i-call (the data is already there). Every rank must decide the same: a blocking call
+    # with 1023 held requests runs; a 1024th i-call is refused on every rank.
+    def body(comm):
+        limit = comm._layout.max_in_flight
+        if comm.rank == 0:
+            import time
+            time.sleep(0.2)
+        held = [comm.iallreduce(np.full(3, float(i)), algorithm="recursive_doubling") for i in range(limit)]
+        total = comm.allreduce(np.ones(2), algorithm="recursive_doubling")
+        with pytest.raises(ck.InvalidArgument, match="outstanding on this communicator"):
+            comm.iallreduce(np.ones(1))
+        results = [r.wait()[0] for r in held]
+        after = comm.iallreduce(np.ones(1)).wait()  # room again
+        return float(total[0]), results == [comm.size * float(i) for i in range(limit)], float(after[0])
+
+    assert ck.run_local(body, 3, timeout=120) == [(3.0, True, 3.0)] * 3
+
+
+def test_a_request_dropped_unwaited_no_longer_counts():
+    def body(comm):
+        limit = comm._layout.max_in_flight
+        for _ in range(limit + 5):
+            comm.ibarrier()  # dropped: once it has finished on its own, it no longer counts
+        for _ in range(limit + 5):
+            comm.barrier()  # every wait drives the dropped requests too
+        return comm._progress.held, len(comm._progress.requests)
+
+    assert ck.run_local(body, 2, timeout=60) == [(0, 0), (0, 0)]
+
+
+def test_an_old_request_in_flight_is_finished_before_a_call_that_reuses_its_tag():
+    # A request started, then 1024 blocking calls: the 1024th has the request's tag. The request
+    # is finished first on each rank, so neither call takes the other's data.
+    def body(comm):
+        n = 257
+        first = comm.iallreduce(np.full(n, 5.0), algorithm="ring")
+        outs = [comm.allreduce(np.full(n, float(i)), algorithm="ring") for i in range(1030)]
+        ok = all(np.all(o == comm.size * float(i)) for i, o in enumerate(outs))
+        return ok, float(first.wait()[0])
+
+    assert ck.run_local(body, 3, timeout=120) == [(True, 15.0)] * 3
