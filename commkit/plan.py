@@ -472,6 +472,9 @@ class Plan:
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None, slots=None, fresh=None, timed=False):
+        # The communicator keeps its plans, so a plan refers to it weakly: a communicator the program
+        # drops is released at once (its contexts freed), not when the cyclic collector runs.
+        comm = weakref.proxy(comm) if type(comm) is not weakref.ProxyType else comm
         self.comm = comm
         self.tagbase = tagbase
         self.seq_mask = comm._layout.seq_mask

@@ -186,3 +186,65 @@ def test_an_old_request_in_flight_is_finished_before_a_call_that_reuses_its_tag(
         return ok, float(first.wait()[0])
 
     assert ck.run_local(body, 3, timeout=120) == [(True, 15.0)] * 3
+
+
+# -- a communicator the program drops is released at once -----------------------------------------------
+
+
+def _every_call_form(c):
+    x = np.arange(4.0 * c.size).reshape(c.size, 4)
+    for _ in range(3):  # the third call of a shape runs its compiled plans
+        c.allreduce(x)
+        c.allreduce(x, out=np.empty_like(x))
+        c.allreduce(np.ones(3), timeout=30)
+        c.exscan(x[0])
+        c.scan(x[0], out=np.empty(4))
+        c.broadcast(x[0].copy())
+        c.reduce(x[0])
+        c.allgather(x[0])
+        c.alltoall(x)
+        c.reduce_scatter(x)
+        c.iallreduce(x).wait()
+        c.barrier()
+    req = c.allreduce_init(np.ones(4), algorithm="ring")
+    req.start(); req.wait()
+
+
+@pytest.mark.parametrize("calls", [False, True])
+def test_a_dropped_communicator_is_released_without_the_cyclic_collector(calls):
+    import gc
+
+    def body(comm):
+        gc.disable()
+        try:
+            alive = 0
+            for _ in range(3):
+                c = comm.dup()
+                if calls:
+                    _every_call_form(c)
+                finalizer = c._finalizer
+                del c
+                alive += finalizer.alive
+            return alive
+        finally:
+            gc.enable()
+
+    assert ck.run_local(body, 2, timeout=60) == [0, 0]
+
+
+@requires_mpi
+def test_dup_in_a_loop_with_the_collector_off_never_exhausts_the_library():
+    # MPICH runs out of communicators near 2048 contexts: each dup holds two of them.
+    run_mpi(2, """
+        import gc
+        import numpy as np
+        import commkit as ck
+        comm = ck.init()
+        gc.disable()
+        for i in range(1500):
+            c = comm.dup()
+            c.allreduce(np.ones(2))
+            c.allreduce(np.ones(2))
+            del c
+        print("ok")
+    """, env={"COMMKIT_TIMEOUT": ""}, timeout=300)
