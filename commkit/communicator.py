@@ -1234,11 +1234,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('allreduce', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_allreduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
@@ -1271,11 +1271,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is root and h[4] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('reduce', id(x), id(out), op, root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
@@ -1294,11 +1294,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('scan', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_scan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
@@ -1321,11 +1321,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('exscan', id(x), id(out), op, algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_exscan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduction("exscan", x, op, out, algorithm, timeout, False, key=key)
@@ -1393,11 +1393,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is root and h[3] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('gather', id(x), id(out), root, algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_gather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._gather(x, root, out, algorithm, timeout, False, key=key)
@@ -1496,11 +1496,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('allgather', id(x), id(out), algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_allgather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._allgather(x, out, algorithm, timeout, False, key=key)
@@ -1537,11 +1537,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ('alltoall', id(x), id(out), algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_alltoall = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._alltoall(x, out, algorithm, timeout, False, key=key)
@@ -1586,11 +1586,11 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is counts and h[4] is algorithm
-                    and self._plain and plan.dtype is x.dtype and not _trace_active):
+                    and plan.ready(x)):
                 return plan.run()
         key = ("reduce_scatter", id(x), id(out), op, None if counts is None else tuple(counts), algorithm)
         plan = self._fast.get(key) if timeout is None else None
-        if plan is not None and self._plain and plan.dtype is x.dtype and not _trace_active:
+        if plan is not None and plan.ready(x):
             self._hot_reduce_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False, key=key)

@@ -456,6 +456,30 @@ class _Reposted:
         self.pending = None
 
 
+def _readiness(plan):
+    """``plan.ready(x)``: whether the plan may run for a call that passed its very arrays again.
+
+    The arrays are the same objects, but the program may have changed them in
+    place since the first call checked them: a new shape (``x.shape = ...``), a
+    new element type, an output made read-only. The plan then does not run,
+    and the call takes the general path, which checks it as a first call does
+    (and raises where the new state is wrong). Nor does it run while the
+    communicator needs the general path (see ``Communicator._update_plain``) or
+    a trace is recording. Written out for the plan's own arrays, as the plan is.
+    """
+    ns = {"_comm": plan.comm, "_trace": _trace_active, "_dtype": plan.dtype}
+    terms = ["(x is None or x.dtype is _dtype)", "_comm._plain", "not _trace"]
+    x, out = plan.keep if plan.keep else (None, None)
+    for name, array in (("_x", x), ("_o", out if out is not x else None)):
+        if array is not None:
+            ns[name], ns[name + "s"] = array, array.shape
+            terms.append(f"{name}.shape == {name}s")
+    if out is not None:
+        terms.append(f"{'_x' if out is x else '_o'}.flags.writeable")
+    exec(f"def ready(x):\n    return {' and '.join(terms)}\n", ns)
+    return ns["ready"]
+
+
 class Plan:
     """A blocking collective call compiled against fixed buffers (see the module docstring).
 
@@ -468,7 +492,7 @@ class Plan:
     """
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
-                 "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot")
+                 "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None, slots=None, fresh=None, timed=False):
@@ -486,6 +510,7 @@ class Plan:
         self.signature = signature
         self.dtype = dtype
         self.keep = keep          # the caller's arrays: their identity is this plan's key
+        self.ready = _readiness(self)
         self.result = result      # what the call returns
         self.finish = finish      # a callable for calls whose result needs work (exscan on rank 0)
         self.recorder = comm._recorder
@@ -497,9 +522,6 @@ class Plan:
         # run is None when the ops cannot be written that way (see _generate): use the general path.
         self.run = _generate(self, fuse(ops), prologue, slots, fresh, timed)
 
-    def ready(self, x) -> bool:
-        """Whether this plan may run now: same element type, and nothing that needs the general path."""
-        return (x is None or x.dtype is self.dtype) and self.comm._plain and not _trace_active
 
 
 class PersistentRequest(Request):

@@ -248,3 +248,84 @@ def test_dup_in_a_loop_with_the_collector_off_never_exhausts_the_library():
             del c
         print("ok")
     """, env={"COMMKIT_TIMEOUT": ""}, timeout=300)
+
+
+# -- the plans keep every check the first call makes ----------------------------------------------------
+
+
+def test_an_output_made_read_only_after_its_plan_was_compiled_is_refused():
+    def body(comm):
+        x, out = np.ones(4), np.empty(4)
+        for _ in range(3):
+            comm.allreduce(x, out=out)
+        out.flags.writeable = False
+        with pytest.raises(ck.InvalidBuffer, match="writ"):
+            comm.allreduce(x, out=out)
+        y = np.ones(4)
+        for _ in range(3):
+            comm.allreduce(y, out=y)
+        y.flags.writeable = False
+        with pytest.raises(ck.InvalidBuffer, match="writ"):
+            comm.allreduce(y, out=y)
+        b = np.ones(4)
+        for _ in range(3):
+            comm.broadcast(b, out=b)
+        b.flags.writeable = False
+        with pytest.raises(ck.InvalidBuffer, match="writ"):
+            comm.broadcast(b, out=b)
+        return out[0]
+
+    assert ck.run_local(body, 2) == [2.0, 2.0]
+
+
+def test_inputs_reshaped_in_place_after_their_plan_was_compiled_are_checked_again():
+    def body(comm):
+        assert comm.size == 3
+        x, out = np.arange(24.0).reshape(3, 8), np.empty((3, 8))
+        for _ in range(3):
+            comm.alltoall(x, out=out)
+        x.shape = (4, 6)  # p + 1 rows: the general path refuses it
+        with pytest.raises(ck.InvalidBuffer, match="alltoall's x must have shape"):
+            comm.alltoall(x, out=out)
+        r = np.ones((6, 4))
+        for _ in range(3):
+            comm.reduce_scatter(r)
+        r.shape = (8, 3)  # 8 rows do not divide among 3 ranks
+        with pytest.raises(ck.InvalidBuffer, match="reduce_scatter"):
+            comm.reduce_scatter(r)
+        return True
+
+    assert ck.run_local(body, 3) == [True] * 3
+
+
+@requires_mpi
+def test_plans_keep_their_checks_under_mpiexec_and_through_the_face():
+    run_mpi(2, """
+        import numpy as np
+        import commkit as ck
+        from mpi4py import MPI
+        from commkit.compat.mpi4py import wrap
+        comm = ck.init()
+        x, out = np.ones(4), np.empty(4)
+        for _ in range(3):
+            comm.allreduce(x, out=out)
+        out.flags.writeable = False
+        try:
+            comm.allreduce(x, out=out)
+        except ck.InvalidBuffer as exc:
+            assert "writ" in str(exc)
+        else:
+            raise AssertionError("a read-only out was written")
+        face = wrap(MPI.COMM_WORLD)
+        s, r = np.ones(4), np.empty(4)
+        for _ in range(3):
+            face.Allreduce(s, r)
+        r.flags.writeable = False
+        try:
+            face.Allreduce(s, r)
+        except (BufferError, ck.InvalidBuffer):
+            pass
+        else:
+            raise AssertionError("the face wrote a read-only recvbuf")
+        print("ok")
+    """, env={"COMMKIT_TIMEOUT": ""})
