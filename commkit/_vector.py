@@ -64,6 +64,8 @@ def _is_count(c) -> bool:
 
 def _counts(value, size: int, name: str) -> tuple:
     """``value`` as a tuple of ``size`` non-negative ints, or an error naming what is wrong."""
+    if hasattr(value, "__iter__") and not hasattr(value, "__len__") and not isinstance(value, (str, bytes)):
+        value = tuple(value)  # an iterator (a generator expression): read once
     if value is None or isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
         raise InvalidArgument(
             f"{name} must be a sequence of {size} non-negative ints (rows for each rank), got {_show(value)}.")
@@ -75,6 +77,20 @@ def _counts(value, size: int, name: str) -> tuple:
             raise InvalidArgument(
                 f"{name}[{q}] must be a non-negative int (a number of rows), got {c!r} in {_show(value)}.")
     return tuple(int(c) for c in value)
+
+
+def _result(comm, out, shape, x, collective: str, counts):
+    """The result buffer: ``out`` checked, or a new array; counts too large for any array are an InvalidArgument.
+
+    (Without this, NumPy's own ValueError or MemoryError surfaced on the ranks whose
+    own count passed, while the others raised InvalidArgument for theirs.)
+    """
+    try:
+        return comm._output(out, shape, x)
+    except (MemoryError, ValueError) as exc:
+        raise InvalidArgument(
+            f"{collective}'s result would have shape {shape} (from counts {_show(counts)}), which cannot be "
+            f"allocated ({type(exc).__name__}: {exc}); the counts are rows per rank, the same on every rank.") from None
 
 
 def _is_matrix(value) -> bool:
@@ -213,7 +229,7 @@ class VectorCollectives:
             _agree("allgatherv", everyone, {1: "trailing shape x.shape[1:]", 2: "dtype"})
             counts = tuple(meta[0] for meta in everyone)
         shape = (sum(counts),) + trailing
-        out = self._output(out, shape, x)
+        out = _result(self, out, shape, x, "allgatherv", counts)
         _no_overlap(x, out, "allgatherv")
         elems = tuple(c * _row_size(trailing) for c in counts)
         call = Call("allgatherv", elems, x.reshape(-1), out.reshape(-1), None, 0, sum(elems) * x.dtype.itemsize,
@@ -295,7 +311,7 @@ class VectorCollectives:
         shape = (sum(counts),) + trailing
         xp = array_module(x)
         if rank == root:
-            out = self._output(out, shape, x)
+            out = _result(self, out, shape, x, "gatherv", counts)
             _no_overlap(x, out, "gatherv")
         else:
             out = xp.empty(0, dtype=x.dtype)
@@ -499,7 +515,7 @@ class VectorCollectives:
                     _check_recv(q, meta[1], tuple(row[q] for row in matrix))
         received = sum(row[rank] for row in matrix)
         shape = (received,) + trailing
-        out = self._output(out, shape, x)
+        out = _result(self, out, shape, x, "alltoallv", matrix)
         _no_overlap(x, out, "alltoallv")
         row_size = _row_size(trailing)
         elems = tuple(tuple(c * row_size for c in row) for row in matrix)

@@ -780,6 +780,9 @@ class Communicator(VectorCollectives):
         return plan
 
     def _run(self, call: Call, algorithm, timeout, nonblocking):
+        if algorithm is not None and type(algorithm) is not str:
+            raise InvalidArgument(f"algorithm must be an algorithm's name (a str) or None, got "
+                                  f"{type(algorithm).__name__} {algorithm!r}.")
         if nonblocking == "init":
             return self._persistent(call, algorithm, timeout)
         if not self._entry.acquire(False):
@@ -1237,7 +1240,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('allreduce', id(x), id(out), op, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_allreduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1274,7 +1277,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('reduce', id(x), id(out), op, root, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1297,7 +1300,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('scan', id(x), id(out), op, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_scan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1324,7 +1327,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('exscan', id(x), id(out), op, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_exscan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1352,7 +1355,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('broadcast', id(x), id(out), root, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1396,7 +1399,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('gather', id(x), id(out), root, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_gather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1443,7 +1446,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('scatter', id(x), id(out), root, algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1499,7 +1502,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('allgather', id(x), id(out), algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_allgather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1540,7 +1543,7 @@ class Communicator(VectorCollectives):
                     and plan.ready(x)):
                 return plan.run()
         key = ('alltoall', id(x), id(out), algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_alltoall = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1588,8 +1591,10 @@ class Communicator(VectorCollectives):
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is counts and h[4] is algorithm
                     and plan.ready(x)):
                 return plan.run()
-        key = ("reduce_scatter", id(x), id(out), op, None if counts is None else tuple(counts), algorithm)
-        plan = self._fast.get(key) if timeout is None else None
+        if counts is not None and not hasattr(counts, "__len__"):
+            counts = _listed(counts)  # an iterator is read once, here: the key and the checks see the same counts
+        key = ("reduce_scatter", id(x), id(out), op, None if counts is None else _listed(counts, tuple), algorithm)
+        plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_reduce_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -1620,8 +1625,8 @@ class Communicator(VectorCollectives):
                 )
             counts = [rows // self.size] * self.size
         else:
-            counts = list(counts)
-            if len(counts) != self.size or any(
+            counts = _listed(counts)
+            if type(counts) is not list or len(counts) != self.size or any(
                 isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0 for c in counts
             ):
                 raise InvalidArgument(f"counts must be {self.size} non-negative ints (one per rank), got {counts!r}.")
@@ -1644,7 +1649,7 @@ class Communicator(VectorCollectives):
 
     def barrier(self, *, algorithm=None, timeout=None) -> None:
         """Block until every rank has called barrier."""
-        plan = self._fast.get(("barrier", algorithm)) if timeout is None else None
+        plan = _known(self._fast, ("barrier", algorithm)) if timeout is None else None
         if plan is not None and plan.ready(None):
             plan.run()
             return
@@ -1757,6 +1762,23 @@ class _NativeRequest(Request):
 
 
 _FREED = "this communicator was freed; create a new one with dup() or split() before freeing."
+
+
+def _known(plans: dict, key):
+    """The plan kept under ``key``, or None; None too for a key holding an unhashable argument
+    (``op=[...]``), which the general path then names in its error."""
+    try:
+        return plans.get(key)
+    except TypeError:
+        return None
+
+
+def _listed(values, kind=list):
+    """``values`` (any iterable) as a ``kind``; a non-iterable is returned as it is, for the checks to name."""
+    try:
+        return kind(values)
+    except TypeError:
+        return values
 
 
 def _weak_method(method):

@@ -329,3 +329,34 @@ def test_plans_keep_their_checks_under_mpiexec_and_through_the_face():
             raise AssertionError("the face wrote a read-only recvbuf")
         print("ok")
     """, env={"COMMKIT_TIMEOUT": ""})
+
+
+# -- bad arguments get a clear error, the same on every rank --------------------------------------------
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda c: c.allreduce(np.ones(2), op=["sum"]), ck.UnsupportedOp, "op must be a name"),
+    (lambda c: c.allreduce(np.ones(2), algorithm=["ring"]), ck.InvalidArgument, "algorithm must be"),
+    (lambda c: c.reduce(np.ones(2), op={"sum"}), ck.UnsupportedOp, "op must be a name"),
+    (lambda c: c.broadcast(np.ones(2), root=[0]), ck.InvalidArgument, "root must be an int"),
+    (lambda c: c.barrier(algorithm=["dissemination"]), ck.InvalidArgument, "algorithm must be"),
+    (lambda c: c.reduce_scatter(np.ones((4, 2)), counts=3), ck.InvalidArgument, "counts must be"),
+    (lambda c: c.allgatherv(np.ones(2), counts=[2, 10**18]), ck.InvalidArgument, "counts"),
+    (lambda c: c.allgatherv(np.ones(2), counts=[2, 2**62]), ck.InvalidArgument, "counts"),
+])
+def test_bad_arguments_raise_a_clear_error_on_every_rank(call, error, match):
+    def body(comm):
+        with pytest.raises(error, match=match):
+            call(comm)
+        return comm.allreduce(np.ones(1))[0]  # nothing was left half-sent
+
+    assert ck.run_local(body, 2, timeout=30) == [2.0, 2.0]
+
+
+def test_counts_given_as_an_iterator_are_read_once():
+    def body(comm):
+        a = comm.reduce_scatter(np.ones((4, 2)), counts=(c for c in [2, 2]))
+        b = comm.allgatherv(np.full(2, comm.rank), counts=iter([2, 2]))
+        return a.tolist(), b.tolist()
+
+    assert ck.run_local(body, 2) == [([[2.0, 2.0], [2.0, 2.0]], [0, 0, 1, 1])] * 2
