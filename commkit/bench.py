@@ -526,7 +526,10 @@ def _line(cells: dict) -> str:
     out = []
     for key, _, width in _COLUMNS:
         text = cells[key]
-        out.append("  " + text.ljust(width - 2) if key == "algorithm" else text.rjust(width))
+        if key == "algorithm":
+            out.append("  " + text.ljust(width - 2))
+        else:  # a cell wider than its column (a 123456% spread on a loaded machine) still gets a space
+            out.append(text.rjust(width) if len(text) < width else " " + text)
     return "".join(out)
 
 
