@@ -47,7 +47,7 @@ from .ops import MAX, get_op
 from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in, timed_native
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, native_timeout_error,
-                       run_schedule)
+                       run_schedule, writes_input)
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -82,6 +82,13 @@ def _env_timeout():
 
 def _env_check() -> bool:
     return os.environ.get("COMMKIT_DEBUG", "").lower() in ("check", "1", "true")
+
+
+def _env_plans() -> bool:
+    value = os.environ.get("COMMKIT_PLANS", "on").strip().lower()
+    if value not in ("on", "off", "1", "0", "true", "false", ""):
+        raise InvalidArgument(f"COMMKIT_PLANS must be 'on' or 'off', got {value!r}.")
+    return value not in ("off", "0", "false")
 
 
 class PointToPointRequest(Request):
@@ -247,7 +254,7 @@ class Communicator(VectorCollectives):
     """
 
     def __init__(self, transport, *, timeout: float | None = None, check: bool | None = None,
-                 owns_transport: bool = False, label: str = "world"):
+                 plans: bool | None = None, owns_transport: bool = False, label: str = "world"):
         self._base = transport
         self._owns_base = owns_transport
         # A transport commkit made for this communicator (dup, split) carries the user's
@@ -258,6 +265,7 @@ class Communicator(VectorCollectives):
         self.size = transport.size
         self._timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
         self._check = _env_check() if check is None else bool(check)
+        self._plans_on = _env_plans() if plans is None else bool(plans)
         self._plain = False  # no timeout, no check mode, usable: compiled plans may run (see _update_plain)
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
         self._forget_hot()
@@ -285,13 +293,46 @@ class Communicator(VectorCollectives):
         # Communicators dropped without free() release their contexts when collected, so a
         # program that makes many never runs the MPI library out of communicators.
         self._finalizer = weakref.finalize(self, _free_channels, chans, self._persistent_channels)
+        _LIVE.add(self)
         self._update_plain()
 
     def _update_plain(self) -> None:
-        # Compiled plans run only when nothing needs the general path: no timeout to poll for,
-        # no check mode, no outstanding request to drive, a usable communicator.
-        self._plain = (self._timeout is None and not self._check and not self._closed
+        # Compiled plans run only when nothing needs the general path: plans on, no timeout to poll
+        # for, no check mode, no outstanding request to drive, a usable communicator.
+        self._plain = (self._plans_on and self._timeout is None and not self._check and not self._closed
                        and not self._progress.requests)
+
+    @property
+    def plans(self) -> bool:
+        """Whether calls may run compiled plans (default: on; ``COMMKIT_PLANS=off`` turns them off).
+
+        With plans off, every collective call runs its schedule through the
+        interpreter (:func:`commkit.schedule.execute`), one step at a time: the
+        reference path, to read, trace or debug a schedule (a ``print`` in a
+        generator still runs once per call shape; see docs/extending.md). Results
+        are the same either way; the contract tests run both.
+        """
+        return self._plans_on
+
+    @plans.setter
+    def plans(self, value) -> None:
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"plans must be True or False, got {value!r}.")
+        self._plans_on = value
+        self.forget_plans()
+
+    def forget_plans(self) -> None:
+        """Drop every cached schedule and plan: the next call of each shape selects and compiles anew.
+
+        commkit calls it on every live communicator when an algorithm is registered
+        again or unregistered, so an edited algorithm runs at its next call.
+        """
+        self._plans.clear()
+        self._shaped.clear()
+        self._fast.clear()
+        self._seen.clear()
+        self._forget_hot()
+        self._update_plain()
 
     @property
     def last_algorithm(self) -> str | None:
@@ -419,8 +460,8 @@ class Communicator(VectorCollectives):
         """
         if self._closed is _FREED:
             self._check_open()
-        return Communicator(_checked_dup(self._base), timeout=self.timeout, check=self.check, owns_transport=True,
-                            label=f"{self._label}.dup{next(self._children)}")
+        return Communicator(_checked_dup(self._base), timeout=self.timeout, check=self.check, plans=self._plans_on,
+                            owns_transport=True, label=f"{self._label}.dup{next(self._children)}")
 
     def split(self, color: int | None, key: int = 0) -> "Communicator | None":
         """Partition the ranks by ``color``; order each part by ``(key, rank)``.
@@ -436,7 +477,7 @@ class Communicator(VectorCollectives):
         child = next(self._children)
         if sub is None:
             return None
-        return Communicator(sub, timeout=self.timeout, check=self.check, owns_transport=True,
+        return Communicator(sub, timeout=self.timeout, check=self.check, plans=self._plans_on, owns_transport=True,
                             label=f"{self._label}.split{child}[{int(color)}]")
 
     def abort(self, exc: BaseException | None = None) -> None:
@@ -771,6 +812,7 @@ class Communicator(VectorCollectives):
             plan = (choice, None, 0, True, alg.name, tagbase, signature)
         else:
             steps = tuple(self._steps(alg, call, segment))
+            self._refuse_input_writes(alg, call, segment, steps)
             plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
                     _inplace_safe(steps), alg.name, tagbase, signature)
         if len(self._plans) >= 512:
@@ -778,6 +820,27 @@ class Communicator(VectorCollectives):
             self._shaped.clear()
         self._plans[key] = plan
         return plan
+
+    _CHECK_EVERY_RANK = 64  # up to this size, a registered algorithm's schedules are checked for every rank
+
+    def _refuse_input_writes(self, alg, call: Call, segment, steps) -> None:
+        """Raise before anything is sent if a schedule writes the caller's input ``"in"``.
+
+        This rank's schedule is always checked. A schedule registered outside
+        commkit is checked for every rank too (up to :attr:`_CHECK_EVERY_RANK`
+        ranks), so that every rank raises the same error instead of the others
+        waiting for the one that refused.
+        """
+        ranks = [(self.rank, steps)]
+        if not algorithms.is_builtin(alg) and self.size <= self._CHECK_EVERY_RANK:
+            ranks += [(r, self._steps(alg, call, segment, r)) for r in range(self.size) if r != self.rank]
+        for rank, rank_steps in ranks:
+            wrong = writes_input(rank_steps)
+            if wrong is not None:
+                raise InvalidArgument(
+                    f"{call.collective} algorithm {alg.name!r} writes the caller's input \"in\" at step {wrong[0]} "
+                    f"({wrong[1]!r}) on rank {rank}; a schedule reads \"in\" and writes \"out\" or \"tmp\" "
+                    "(see docs/extending.md). Nothing was sent.")
 
     def _run(self, call: Call, algorithm, timeout, nonblocking):
         if algorithm is not None and type(algorithm) is not str:
@@ -807,7 +870,8 @@ class Communicator(VectorCollectives):
             plan = self._plan(call, algorithm)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self._last = (name, choice)
-        if not nonblocking and not self._check and not self._progress.requests and not _trace_active:
+        if (not nonblocking and self._plans_on and not self._check and not self._progress.requests
+                and not _trace_active):
             if call.key is not None and timeout is None:
                 self._remember(call, plan)
             if call.xp is np and call.nbytes <= self._FAST_MAX_BYTES and (inplace_safe or not call.aliased):
@@ -1088,9 +1152,9 @@ class Communicator(VectorCollectives):
         _ABANDONED.append(pending)
         self._break(reason.split(". ")[0] + ".")
 
-    def _steps(self, alg, call: Call, segment=None):
-        return collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op, call.root,
-                                 segment)
+    def _steps(self, alg, call: Call, segment=None, rank=None):
+        return collectives.steps(alg.schedule, call.collective, self.rank if rank is None else rank, self.size,
+                                 call.arg, call.op, call.root, segment)
 
     def _native_args(self, call: Call):
         """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.
@@ -1762,6 +1826,18 @@ class _NativeRequest(Request):
 
 
 _FREED = "this communicator was freed; create a new one with dup() or split() before freeing."
+
+
+# Every live communicator, so that a change in the algorithm registry reaches their caches.
+_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+
+
+def _registry_changed(collective: str, name: str) -> None:
+    for comm in list(_LIVE):
+        comm.forget_plans()
+
+
+algorithms.on_change(_registry_changed)
 
 
 def _known(plans: dict, key):

@@ -153,6 +153,31 @@ def check_overlap(step: Transfer) -> list:
     return conflicts
 
 
+def writes_input(steps):
+    """``(index, step)`` of the first step that writes the caller's input ``"in"``, or None.
+
+    A schedule reads ``"in"`` and writes ``"out"`` and ``"tmp"``: the caller's
+    input is never modified (an in-place call passes one array as both, and the
+    communicator saves the input where the schedule needs it). A step that
+    receives into, reduces into or copies onto ``"in"`` -- the commonest slip is
+    a ``Copy`` with its two ranges swapped -- would overwrite the caller's data.
+    """
+    for index, step in enumerate(steps):
+        kind = getattr(step, "kind", None)
+        if kind == TRANSFER:
+            targets = [b for _, b in step.recvs] + [getattr(local, "into", getattr(local, "dst", None))
+                                                    for local in step.overlap]
+        elif kind == REDUCE:
+            targets = [step.into]
+        elif kind == COPY:
+            targets = [step.dst]
+        else:  # steps of other kinds say what they write themselves
+            targets = list(getattr(step, "writes", ()))
+        if any(t is not None and t[0] == "in" and t[2] > t[1] for t in targets):
+            return index, step
+    return None
+
+
 def inplace_safe(steps) -> bool:
     """Whether this rank's ``steps`` compute the same result when ``in`` and ``out`` are one array.
 

@@ -360,3 +360,149 @@ def test_counts_given_as_an_iterator_are_read_once():
         return a.tolist(), b.tolist()
 
     assert ck.run_local(body, 2) == [([[2.0, 2.0], [2.0, 2.0]], [0, 0, 1, 1])] * 2
+
+
+# -- a student's edit always runs; the caller's input is never written ----------------------------------
+
+
+def _register_student(version):
+    from commkit.algorithms import algorithm
+    from commkit.schedule import Copy, Reduce
+
+    if version == 1:  # not an allreduce yet: every rank returns its own input
+        @algorithm("allreduce", "student_edit", replace=True)
+        def allreduce_student_edit(rank, size, count, op):
+            yield Copy(("out", 0, count), ("in", 0, count))
+    else:  # doubles the input: a different answer, so the test sees which code ran
+        @algorithm("allreduce", "student_edit", replace=True)
+        def allreduce_student_edit(rank, size, count, op):
+            yield Copy(("out", 0, count), ("in", 0, count))
+            yield Reduce(("out", 0, count), ("in", 0, count), op)
+
+
+@pytest.mark.parametrize("plans", [True, False])
+def test_an_algorithm_registered_again_runs_at_the_next_call_on_the_same_communicator(plans):
+    from commkit.algorithms import unregister
+
+    def body(comm):
+        comm.plans = plans
+        x, out = np.arange(4.0), np.empty(4)
+        if comm.rank == 0:
+            _register_student(1)
+        comm.barrier()
+        first = [comm.allreduce(x, algorithm="student_edit", out=out).tolist() for _ in range(3)]
+        first.append(comm.allreduce(x, algorithm="student_edit").tolist())
+        comm.barrier()
+        if comm.rank == 0:
+            _register_student(2)  # the same name and shape, edited code: as a re-run notebook cell does
+        comm.barrier()
+        second = [comm.allreduce(x, algorithm="student_edit", out=out).tolist() for _ in range(3)]
+        second.append(comm.allreduce(x, algorithm="student_edit").tolist())
+        return first, second
+
+    try:
+        results = ck.run_local(body, 2)
+    finally:
+        unregister("allreduce", "student_edit")
+    for first, second in results:
+        assert first == [[0.0, 1.0, 2.0, 3.0]] * 4
+        assert second == [[0.0, 2.0, 4.0, 6.0]] * 4
+
+
+@requires_mpi
+def test_an_algorithm_registered_again_runs_under_mpiexec():
+    run_mpi(2, """
+        import numpy as np
+        import commkit as ck
+        from test_lifetime import _register_student
+        comm = ck.init()
+        x = np.arange(4.0)
+        _register_student(1)
+        a = [comm.allreduce(x, algorithm="student_edit").tolist() for _ in range(3)]
+        _register_student(2)
+        b = [comm.allreduce(x, algorithm="student_edit").tolist() for _ in range(3)]
+        assert a == [[0.0, 1.0, 2.0, 3.0]] * 3 and b == [[0.0, 2.0, 4.0, 6.0]] * 3, (a, b)
+        print("ok")
+    """, env={"COMMKIT_TIMEOUT": ""})
+
+
+@pytest.mark.parametrize("rank_that_errs", [None, 1])
+def test_a_schedule_that_writes_its_input_is_refused_before_anything_is_sent(rank_that_errs):
+    from commkit.algorithms import algorithm, unregister
+    from commkit.schedule import Copy
+
+    @algorithm("allreduce", "writes_in", replace=True)
+    def allreduce_writes_in(rank, size, count, op):
+        if rank_that_errs is None or rank == rank_that_errs:
+            yield Copy(("in", 0, count), ("out", 0, count))  # source and destination swapped
+        else:
+            yield Copy(("out", 0, count), ("in", 0, count))
+
+    def body(comm):
+        x = np.arange(4.0) + comm.rank
+        with pytest.raises(ck.InvalidArgument, match=r'writes the caller\'s input "in" at step 0 .* on rank'):
+            comm.allreduce(x, algorithm="writes_in")
+        assert x.tolist() == (np.arange(4.0) + comm.rank).tolist()
+        return comm.allreduce(np.ones(1))[0]  # every rank refused the same call: nothing is left pending
+
+    try:
+        assert ck.run_local(body, 3, timeout=30) == [3.0, 3.0, 3.0]
+    finally:
+        unregister("allreduce", "writes_in")
+
+
+def test_plans_off_runs_every_call_through_the_interpreter(monkeypatch):
+    from commkit import schedule
+
+    ran = []
+    real = schedule.execute
+
+    def counting(*args, **kwargs):
+        ran.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(schedule, "execute", counting)
+    monkeypatch.setenv("COMMKIT_PLANS", "off")
+
+    def body(comm):
+        assert comm.plans is False
+        x, out = np.ones(8), np.empty(8)
+        for _ in range(5):
+            comm.allreduce(x, out=out, algorithm="ring")
+        return out[0]
+
+    assert ck.run_local(body, 2) == [2.0, 2.0]
+    assert len(ran) == 2 * 5
+
+
+# -- what the tag layout leaves to chance, measured ------------------------------------------------------
+
+
+@pytest.mark.parametrize("tag_ub, exact_kind, hash_bits", [(2**29 - 1, True, 9), (32767, False, 8)])
+def test_the_chance_that_two_signatures_share_a_tag_base_is_what_the_docs_state(tag_ub, exact_kind, hash_bits):
+    # docs/troubleshooting.md ("What identity guarantees") states these numbers; this measures them by
+    # brute force over signatures that differ only in root, op, count or algorithm.
+    from commkit.identity import TagLayout
+
+    layout = TagLayout(tag_ub)
+    assert layout.exact == exact_kind and layout.hash_bits == hash_bits
+    dtype = np.dtype("float64")
+    bases = {}
+    for count in range(0, 400):
+        for op in ("sum", "max", "prod"):
+            for root in (None, 0, 1, 2):
+                for alg in ("ring", "recursive_doubling"):
+                    base = layout.base("allreduce", dtype, (root, op, count, alg))
+                    bases[base] = bases.get(base, 0) + 1
+    signatures = sum(bases.values())
+    pairs = signatures * (signatures - 1) // 2
+    colliding = sum(n * (n - 1) // 2 for n in bases.values())
+    rate = colliding / pairs
+    assert 0.7 * 2.0 ** -hash_bits < rate < 1.3 * 2.0 ** -hash_bits, rate
+    # Different collectives or element types never share a base where the layout keeps them exactly.
+    kinds = {layout.base(c, dtype, (None, "sum", 8, "ring")) >> (layout.hash_bits + 5)
+             for c in ("allreduce", "reduce", "broadcast", "scan")}
+    dtypes = {(layout.base("allreduce", np.dtype(t), (None, "sum", 8, "ring")) >> layout.hash_bits) & 31
+              for t in ("float32", "int32", "float64", "int64")}
+    if exact_kind:
+        assert len(kinds) == 4 and len(dtypes) == 4

@@ -405,9 +405,33 @@ def algorithm(collective: str, name: str, *, commutative: bool = False, power_of
             collective, name, fn, commutative, power_of_two, scratch or _default_scratch, cost, formula,
             cost_exact, cost_bound, symmetry,
         )
+        if old is not None or _ready:
+            _changed(collective, name)
         return fn
 
     return register
+
+
+_LISTENERS: list = []
+
+
+def on_change(listener: Callable[[str, str], None]) -> None:
+    """Call ``listener(collective, name)`` whenever an algorithm is registered or unregistered.
+
+    The communicators use it to drop what they cached for the old schedule, so an
+    edited algorithm (``replace=True``, a re-run notebook cell) runs at its next call.
+    """
+    _LISTENERS.append(listener)
+
+
+def _changed(collective: str, name: str) -> None:
+    for listener in _LISTENERS:
+        listener(collective, name)
+
+
+def is_builtin(alg: "Algorithm") -> bool:
+    """Whether ``alg``'s schedule is one of commkit's own (not registered by a user or a plugin)."""
+    return _is_builtin(alg.schedule)
 
 
 def _same_function(old, new) -> bool:
@@ -433,6 +457,7 @@ def unregister(collective: str, name: str) -> Algorithm:
         raise InvalidArgument(
             f"cannot unregister {collective} algorithm {name!r}: it is not registered; "
             f"{collective} has {sorted(n for c, n in REGISTRY if c == collective)}.")
+    _changed(collective, name)
     return alg
 
 
