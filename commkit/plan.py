@@ -240,6 +240,12 @@ def fuse(ops) -> list:
 _INLINE_UNITS = 256  # plans with more units run a loop instead of one straight-line function
 
 
+def _one_line(step) -> str:
+    """A step's repr fit for a comment in generated code."""
+    text = " ".join(repr(step).split())
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def _mentions(value, slots) -> bool:
     """Whether a list or tuple holds (at any depth) a view a shape plan slices per run."""
     for item in value:
@@ -325,8 +331,10 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     if straight:
         many = len(units) > 1
         for index, step, ops in units:
+            body.append(f"# schedule step {index}: {_one_line(step)} (then the local steps fused after it)"
+                        if len(ops) > 1 else f"# schedule step {index}: {_one_line(step)}")
             if many:
-                body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}")
+                body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
             for op in ops:
                 spec = getattr(op, "inline", None)
                 if spec is None:
@@ -400,6 +408,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
+        "    # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
+        "    # end, step, step_obj, state",
         f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, {units[0][0] if units else 0}, "
         f"{step0}, 'running']",
         *(["    _pending = None"] if waits_native else []),
@@ -413,7 +423,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         f"        raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
         "    except BaseException:",  # a user's op that raised, an interrupt: the record says so
-        f"        if rec[{STATE}] == 'running':",
+        f"        if rec[{STATE}] == 'running':  # record.state",
         "            _end(rec, 'failed')",
         *(["            if _pending is not None:", "                _interrupted(_pending, seq)"]
           if waits_native else []),
@@ -421,7 +431,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         "    finally:",
         "        _recorder.active = None",
         *([] if shape_plan else ["        _release()"]),
-        f"    rec[{STATE}] = 'done'",
+        f"    rec[{STATE}] = 'done'  # record.state",
         f"    {done}",
     ])
     exec(compile(source, f"<commkit plan: {plan.collective} {plan.algorithm}>", "exec"), ns)
