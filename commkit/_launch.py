@@ -46,7 +46,7 @@ import time
 import uuid
 
 from ._checks import check_timeout
-from ._mpiexec import OUTER_JOB_PREFIXES, mpiexec_command, terminate_group
+from ._mpiexec import OUTER_JOB_PREFIXES, launcher_rank, launcher_size, mpiexec_command, terminate_group
 from .errors import CommError, CommTimeout, InvalidArgument, RankError
 
 __all__ = ["launch", "launcher"]
@@ -97,6 +97,14 @@ def launch(fn, nprocs: int = 4, *args, timeout: float | None = None, label: bool
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise InvalidArgument(f"nprocs must be a positive int, got {nprocs!r}.")
     timeout = check_timeout(timeout)
+    outer = launcher_size()
+    if outer is not None and outer > 1:
+        # Every rank of the outer job would start a job of its own: nprocs x the ranks, none of them
+        # talking to the others' jobs.
+        raise InvalidArgument(
+            f"launch starts an MPI job of its own, but this process is already rank {launcher_rank()} of a "
+            f"job of {outer} started by mpiexec, so every one of them would start {nprocs} more. Under mpiexec, "
+            "call fn(commkit.init()) directly; use launch from a notebook or a plain python process.")
     if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(env).items()):
         raise InvalidArgument("env must map variable names to string values.")
     job = _pack(fn, args, kwargs, label)

@@ -18,7 +18,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import have_mpi
+from conftest import have_mpi, requires_mpi, run_mpi
 
 from commkit.errors import CommTimeout, InvalidArgument, RankError
 from commkit import launch, launcher
@@ -298,3 +298,16 @@ def test_a_launched_process_knows_its_rank_and_size_from_the_environment(monkeyp
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HYDRA_CONTROL_FD", "7")  # Hydra's marker alone says "launched", with no rank to read
     assert under_mpiexec() and launcher_rank() is None
+
+
+@requires_mpi
+def test_launch_under_mpiexec_refuses_to_start_a_job_per_rank():
+    result = run_mpi(2, """
+        import commkit as ck
+        try:
+            ck.launch(lambda c: c.rank, nprocs=4)
+        except ck.InvalidArgument as exc:
+            assert "already rank" in str(exc) and "call fn(commkit.init()) directly" in str(exc), exc
+            print("refused")
+    """)
+    assert result.stdout.count("refused") == 2
