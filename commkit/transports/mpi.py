@@ -448,6 +448,7 @@ class MPITransport:
 
         def translate(exc):
             return _mpi_error(exc, recvs)
+
         if len(sends) == 1 and len(recvs) == 1:
             (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
             sspec, rspec, sendrecv = [sbuf, BYTE], [rbuf, BYTE], comm.Sendrecv
