@@ -60,7 +60,13 @@ class CommBroken(CommClosed):
 
 
 class MessageTruncated(InvalidBuffer):
-    """A message was larger than the buffer posted to receive it.
+    """A message did not fit the buffer posted to receive it.
+
+    Any receive refuses a message larger than its buffer. A collective's
+    receive also refuses a shorter one: its schedule fixes every size, so a
+    short message means the ranks disagree about the call, and the rest of
+    the buffer would hold bytes nobody sent. (A point-to-point ``recv`` into a
+    larger buffer is allowed, as in MPI.)
 
     Attributes:
         peer: the sending rank (None when unknown).

@@ -8,9 +8,16 @@ nothing else. The interface, as the executor and the communicator use it:
   timeout) -> pending_peers``, where ``sends``/``recvs`` are lists of
   ``(peer, flat_array)``; ``pending.test() -> bool`` and
   ``pending.wait(timeout) -> list`` of the peers still outstanding (empty when
-  all completed, so an empty list means success);
+  all completed, so an empty list means success). These receives, and those
+  of ``bind_transfer`` / ``persistent_transfer``, are a collective's: each
+  message must be exactly as long as its buffer, and one that is shorter or
+  longer raises :class:`~commkit.errors.MessageTruncated` (:func:`short_receive`
+  names the shorter kind). The schedule fixes every size, so a shorter message
+  means the ranks disagree about the call, and the bytes it did not fill
+  would be returned as if they had been sent;
 * ``isend(buf, dest, tag)`` / ``irecv(buf, source, tag)`` for user
-  point-to-point, ``send_object`` / ``recv_object`` / ``probe``;
+  point-to-point, ``send_object`` / ``recv_object`` / ``probe``: an ``irecv``
+  may be longer than the message, as in MPI;
 * ``dup()``, ``split(color, key)``, ``free()``, ``abort(exc)``;
 * optionally ``native(collective, ...)``: the library's own collectives.
 
@@ -26,8 +33,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .._wait import Backoff
+from ..errors import MessageTruncated
 
-__all__ = ["ANY_SOURCE", "ANY_TAG", "Backoff", "Status", "allgather_objects"]
+__all__ = ["ANY_SOURCE", "ANY_TAG", "Backoff", "Status", "allgather_objects", "short_receive"]
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -41,10 +49,18 @@ class Status(NamedTuple):
     nbytes: int
 
 
+def short_receive(peer: int, expected: int, received: int) -> MessageTruncated:
+    """The error of a collective's receive from ``peer`` that got ``received`` of its ``expected`` bytes."""
+    return MessageTruncated(
+        f"expected {expected} bytes from rank {peer}, got {received}: a collective's message must fill the "
+        "buffer posted for it, and the bytes it leaves were never sent.",
+        peer=peer, expected=expected, received=received)
+
+
 def inline(run, template: str, values: tuple, errors=None):
     """Mark the bound op ``run`` as writable into a plan's generated code; returns ``run``.
 
-    ``template`` is one Python statement with ``{0}``, ``{1}`` ... for ``values``
+    ``template`` is one line of Python (simple statements, ``;`` between them) with ``{0}``, ``{1}`` ... for ``values``
     and ``tag`` for the call's tag, doing exactly what ``run(tag)`` does; with
     ``errors = (exception_type, translate)`` an exception of that type is raised
     as ``translate(exc)``, as ``run`` itself would. A plan writes such ops one

@@ -12,6 +12,22 @@ Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
 requests are polled with ``Testall`` (spinning briefly, then backing off to
 short sleeps so oversubscribed ranks leave the core to the peer they wait on).
 
+Every receive of a collective is exact. MPI refuses a message longer than
+its buffer (``MPI_ERR_TRUNCATE``) but accepts a shorter one; a collective
+whose ranks disagree about a count, and whose call identities share a tag,
+would then return bytes nobody sent. So each of them reads the byte count of
+its status once and raises :class:`MessageTruncated` unless it is the
+buffer's size. The blocking calls (``sendrecv``, ``transfer``, the ops of
+``bind_transfer``) use statuses made once per transport (one, and a list for
+``Waitall`` that mpi4py lengthens as needed): they run inside a collective,
+which the communicator lets one thread run at a time, and read each status
+right after the call that filled it. A transfer that outlives the call that
+posted it (``post``, persistent transfers) has statuses of its own, since
+another thread may drive it while a collective runs. ``Waitall`` and
+``Testall`` report a failed request as ``MPI_ERR_IN_STATUS``; the statuses
+say which request and why, and the error is raised as a single request's
+would be (:func:`_mpi_error`).
+
 CuPy arrays go to MPI as they are when the library is CUDA-aware (detected by
 :func:`._cuda.mpi_cuda_aware`), otherwise through pinned host memory; either
 way the current CuPy stream is synchronised first (see :mod:`._cuda`).
@@ -29,7 +45,7 @@ from ..errors import MessageTruncated, TransportUnavailable
 from ..ops import OPS
 from . import _cuda
 from .._wait import Backoff
-from .base import ANY_SOURCE, ANY_TAG, Status, inline
+from .base import ANY_SOURCE, ANY_TAG, Status, inline, short_receive
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
     from mpi4py import MPI
@@ -61,16 +77,56 @@ def _on_device(pairs) -> bool:
     return any(_cuda.is_device_array(buf) for _, buf in pairs)
 
 
-def _truncated(exc, recvs) -> BaseException:
-    """An MPI error as a commkit error: a truncated message names the peer and the buffer size."""
-    if isinstance(exc, MPI.Exception) and exc.Get_error_class() == MPI.ERR_TRUNCATE:
-        peers = ", ".join(str(peer) for peer, _ in recvs) or "?"
-        expected = recvs[0][1].nbytes if len(recvs) == 1 else None
-        size = f"the receive buffer of {expected} bytes" if expected is not None else "its receive buffer"
-        return MessageTruncated(
-            f"a message from rank {peers} was larger than {size} (MPI: {exc.Get_error_string().strip()})",
-            peer=recvs[0][0] if len(recvs) == 1 else None, expected=expected)
+def _too_long(exc, recvs) -> MessageTruncated:
+    """``MPI_ERR_TRUNCATE`` as a commkit error naming the peer and the buffer size."""
+    peers = ", ".join(str(peer) for peer, _ in recvs) or "?"
+    expected = recvs[0][1].nbytes if len(recvs) == 1 else None
+    size = f"the receive buffer of {expected} bytes" if expected is not None else "its receive buffer"
+    return MessageTruncated(
+        f"a message from rank {peers} was larger than {size} (MPI: {exc.Get_error_string().strip()})",
+        peer=recvs[0][0] if len(recvs) == 1 else None, expected=expected)
+
+
+def _mpi_error(exc, recvs, statuses=(), nrequests: int = 0) -> BaseException:
+    """An MPI error as a commkit error: a truncated message names the peer and the buffer size.
+
+    ``recvs`` are the ``(peer, buffer)`` receives of the call. For
+    ``MPI_ERR_IN_STATUS`` (``Waitall``/``Testall``), the first ``nrequests`` of
+    ``statuses`` (receives first, in the order of ``recvs``) say which request
+    failed: its error is raised as a call with that one request would raise it.
+    """
+    if not isinstance(exc, MPI.Exception):
+        return exc
+    error_class = exc.Get_error_class()
+    if error_class == MPI.ERR_IN_STATUS:
+        for index in range(min(nrequests, len(statuses))):
+            code = statuses[index].Get_error()
+            if code not in (MPI.SUCCESS, MPI.ERR_PENDING):
+                return _mpi_error(MPI.Exception(code), recvs[index:index + 1])
+        return exc
+    if error_class == MPI.ERR_TRUNCATE:
+        return _too_long(exc, recvs)
     return exc
+
+
+def _check_received(statuses, recvs) -> None:
+    """Raise :class:`MessageTruncated` unless each receive in ``recvs`` got exactly its buffer's bytes.
+
+    A request completed by an earlier call (the executor tests a transfer
+    again after waiting for it) reports MPI's empty status, whose source is
+    ``MPI_ANY_SOURCE``: its size was checked when it completed.
+    """
+    for status, (peer, buf) in zip(statuses, recvs):
+        received = status.Get_count()
+        if received != buf.nbytes and status.Get_source() != MPI.ANY_SOURCE:
+            raise short_receive(peer, buf.nbytes, received)
+
+
+def _refuse_short(peer: int, expected: int):
+    """``refuse(status)``, which raises the error of a receive from ``peer`` short of ``expected`` bytes."""
+    def refuse(status):
+        raise short_receive(peer, expected, status.Get_count())
+    return refuse
 
 
 def _poll(test, timeout: float) -> bool:
@@ -85,33 +141,71 @@ def _poll(test, timeout: float) -> bool:
 
 
 class _Pending:
-    """Requests of one posted transfer, with the peer each one talks to."""
+    """Requests of one posted transfer, with the peer each one talks to.
 
-    __slots__ = ("requests", "peers", "nrecv", "recvs")
+    The first ``nrecv`` requests are the receives ``recvs``; each must get
+    exactly its buffer's bytes (a collective's), unless ``recvs`` is empty.
+    ``statuses`` receive what ``Waitall``/``Testall`` report (mpi4py makes the
+    list as long as the requests).
+    """
 
-    def __init__(self, requests, peers, nrecv: int = 0, recvs=()):
+    __slots__ = ("requests", "peers", "nrecv", "recvs", "statuses")
+
+    def __init__(self, requests, peers, nrecv: int = 0, recvs=(), statuses=None):
         self.requests = requests
         self.peers = peers
-        self.nrecv = nrecv  # the first nrecv requests are receives
+        self.nrecv = nrecv
         self.recvs = recvs
+        self.statuses = [] if statuses is None else statuses
 
     def test(self) -> bool:
         try:
-            return MPI.Request.Testall(self.requests)
+            if not MPI.Request.Testall(self.requests, self.statuses):
+                return False
         except MPI.Exception as exc:
-            raise _truncated(exc, self.recvs) from None
+            raise self._failed(exc) from None
+        if self.recvs:
+            _check_received(self.statuses, self.recvs)
+        return True
 
     def wait(self, timeout: float | None) -> list:
-        requests = self.requests
+        requests, statuses = self.requests, self.statuses
         try:
             if timeout is None:
-                MPI.Request.Waitall(requests)
-                return []
-            if _poll(lambda: MPI.Request.Testall(requests), timeout):
-                return []
+                MPI.Request.Waitall(requests, statuses)
+            elif not _poll(lambda: MPI.Request.Testall(requests, statuses), timeout):
+                return self._stuck()
         except MPI.Exception as exc:
-            raise _truncated(exc, self.recvs) from None
-        return [peer for req, peer in zip(requests, self.peers) if not req.Test()]
+            raise self._failed(exc) from None
+        if self.recvs:
+            _check_received(statuses, self.recvs)
+        return []
+
+    def _stuck(self) -> list:
+        """The peers of the requests still outstanding (none is completed or freed by asking)."""
+        stuck = []
+        for index, (request, peer) in enumerate(zip(self.requests, self.peers)):
+            try:
+                if not request.Get_status():
+                    stuck.append(peer)
+            except MPI.Exception as exc:
+                raise self._failed(exc, index) from None
+        return stuck
+
+    def _failed(self, exc, index: int | None = None) -> BaseException:
+        """The commkit error for ``exc`` (of request ``index``, or of a Waitall/Testall over them all).
+
+        The requests that did not fail may still be in flight: the receives
+        are cancelled and the whole transfer is kept alive (with the buffers
+        mpi4py holds), so MPI never writes into memory Python freed.
+        """
+        if index is None:
+            error = _mpi_error(exc, self.recvs, self.statuses, len(self.requests))
+        else:
+            error = _mpi_error(exc, self.recvs[index:index + 1])
+        self.abandon()
+        _ABANDONED.append(self)
+        return error
 
     def abandon(self) -> None:
         """Cancel the receives still posted, so a late message lands nowhere.
@@ -119,12 +213,17 @@ class _Pending:
         The caller keeps this object (and with it the send buffers mpi4py holds)
         alive, since a pending send may still read its buffer.
         """
-        for req in self.requests[:self.nrecv]:
-            if req != MPI.REQUEST_NULL and not req.Test():
-                req.Cancel()
+        for request in self.requests[:self.nrecv]:
+            try:
+                if request != MPI.REQUEST_NULL and not request.Test():
+                    request.Cancel()
+            except MPI.Exception:
+                continue  # it completed with an error: nothing of it is left to cancel
 
 
 class _RecvHandle(_Pending):
+    """A user's ``irecv``: MPI's semantics, so the message may be shorter than the buffer."""
+
     __slots__ = ("_status", "_mpi_status")
 
     def __init__(self, request, peer, buf=None):
@@ -136,7 +235,7 @@ class _RecvHandle(_Pending):
         try:
             return self.requests[0].Test(self._mpi_status)
         except MPI.Exception as exc:
-            raise _truncated(exc, self.recvs) from None
+            raise _mpi_error(exc, self.recvs) from None
 
     def wait(self, timeout: float | None) -> list:
         request, status = self.requests[0], self._mpi_status
@@ -147,7 +246,7 @@ class _RecvHandle(_Pending):
             if _poll(lambda: request.Test(status), timeout):
                 return []
         except MPI.Exception as exc:
-            raise _truncated(exc, self.recvs) from None
+            raise _mpi_error(exc, self.recvs) from None
         return self.peers
 
     @property
@@ -189,6 +288,108 @@ def _mpi_type(dtype: np.dtype):
         return None
 
 
+# Whether this process's MPI library reduces as NumPy does, by (op name, dtype): filled by
+# _arithmetic_agrees, once per pair. A process has one MPI library, so the key needs no more.
+_ARITHMETIC: dict = {}
+# Probe operands are this long so that a library's vectorised loops run (Open MPI's take 16
+# elements and up), with a tail past the last full vector of any width up to 64 elements.
+_PROBE_LENGTH = 131
+
+
+def _library_reduce(op_name: str, inbuf, inoutbuf) -> None:
+    """``inoutbuf = inbuf (op) inoutbuf``, computed by the MPI library (``MPI_Reduce_local``, no message)."""
+    datatype = _mpi_type(inbuf.dtype)
+    _OPS[op_name].Reduce_local([inbuf, datatype], [inoutbuf, datatype])
+
+
+def _probe_operands(dtype: np.dtype):
+    """Two arrays on which a library's arithmetic and NumPy's differ if they differ anywhere that matters.
+
+    Integers: the whole range at random, and the extremes against each other, so
+    that most sums and products wrap around (a saturating library gives other
+    values). Floats and complex parts: signed zeros against each other, NaN,
+    infinities of both signs, overflow to infinity, subnormal results (a library
+    that flushes them to zero differs), among ordinary values. The special values
+    sit at the start, in the middle and in the tail, so every kind of loop meets
+    them. The seed is fixed: every rank computes the same probe.
+    """
+    n = _PROBE_LENGTH
+    rng = np.random.default_rng(20261126)
+    places = (0, n // 2, n - 12)
+    if dtype.kind == "b":
+        a = np.resize(np.array([False, False, True, True]), n)
+        return a, np.resize(np.array([False, True, False, True]), n)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        b = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        lo, hi = int(info.min), int(info.max)
+        left = np.array([hi, lo, hi, lo, hi, hi // 2 + 1, 0, 1, hi, lo + 1, -1 if lo else 2, 3], dtype)
+        right = np.array([hi, lo, lo, -1 if lo else 2, 1, hi // 2 + 1, lo, lo, 2, hi, hi, hi], dtype)
+    else:
+        real = np.dtype(f"f{dtype.itemsize // 2}") if dtype.kind == "c" else dtype
+        info = np.finfo(real)
+        a = (rng.standard_normal(n) * 1e3).astype(real)
+        b = (rng.standard_normal(n) * 1e3).astype(real)
+        left = np.array([0.0, -0.0, -0.0, np.nan, np.inf, -np.inf, np.inf, info.max, -info.max,
+                         info.tiny, info.tiny, 1.0], real)
+        right = np.array([-0.0, 0.0, -0.0, 1.0, -np.inf, -np.inf, 0.0, info.max, -info.max,
+                          -info.tiny * 0.75, 0.5, np.nan], real)
+    for at in places:
+        a[at:at + len(left)] = left
+        b[at:at + len(right)] = right
+    if dtype.kind == "c":  # the specials meet ordinary values and each other in both parts
+        a, b = _complex(a, a[::-1], dtype), _complex(b, b[::-1], dtype)
+    return a, b
+
+
+def _complex(real, imag, dtype: np.dtype):
+    """The complex array of these parts (set apart: ``real + 1j * imag`` makes NaN of ``0 * inf``)."""
+    out = np.empty(len(real), dtype)
+    out.real, out.imag = real, imag
+    return out
+
+
+def _same_values(x, y) -> bool:
+    """Whether ``x`` and ``y`` hold the same values: for floats, NaN where NaN, zeros of the same sign."""
+    if x.dtype.kind not in "fc":
+        return bool(np.array_equal(x, y))
+    if x.dtype.kind == "c":
+        x, y = x.view(f"f{x.dtype.itemsize // 2}"), y.view(f"f{y.dtype.itemsize // 2}")
+    nan = np.isnan(x)
+    return bool(np.array_equal(nan, np.isnan(y))
+                and np.array_equal(x[~nan], y[~nan])
+                and np.array_equal(np.signbit(x[~nan]), np.signbit(y[~nan])))
+
+
+def _arithmetic_agrees(op_name: str, dtype: np.dtype) -> bool:
+    """Whether the MPI library's ``op_name`` on ``dtype`` gives NumPy's answer; asked once per pair.
+
+    Why: commkit promises NumPy's arithmetic whichever algorithm runs, and a
+    library may differ where MPI leaves room (Open MPI's vectorised reduction
+    saturates int8 sums from 16 elements up: 100 + 100 gave 127, where NumPy and
+    MPICH give -56). The probe (:func:`_probe_operands`) is reduced locally by
+    the library and by commkit's own op; the library's collective is used only
+    where the two agree on every element. No message is sent, so every rank
+    decides the same from the same library.
+    """
+    key = (op_name, dtype)
+    agrees = _ARITHMETIC.get(key)
+    if agrees is None:
+        a, b = _probe_operands(dtype)
+        expected = np.empty_like(b)
+        got = b.copy()
+        with np.errstate(all="ignore"):
+            OPS[op_name].combine(expected, a, True, b)
+            try:
+                _library_reduce(op_name, a, got)
+                agrees = _same_values(got, expected)
+            except MPI.Exception:
+                agrees = False
+        _ARITHMETIC[key] = agrees
+    return agrees
+
+
 class MPITransport:
     """One MPI communicator, seen as a commkit transport."""
 
@@ -202,6 +403,8 @@ class MPITransport:
         self.owned = owned
         tag_ub = comm.Get_attr(MPI.TAG_UB)
         self.tag_ub = int(tag_ub) if tag_ub else 32767
+        self._status = MPI.Status()  # the blocking calls' (see the module docstring)
+        self._statuses: list = []  # the requests a blocking transfer posts and waits for
 
     # -- schedule steps --------------------------------------------------------
 
@@ -210,43 +413,56 @@ class MPITransport:
             return _cuda.stage(lambda s, r: self._post(s, r, tag), sends, recvs, _cuda.mpi_cuda_aware(MPI))
         return self._post(sends, recvs, tag)
 
-    def _post(self, sends, recvs, tag: int) -> _Pending:
+    def _post(self, sends, recvs, tag: int, statuses: list | None = None) -> _Pending:
         comm = self.comm
         requests = [comm.Irecv([buf, BYTE], peer, tag) for peer, buf in recvs]
         requests += [comm.Isend([buf, BYTE], peer, tag) for peer, buf in sends]
         peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
-        return _Pending(requests, peers, len(recvs), recvs)
+        return _Pending(requests, peers, len(recvs), recvs, statuses)
 
     def sendrecv(self, dest: int, sbuf, source: int, rbuf, tag: int) -> None:
         """One blocking exchange with no timeout: the executor's fast path for Exchange steps."""
         if _cuda.is_device_array(sbuf) or _cuda.is_device_array(rbuf):
             self.post(((dest, sbuf),), ((source, rbuf),), tag).wait(None)
             return
+        status = self._status
         try:
-            self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+            self.comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag, status)
         except MPI.Exception as exc:
-            raise _truncated(exc, ((source, rbuf),)) from None
+            raise _mpi_error(exc, ((source, rbuf),)) from None
+        received = status.Get_count()
+        if received != rbuf.nbytes:
+            raise short_receive(source, rbuf.nbytes, received)
 
     def bind_transfer(self, sends, recvs):
         """One transfer with fixed views, as ``run(tag)`` (blocking, no timeout): a compiled plan's step.
 
         The message specifications are built once here, so a call moves data
-        with nothing in between but mpi4py's own argument parsing.
+        with nothing in between but mpi4py's own argument parsing and the
+        check of the received size (written as an expression, ``count ==
+        expected or refuse(status)``, so that a plan writes the op as one line).
         """
         if _on_device(sends) or _on_device(recvs):
             return lambda tag: self.transfer(sends, recvs, tag, None)
-        comm = self.comm
+        comm, status = self.comm, self._status
+
+        def translate(exc):
+            return _mpi_error(exc, recvs)
+
         if len(sends) == 1 and len(recvs) == 1:
             (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
             sspec, rspec, sendrecv = [sbuf, BYTE], [rbuf, BYTE], comm.Sendrecv
+            expected, refuse = rbuf.nbytes, _refuse_short(source, rbuf.nbytes)
 
             def run(tag):
                 try:
-                    sendrecv(sspec, dest, tag, rspec, source, tag)
+                    sendrecv(sspec, dest, tag, rspec, source, tag, status)
                 except MPI.Exception as exc:
-                    raise _truncated(exc, recvs) from None
-            return inline(run, "{0}({1}, {2}, tag, {3}, {4}, tag)", (sendrecv, sspec, dest, rspec, source),
-                          (MPI.Exception, lambda exc: _truncated(exc, recvs)))
+                    raise translate(exc) from None
+                status.Get_count() == expected or refuse(status)
+            return inline(run, "{0}({1}, {2}, tag, {3}, {4}, tag, {5}); {5}.Get_count() == {6} or {7}({5})",
+                          (sendrecv, sspec, dest, rspec, source, status, expected, refuse),
+                          (MPI.Exception, translate))
         if len(sends) == 1 and not recvs:
             (dest, sbuf), = sends
             sspec, send = [sbuf, BYTE], comm.Send
@@ -257,14 +473,16 @@ class MPITransport:
         if len(recvs) == 1 and not sends:
             (source, rbuf), = recvs
             rspec, recv = [rbuf, BYTE], comm.Recv
+            expected, refuse = rbuf.nbytes, _refuse_short(source, rbuf.nbytes)
 
             def run(tag):
                 try:
-                    recv(rspec, source, tag)
+                    recv(rspec, source, tag, status)
                 except MPI.Exception as exc:
-                    raise _truncated(exc, recvs) from None
-            return inline(run, "{0}({1}, {2}, tag)", (recv, rspec, source),
-                          (MPI.Exception, lambda exc: _truncated(exc, recvs)))
+                    raise translate(exc) from None
+                status.Get_count() == expected or refuse(status)
+            return inline(run, "{0}({1}, {2}, tag, {3}); {3}.Get_count() == {4} or {5}({3})",
+                          (recv, rspec, source, status, expected, refuse), (MPI.Exception, translate))
 
         def run(tag):
             self.transfer(sends, recvs, tag, None)
@@ -281,27 +499,29 @@ class MPITransport:
         requests = [comm.Recv_init([buf, BYTE], peer, tag) for peer, buf in recvs]
         requests += [comm.Send_init([buf, BYTE], peer, tag) for peer, buf in sends]
         peers = [peer for peer, _ in recvs] + [peer for peer, _ in sends]
-        return _PersistentTransfer(requests, peers, len(recvs), recvs)
+        return _PersistentTransfer(requests, peers, len(recvs), recvs, [MPI.Status() for _ in requests])
 
     def transfer(self, sends, recvs, tag: int, timeout: float | None) -> list:
         if _on_device(sends) or _on_device(recvs):
             return self.post(sends, recvs, tag).wait(timeout)
         if timeout is None:
-            comm = self.comm
+            comm, status = self.comm, self._status
             try:
                 if len(sends) == 1 and len(recvs) == 1:
                     (dest, sbuf), (source, rbuf) = sends[0], recvs[0]
-                    comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag)
+                    comm.Sendrecv([sbuf, BYTE], dest, tag, [rbuf, BYTE], source, tag, status)
+                    _check_received((status,), recvs)
                     return []
                 if not recvs and len(sends) == 1:
                     comm.Send([sends[0][1], BYTE], sends[0][0], tag)
                     return []
                 if not sends and len(recvs) == 1:
-                    comm.Recv([recvs[0][1], BYTE], recvs[0][0], tag)
+                    comm.Recv([recvs[0][1], BYTE], recvs[0][0], tag, status)
+                    _check_received((status,), recvs)
                     return []
             except MPI.Exception as exc:
-                raise _truncated(exc, recvs) from None
-        pending = self.post(sends, recvs, tag)
+                raise _mpi_error(exc, recvs) from None
+        pending = self._post(sends, recvs, tag, self._statuses)  # waited for here and now
         stuck = pending.wait(timeout)
         if stuck:
             pending.abandon()
@@ -398,7 +618,7 @@ class MPITransport:
             # its position; commkit promises NumPy's semantics (NaN propagates). Found by the
             # property tests: max over [0.79, nan, ...] gave 0.79 from MPI_Allreduce.
             return False
-        return _mpi_type(dtype) is not None
+        return _mpi_type(dtype) is not None and _arithmetic_agrees(op.name, dtype)
 
     def native(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                inplace: bool = False, nonblocking: bool = False):
