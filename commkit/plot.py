@@ -281,6 +281,14 @@ def timeline(source, *, ax=None, show_messages: bool | None = None, title: str |
              color: str | None = None, count=None):
     """Draw each rank's steps against time: one row per rank, one bar per step.
 
+    A bar spans its step from start to end, waiting included: a message bar
+    includes the wait for the partner, and in a run on the threads world every
+    bar includes the wait for the thread's turn to run Python (the ranks take
+    turns on the interpreter), so a copy of a few KiB, microseconds of memory
+    work, can show as a bar of a millisecond. Read bar lengths of a threads run
+    as the order of events, not as costs; the simulator's events (model times)
+    and an MPI run (a process per rank) do not have that turn-taking.
+
     Args:
         source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events.
         ax: draw into these matplotlib Axes instead of a new figure.

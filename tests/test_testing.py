@@ -380,7 +380,7 @@ def test_the_example_in_the_docs_passes(tmp_path):
         algorithms.unregister("allreduce", "chain")
 
 
-# -- smaller fixes of issue 16 ------------------------------------------------------------------------------
+# -- plots for teaching -------------------------------------------------------------------------------------
 
 
 def test_model_only_plot_is_not_titled_measured():

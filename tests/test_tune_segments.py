@@ -1,4 +1,4 @@
-"""``commkit tune`` measures segment sizes (issue 14): the ladder, the choice, the rules it writes, the CLI option.
+"""``commkit tune`` measures segment sizes: the ladder, the choice, the rules it writes, the CLI option.
 
 Measurements run in a threads world of 2 ranks with few repetitions: they check
 what is measured and written, never which size is fastest (a loaded machine
