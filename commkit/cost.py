@@ -11,8 +11,9 @@ at which the winner changes::
     >>> from commkit import cost
     >>> [w.algorithm for w in cost.best("allreduce", 64, 1 << 20)][:2]   # who wins at p=64 for 1 MiB?
     ['rabenseifner', 'ring']
-    >>> cost.crossovers("allreduce", 64)                       # where does the winner change?
-    [Regime('recursive_doubling', 0, 35100), Regime('rabenseifner', 35101, None)]
+    >>> cost.crossovers("allreduce", 64, itemsize=4)           # where does the winner change? (float32)
+    [Regime('recursive_doubling', 0, 35103), Regime('rabenseifner', 35104, 16777219),
+     Regime('ring_pipelined', 16777220, None)]
     >>> print(cost.table("allreduce", 64, 1 << 20))            # doctest: +SKIP
 
 Message sizes are counted as :mod:`commkit.selection` counts them, and the

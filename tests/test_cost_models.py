@@ -325,3 +325,10 @@ def test_the_empty_call_joins_the_first_elements_regime():
     assert regimes[0].min_bytes == 0 and regimes[1].min_bytes == -(-by_byte[2].min_bytes // 4) * 4
     with pytest.raises(ck.InvalidArgument, match="itemsize must be the bytes of one element"):
         cost.crossovers("allreduce", 4, itemsize=0)
+
+
+def test_the_cost_modules_examples_are_true():
+    import doctest
+
+    failed, tried = doctest.testmod(cost, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert tried >= 3 and failed == 0
