@@ -976,8 +976,8 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
     counts everywhere it belongs (every element of an allreduce, scan, reduce or
     reduce_scatter; its own block of an allgather; the root's whole vector of a
     broadcast) before any message arrives: the first column ("start") is the
-    inputs. An element a rank has not written yet (a non-root's scratch output of
-    a reduce) holds only that.
+    inputs. An element the schedule never writes holds nothing, as the result will
+    (a naive reduce's non-roots; an allgather that forgets to copy its own block).
 
     Args:
         collective, algorithm, p, count, root: what to run (see :func:`commkit.tracing.buffer_states`).
@@ -1068,26 +1068,30 @@ def _int_ticks(top: int) -> list:
     return list(range(0, top + 1, step))
 
 
-def _own_input(collective: str, p: int, root: int, rank: int, width: int) -> list:
-    """The bit of ``rank``'s own input at each of its output's ``width`` elements (0 where it has none).
+def _own_input(collective: str, p: int, root: int, rank: int, width: int) -> tuple[list, bool]:
+    """The bit of ``rank``'s own input at each of its output's ``width`` elements (0 where it has none),
+    and whether the output holds it before any step runs.
 
     A rank's input is a contribution to every element of a reduction's output (allreduce, scan,
-    reduce, reduce_scatter: its block of the input is the one it keeps); of an allgather, to its
-    own block; of a broadcast, the root's to every element.
+    reduce, reduce_scatter: its block of the input is the one it keeps) and to its own block of an
+    allgather; the schedule puts it there. A broadcast root's input is the data itself, and its
+    output holds it from the start without a step of the schedule writing it.
     """
     bit = 1 << rank
     if collective == "allgather":
         block = width // p
-        return [bit if rank * block <= i < (rank + 1) * block else 0 for i in range(width)]
+        return [bit if rank * block <= i < (rank + 1) * block else 0 for i in range(width)], False
     if collective == "broadcast":
-        return [bit if rank == root else 0] * width
-    return [bit] * width
+        return [bit if rank == root else 0] * width, True
+    return [bit] * width, False
+
+
+_NEVER = 1 << 62  # the first step that writes an element no step writes
 
 
 def _first_writes(events, widths) -> list:
-    """For each rank, the first step that writes each element of its output (a large number: none does)."""
-    never = 1 << 62
-    first = [[never] * width for width in widths]
+    """For each rank, the first step that writes each element of its output (:data:`_NEVER`: none does)."""
+    first = [[_NEVER] * width for width in widths]
     for e in events:
         row = first[e["rank"]]
         for name, lo, hi in [*e.get("recv_ranges", ()), *([e["range"]] if e.get("range") else [])]:
@@ -1098,10 +1102,18 @@ def _first_writes(events, widths) -> list:
 
 
 def _held(bits, own, first_write, step: int) -> list:
-    """The ranks (as bits) each element holds after ``step``: its own input, and what the output says
-    where a step has written it (before that the output is whatever the buffer held: a non-root's
-    scratch output of a reduce is not initialised)."""
-    return [(int(v) if first <= step else 0) | o for v, o, first in zip(bits, own, first_write)]
+    """The ranks (as bits) each output element holds after ``step``.
+
+    Once a step has written the element, what it holds is what the output says. Before that
+    the output holds nothing yet (or garbage: a non-root's scratch output of a reduce is not
+    initialised), and the rank holds towards it only its own input, counted where the schedule
+    writes the element at some point or the output starts with it (``own`` from
+    :func:`_own_input`): an element it never writes (a naive reduce's non-root, an allgather
+    that forgets to copy its own block) holds nothing, as its result will.
+    """
+    bits_of, preset = own
+    return [int(v) if first <= step else (o if preset or first < _NEVER else 0)
+            for v, o, first in zip(bits, bits_of, first_write)]
 
 
 def _by_round(states, events):

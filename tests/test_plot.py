@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import cost, plot, sim, tracing
+from commkit import algorithms, cost, plot, sim, tracing
+from commkit.schedule import Exchange
 from commkit.tracing import messages, select
 
 pytest.importorskip("matplotlib")
@@ -614,11 +615,30 @@ def test_buffer_states_colour_by_origin_says_whose_data_a_square_holds():
         plot.buffer_states("allreduce", "ring", p, color="block")
 
 
-def test_buffer_states_of_a_reduce_ignore_a_non_roots_unwritten_output():
-    # Naive reduce: non-roots never write their output (it is scratch); they hold their input.
+def test_buffer_states_show_nothing_where_the_schedule_never_writes_the_output():
+    # Naive reduce: non-roots never write their output (uninitialised scratch): it holds nothing, whatever
+    # bits the buffer happens to contain; the binomial tree's non-roots do write theirs (partial sums).
     grid = np.ma.filled(plot.buffer_states("reduce", "naive", 4, root=1).axes[0].images[0].get_array(), np.nan)
-    assert set(np.unique(grid[[0, 2, 3]][~np.isnan(grid[[0, 2, 3]])])) == {1.0}
-    assert grid[1, -1] == 4
+    others = grid[[0, 2, 3]]
+    assert (others[~np.isnan(others)] == 0).all() and grid[1, 0] == 1 and grid[1, -1] == 4
+    grid = np.ma.filled(plot.buffer_states("reduce", "binomial", 4, root=1).axes[0].images[0].get_array(), np.nan)
+    assert (grid[:, :4] == 1).all()
+
+    # An allgather that forgets to copy its own block into out passes zeros round: its input never
+    # reaches its output, and the picture must not pretend that it does.
+    def allgather_forgets_own_block(rank, size, count):
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, recv = (rank - step) % size, (rank - step - 1) % size
+            yield Exchange(right, ("out", send * count, (send + 1) * count), left,
+                           ("out", recv * count, (recv + 1) * count))
+
+    algorithms.algorithm("allgather", "forgets_own_block")(allgather_forgets_own_block)
+    try:
+        grid = plot.buffer_states("allgather", "forgets_own_block", 4, count=1).axes[0].images[0].get_array()
+    finally:
+        algorithms.unregister("allgather", "forgets_own_block")
+    assert np.nansum(grid) == 0
 
 
 def test_block_colours_where_no_message_holds_one_block_say_so():
