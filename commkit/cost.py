@@ -11,8 +11,9 @@ at which the winner changes::
     >>> from commkit import cost
     >>> [w.algorithm for w in cost.best("allreduce", 64, 1 << 20)][:2]   # who wins at p=64 for 1 MiB?
     ['rabenseifner', 'ring']
-    >>> cost.crossovers("allreduce", 64)                       # where does the winner change?
-    [Regime('recursive_doubling', 0, 35100), Regime('rabenseifner', 35101, None)]
+    >>> cost.crossovers("allreduce", 64, itemsize=4)           # where does the winner change? (float32)
+    [Regime('recursive_doubling', 0, 35103), Regime('rabenseifner', 35104, 16777219),
+     Regime('ring_pipelined', 16777220, None)]
     >>> print(cost.table("allreduce", 64, 1 << 20))            # doctest: +SKIP
 
 Message sizes are counted as :mod:`commkit.selection` counts them, and the
@@ -208,11 +209,12 @@ def _winner(collective, p, nbytes, a, b, g, commutative):
 
 
 def crossovers(collective: str, p: int, *, alpha: float | None = None, beta: float | None = None,
-               gamma: float | None = None, commutative: bool = True, max_bytes: int = 1 << 34) -> list[Regime]:
+               gamma: float | None = None, commutative: bool = True, max_bytes: int = 1 << 34,
+               itemsize: int | None = None) -> list[Regime]:
     """The size ranges over which each algorithm is predicted fastest, smallest sizes first.
 
     Scans 16 sizes per octave (powers of two and 15 steps between them) up to
-    ``max_bytes`` and bisects each change of winner to the exact byte, so
+    ``max_bytes`` and bisects each change of winner to the exact size, so
     ``Regime.min_bytes`` is the first size at which the algorithm wins. The last
     regime is unbounded. Costs are not monotone in n everywhere (a segmented
     algorithm's segment count jumps), so an algorithm can win on an island
@@ -220,21 +222,39 @@ def crossovers(collective: str, p: int, *, alpha: float | None = None, beta: flo
     1/16 of an octave (a power-of-two scan missed ring_pipelined's win from 64 to
     83 MiB at p = 165).
 
+    With ``itemsize`` (the bytes of one element of the call's dtype) the sizes
+    are whole elements: every boundary is a multiple of ``itemsize`` and no
+    regime is narrower than one element, so each regime holds calls that can
+    happen and its rules can be probed. The first regime is the winner at one
+    element, and it also covers the empty call: for 0 bytes a schedule that
+    sends nothing for an empty vector (the segmented ones) costs nothing at all
+    and would otherwise win a regime of that one size, which no call of data
+    falls into. Without ``itemsize`` every byte count is a size of its own,
+    0 included, so each regime's winner is :func:`best`'s at every size in it.
+
+    Raises:
+        InvalidArgument: a bad ``p``, constant or ``itemsize``.
+
     Cost: O(16 log2(max_bytes) * algorithms) formula evaluations, plus a bisection per crossover.
     """
     _check_size(p, 0)
     a, b, g = checked_constants(alpha, beta, gamma)
+    if itemsize is not None and (isinstance(itemsize, bool) or not isinstance(itemsize, int) or itemsize < 1):
+        raise InvalidArgument(f"itemsize must be the bytes of one element, an int >= 1, got {itemsize!r}.")
+    step = itemsize or 1
+    first = 0 if itemsize is None else 1  # in units of `step`: the empty call, or one element
 
-    def win(n):
-        return _winner(collective, p, n, a, b, g, commutative)
+    def win(units):
+        return _winner(collective, p, units * step, a, b, g, commutative)
 
-    grid = sorted({0} | {(1 << k) + j * (1 << k) // 16 for k in range(max(1, int(max_bytes).bit_length()))
-                         for j in range(16)})
+    top = max(int(max_bytes) // step, first + 1)
+    grid = sorted({first} | {(1 << k) + j * (1 << k) // 16 for k in range(max(1, top.bit_length()))
+                             for j in range(16)})
     regimes = []
-    start, current = 0, win(0)
-    for size, old, new in changes(win, grid):
-        regimes.append(Regime(old, start, size - 1))
-        start, current = size, new
+    start, current = 0, win(first)
+    for units, old, new in changes(win, grid):
+        regimes.append(Regime(old, start, units * step - 1))
+        start, current = units * step, new
     regimes.append(Regime(current, start, None))
     return regimes
 

@@ -249,17 +249,29 @@ def _block_palette(blocks_seen, p):
     return {b: (_SEVERAL_COLOR if b == SEVERAL else colors[b % len(colors)]) for b in blocks_seen}
 
 
-def _block_legend(ax, palette, extra=(), **kwargs):
-    """Legend entries for the blocks drawn (at most 16 named), plus ``extra`` handles."""
+def _block_legend(ax, palette, reduces: bool, unblocked: bool, **kwargs):
+    """The legend of a picture coloured by block: the blocks drawn (at most 16 named), the reduce mark
+    when ``reduces``, and a line for messages of no fixed block when ``unblocked``.
+
+    Where no message or reduction holds a single block (recursive doubling, a tree: every message
+    carries the whole vector) everything is grey, and the legend says so instead of promising colours.
+    """
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    named = sorted(b for b in palette if b != SEVERAL)
+    named = sorted(b for b in palette if b not in (SEVERAL, None))
     handles = [Patch(color=palette[b], label=f"block {b}") for b in named[:16]]
     if len(named) > 16:
         handles.append(Patch(color="white", label=f"... {len(named) - 16} more"))
     if SEVERAL in palette:
-        handles.append(Patch(color=_SEVERAL_COLOR, label="several blocks"))
-    ax.legend(handles=handles + list(extra), fontsize=8, frameon=False, **kwargs)
+        handles.append(Patch(color=_SEVERAL_COLOR, label="several blocks" if named else
+                             "several blocks: every message\ncarries more than one"))
+    if reduces:
+        handles.append(Line2D([], [], ls="none", marker=r"$\oplus$", color="#555555", markersize=9,
+                              label="reduce (colour: its block)" if named else "reduce"))
+    if unblocked:
+        handles.append(Line2D([], [], color="#555555", lw=2, label="no fixed block"))
+    ax.legend(handles=handles, fontsize=8, frameon=False, **kwargs)
 
 
 # -- timeline -------------------------------------------------------------------------------------
@@ -268,6 +280,14 @@ def _block_legend(ax, palette, extra=(), **kwargs):
 def timeline(source, *, ax=None, show_messages: bool | None = None, title: str | None = None, width: float = 10.0,
              color: str | None = None, count=None):
     """Draw each rank's steps against time: one row per rank, one bar per step.
+
+    A bar spans its step from start to end, waiting included: a message bar
+    includes the wait for the partner, and in a run on the threads world every
+    bar includes the wait for the thread's turn to run Python (the ranks take
+    turns on the interpreter), so a copy of a few KiB, microseconds of memory
+    work, can show as a bar of a millisecond. Read bar lengths of a threads run
+    as the order of events, not as costs; the simulator's events (model times)
+    and an MPI run (a process per rank) do not have that turn-taking.
 
     Args:
         source: a :class:`~commkit.tracing.Tracer`, a simulator result, or a list of events.
@@ -468,7 +488,6 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
     if layout != "rows":
         raise InvalidArgument(f"layout must be 'rows' or 'circle', got {layout!r}.")
     _require()
-    from matplotlib.lines import Line2D
     from matplotlib.patches import FancyArrowPatch
 
     events = _nonempty(source)
@@ -537,12 +556,9 @@ def diagram(source, *, ax=None, show_bytes: bool | None = None, show_reduces: bo
         if marks:
             ax.plot([], [], "none", label="⊕ reduce")
     if by_block:
-        extra = [Line2D([], [], ls="none", marker=r"$\oplus$", color="#555555", markersize=9, label="reduce (colour: "
-                        "its block)")] if show_reduces and marks else []
-        if None in set(which):
-            extra.append(Line2D([], [], color="#555555", lw=2, label="no fixed block"))
         del palette[None]
-        _block_legend(ax, palette, extra, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        _block_legend(ax, palette, bool(show_reduces and marks), None in set(which), loc="upper left",
+                      bbox_to_anchor=(1.0, 1.0))
 
     found = sorted({(e["seq"], e["collective"], e["algorithm"]) for e in events})
     if len(found) > 1:
@@ -645,7 +661,6 @@ def ring_diagram(source, *, rounds_shown=None, color: str | None = None, count=N
     """
     _require()
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
     from matplotlib.patches import Circle, FancyArrowPatch
 
     events = _nonempty(source)
@@ -724,11 +739,8 @@ def ring_diagram(source, *, rounds_shown=None, color: str | None = None, count=N
                 ax.text(x * 1.25, y * 1.25, "⊕", ha="center", va="center", fontsize=11, color=tint, zorder=6)
         ax.set_title(f"round {c + 1}", fontsize=9)
     if by_block:
-        extra = [Line2D([], [], ls="none", marker=r"$\oplus$", color="#555555", markersize=9,
-                        label="reduce (colour: its block)")] if show_reduces and reduces else []
-        if any(b is None for b in which.values()):
-            extra.append(Line2D([], [], color="#555555", lw=2, label="no fixed block"))
-        _block_legend(fig, palette, extra, loc="outside right upper")
+        _block_legend(fig, palette, bool(show_reduces and reduces), any(b is None for b in which.values()),
+                      loc="outside right upper")
     if title is None:
         title = f"{_call_names(events)}: {p} ranks on a circle, {len(msgs)} messages"
     fig.suptitle(title, fontsize=10)
@@ -952,15 +964,20 @@ def predicted_vs_measured(rows=(), alpha: float | None = None, beta: float | Non
 
 
 def buffer_states(collective: str, algorithm: str, p: int, count: int | None = None, *, root: int = 0,
-                  ax=None, title: str | None = None, columns: str = "round"):
-    """Each rank's output after each round (or step), coloured by how many ranks' contributions an element holds.
+                  ax=None, title: str | None = None, columns: str = "round", color: str = "count"):
+    """Each rank's output after each round (or step): how many ranks' data an element holds, or whose.
 
     The textbook picture of an algorithm (ring allreduce: block i's partial sum
     grows by one contribution per round as it travels, then the finished blocks
     go round again; a binomial broadcast: the data doubles its reach each round),
     computed from a real run on threads by :func:`commkit.tracing.buffer_states`.
     Rows are ranks; each column shows every rank's whole output, one square per
-    element, and the number in a square is how many ranks' data it holds.
+    element. A rank holds its own input from the start, so its own contribution
+    counts everywhere it belongs (every element of an allreduce, scan, reduce or
+    reduce_scatter; its own block of an allgather; the root's whole vector of a
+    broadcast) before any message arrives: the first column ("start") is the
+    inputs. An element the schedule never writes holds nothing, as the result will
+    (a naive reduce's non-roots; an allgather that forgets to copy its own block).
 
     Args:
         collective, algorithm, p, count, root: what to run (see :func:`commkit.tracing.buffer_states`).
@@ -969,19 +986,28 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
             once the round's messages have arrived and been reduced), so that all ranks line
             up even when they take different steps (a tree's leaves, a fold); ``"step"``: one
             column per step of each rank's schedule.
+        color: ``"count"``: the number in a square is how many ranks' data it holds, the
+            colour scaled from 0 to the most any square holds; ``"origin"``: the colour (and
+            number) is the rank whose data the square holds, grey with ``Σk`` where it holds a
+            partial result of k ranks, white where it holds nothing.
 
     Returns:
-        The matplotlib Figure (its image's data is ``fig.axes[0].images[0].get_array()``).
+        The matplotlib Figure. Its image's data (``fig.axes[0].images[0].get_array()``) is the
+        count of ranks per square (``"count"``), or the rank of origin, ``p`` for several and
+        NaN for none (``"origin"``); NaN also in the gaps between columns.
 
     Raises:
-        InvalidArgument: see :func:`commkit.tracing.buffer_states`; an unknown ``columns``.
+        InvalidArgument: see :func:`commkit.tracing.buffer_states`; an unknown ``columns`` or ``color``.
     """
     if columns not in ("round", "step"):
         raise InvalidArgument(f"columns must be 'round' or 'step', got {columns!r}.")
+    if color not in ("count", "origin"):
+        raise InvalidArgument(f"color must be 'count' or 'origin', got {color!r}.")
     _require()
     import numpy as np
 
     states, events = _states.buffer_states(collective, algorithm, p, count, root=root, with_events=True)
+    written = _first_writes(events, [len(seq[0][2]) for seq in states])
     if columns == "round":
         states, labels = _by_round(states, events)
     else:
@@ -989,25 +1015,105 @@ def buffer_states(collective: str, algorithm: str, p: int, count: int | None = N
     steps = len(labels)
     width = max(len(bits) for s in states for _, _, bits in s) or 1
     grid = np.full((p, steps * (width + 1) - 1), np.nan)
+    several = {}  # (row, column) -> how many ranks' data a square of several holds ("origin")
     for r, seq in enumerate(states):
-        for c, (_, _, bits) in enumerate(seq):
-            held = np.array([int(v).bit_count() for v in bits], float)
-            grid[r, c * (width + 1): c * (width + 1) + len(held)] = held
-    size = (min(max(4.5, 2.0 + 0.28 * grid.shape[1]), 18), 1.0 + 0.45 * p)
+        own = _own_input(collective, p, root, r, len(seq[0][2]))
+        for c, (step, _, bits) in enumerate(seq):
+            for i, held in enumerate(_held(bits, own, written[r], step)):
+                x = c * (width + 1) + i
+                if color == "count":
+                    grid[r, x] = held.bit_count()
+                elif held.bit_count() == 1:
+                    grid[r, x] = held.bit_length() - 1
+                elif held:
+                    grid[r, x], several[r, x] = p, held.bit_count()
+    size = (min(max(4.5, 2.0 + 0.28 * grid.shape[1]), 18) + (1.0 if color == "origin" else 0), 1.0 + 0.45 * p)
     fig, ax = _figure(ax, size)
-    image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=p, aspect="auto", interpolation="nearest")
+    if color == "count":
+        top = max(1, int(np.nanmax(grid)) if not np.isnan(grid).all() else 1)
+        image = ax.imshow(grid, cmap="Blues", vmin=0, vmax=top, aspect="auto", interpolation="nearest")
+        fig.colorbar(image, ax=ax, label="ranks' data held", shrink=0.8, ticks=_int_ticks(top))
+    else:
+        from matplotlib.colors import ListedColormap
+        from matplotlib.patches import Patch
+
+        palette = [*_colors(p), _SEVERAL_COLOR]
+        image = ax.imshow(grid, cmap=ListedColormap(palette), vmin=-0.5, vmax=p + 0.5, aspect="auto",
+                          interpolation="nearest")
+        present = sorted({int(v) for v in grid[~np.isnan(grid)]})
+        handles = [Patch(color=palette[v], label=f"rank {v}'s data" if v < p else "several ranks' (Σk: k of them)")
+                   for v in present[:17]]
+        ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     if grid.size <= 600:
         for (r, c), v in np.ndenumerate(grid):
-            if not np.isnan(v):
-                ax.text(c, r, f"{int(v)}", ha="center", va="center", fontsize=7,
-                        color="white" if v > p / 2 else "black")
+            if np.isnan(v):
+                continue
+            if color == "count":
+                text, dark = f"{int(v)}", v > top / 2
+            else:
+                text, dark = (f"Σ{several[r, c]}", False) if (r, c) in several else (f"{int(v)}", True)
+            ax.text(c, r, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_xticks([c * (width + 1) + (width - 1) / 2 for c in range(steps)], labels, fontsize=7)
-    fig.colorbar(image, ax=ax, label="contributions held", shrink=0.8)
     gap = "\n" if size[0] < 8 else " "  # a narrow figure gets its title on two lines
-    ax.set_title(title or f"{collective} {algorithm}, p={p}:{gap}what each rank's output holds after each {columns}",
+    what = "how many ranks' data" if color == "count" else "whose data"
+    ax.set_title(title or f"{collective} {algorithm}, p={p}:{gap}{what} each rank's output holds, start = its input",
                  fontsize=10)
     return fig
+
+
+def _int_ticks(top: int) -> list:
+    """At most about 8 whole-number ticks from 0 to ``top``."""
+    step = max(1, math.ceil(top / 8))
+    return list(range(0, top + 1, step))
+
+
+def _own_input(collective: str, p: int, root: int, rank: int, width: int) -> tuple[list, bool]:
+    """The bit of ``rank``'s own input at each of its output's ``width`` elements (0 where it has none),
+    and whether the output holds it before any step runs.
+
+    A rank's input is a contribution to every element of a reduction's output (allreduce, scan,
+    reduce, reduce_scatter: its block of the input is the one it keeps) and to its own block of an
+    allgather; the schedule puts it there. A broadcast root's input is the data itself, and its
+    output holds it from the start without a step of the schedule writing it.
+    """
+    bit = 1 << rank
+    if collective == "allgather":
+        block = width // p
+        return [bit if rank * block <= i < (rank + 1) * block else 0 for i in range(width)], False
+    if collective == "broadcast":
+        return [bit if rank == root else 0] * width, True
+    return [bit] * width, False
+
+
+_NEVER = 1 << 62  # the first step that writes an element no step writes
+
+
+def _first_writes(events, widths) -> list:
+    """For each rank, the first step that writes each element of its output (:data:`_NEVER`: none does)."""
+    first = [[_NEVER] * width for width in widths]
+    for e in events:
+        row = first[e["rank"]]
+        for name, lo, hi in [*e.get("recv_ranges", ()), *([e["range"]] if e.get("range") else [])]:
+            if name == "out":
+                for i in range(lo, min(hi, len(row))):
+                    row[i] = min(row[i], e["step"])
+    return first
+
+
+def _held(bits, own, first_write, step: int) -> list:
+    """The ranks (as bits) each output element holds after ``step``.
+
+    Once a step has written the element, what it holds is what the output says. Before that
+    the output holds nothing yet (or garbage: a non-root's scratch output of a reduce is not
+    initialised), and the rank holds towards it only its own input, counted where the schedule
+    writes the element at some point or the output starts with it (``own`` from
+    :func:`_own_input`): an element it never writes (a naive reduce's non-root, an allgather
+    that forgets to copy its own block) holds nothing, as its result will.
+    """
+    bits_of, preset = own
+    return [int(v) if first <= step else (o if preset or first < _NEVER else 0)
+            for v, o, first in zip(bits, bits_of, first_write)]
 
 
 def _by_round(states, events):

@@ -306,6 +306,9 @@ class Check:
         failures: the failing cases (at most a few dozen are kept), smallest first.
         failed: how many cases failed in all.
         skipped: why the check did not run, or None.
+        not_run: how many of its cases could not run (their schedule failed in the simulator, so
+            running them would hang or crash); a check with any such case has not passed.
+        not_run_why: why they could not run, for the summary.
         hint: what usually causes such a failure.
         note: extra information for the summary (e.g. messages per rank).
     """
@@ -318,10 +321,13 @@ class Check:
     skipped: str | None = None
     hint: str = ""
     note: str = ""
+    not_run: int = 0
+    not_run_why: str = ""
 
     @property
     def passed(self) -> bool:
-        return not self.failed
+        """Every case ran and none failed (a check skipped as a whole has nothing to fail)."""
+        return not self.failed and not self.not_run
 
     def fail(self, case, message, rerun: str = "") -> None:
         self.failed += 1
@@ -363,8 +369,8 @@ class Report:
 
     @property
     def failures(self) -> list:
-        """The smallest failing case of every failed check."""
-        return [c.smallest for c in self.checks if not c.passed]
+        """The smallest failing case of every check with one (a check that only could not run has none)."""
+        return [c.smallest for c in self.checks if c.failures]
 
     def check(self, name: str) -> Check:
         """The check called ``name``.
@@ -388,12 +394,16 @@ class Report:
                 continue
             status = "ok  " if c.passed else "FAIL"
             counted = f"{c.cases} case{'s' if c.cases != 1 else ''}"
-            if not c.passed:
+            if c.failed:
                 counted = f"{c.failed} of {counted} failed"
+            if c.not_run:
+                counted += f"; {c.not_run} skipped, not checked"
             lines.append(f"  {status}  {c.name} ({c.scope}): {counted}")
+            if c.not_run:
+                lines.append(f"        skipped: {c.not_run_why}")
             if c.note:
                 lines.append(f"        {c.note}")
-            if not c.passed:
+            if c.failures:
                 lines.append(f"        smallest failing case: {c.smallest}")
                 if c.smallest.rerun:
                     how = (f" (with the function registered as {self.algorithm!r})"
@@ -634,7 +644,10 @@ def _check_symmetry(report, alg, sims, sim_procs):
     op = _sim_op(alg)
     for p in _procs(alg, sim_procs):
         for count in _counts(alg.collective, p):
-            if sims.problem(p, count, 0) is not None or not algorithms.even_blocks(alg.collective, p, count):
+            if not algorithms.even_blocks(alg.collective, p, count):
+                continue
+            if sims.problem(p, count, 0) is not None:
+                _not_run(check)
                 continue
             check.cases += 1
             args = dict(count=count, op=op, alpha=1.0, beta=1e-3, gamma=1e-6)
@@ -680,8 +693,10 @@ def _check_barrier_waits(report, alg, top):
                 check.fail(Case("barrier", alg.name, p, 0), f"the schedule raised {type(exc).__name__}: {exc}")
                 continue
             early = [r for r, t in enumerate(res.finish) if t < late]
-            if res.waiting:
-                continue  # reported by the simulation check
+            if res.waiting:  # the simulation check says why
+                check.cases -= 1
+                _not_run(check)
+                continue
             if early:
                 check.fail(Case("barrier", alg.name, p, 0),
                            f"with rank {slow} arriving late, rank(s) {early} left before it arrived",
@@ -737,14 +752,26 @@ def _check_results(report, alg, sims, max_procs, dtypes, ops, seed, timeout):
                                    skipped="the algorithm is declared commutative=True, so the selector never "
                                            "gives it a non-commutative op"))
     for p in procs:
-        # A case whose simulation fails would hang or crash here: the simulation check reports it instead.
-        cases = [case for case in _data_cases(alg, p, dtypes, ops, seed)
-                 if sims.problem(p, case.count, case.root) is None]
+        # A case whose simulation fails would hang or crash here: the simulation check reports why, and
+        # this check counts it as not run, and so not passed.
+        cases = []
+        for case in _data_cases(alg, p, dtypes, ops, seed):
+            if sims.problem(p, case.count, case.root) is None:
+                cases.append(case)
+            else:
+                _not_run(order if order is not None and case.op == NON_COMMUTATIVE.name else check)
         for case, problem in _run_cases(cases, p, timeout):
             target = order if order is not None and case.op == NON_COMMUTATIVE.name else check
             target.cases += 1
             if problem:
                 target.fail(case, problem, f"commkit.testing.{case!r}.run()")
+
+
+def _not_run(check, cases: int = 1) -> None:
+    """Count cases of ``check`` that cannot run because their schedule failed in the simulator."""
+    check.not_run += cases
+    check.not_run_why = ("their schedules deadlock, mismatch or raise in the simulator (see the simulation "
+                         "check), so running them would hang or crash; fix those first")
 
 
 def _run_cases(cases, p, timeout):
@@ -817,7 +844,9 @@ def _check_cost(report, alg, sims, sim_procs):
             [] if alg.collective == "barrier" else [p * pof2])
         for count in dict.fromkeys(counts):
             if sims.problem(p, count, 0) is not None:
-                continue  # reported by the simulation check
+                _not_run(check, len(_MODELS))
+                _not_run(rounds)
+                continue
             case = Case(alg.collective, alg.name, p, count)
             exact = alg.cost_is_exact(p, count)
             for i, (a, b, g) in enumerate(_MODELS):

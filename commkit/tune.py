@@ -357,8 +357,9 @@ def _segment_probe_size(min_bytes: int, max_bytes, cap: int) -> int | None:
 # -- the table ---------------------------------------------------------------------------------------
 
 
-def _regimes(collective, p, alpha, beta, gamma, commutative):
-    return cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
+def _regimes(collective, p, alpha, beta, gamma, commutative, itemsize):
+    return cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative,
+                           itemsize=itemsize)
 
 
 def _rule(p, reg, collective, reason, commutative_only, segment=None):
@@ -396,7 +397,7 @@ def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutativ
 
 def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, measured_p: int,
                 confirm=None, measure_segment=None, machine: dict | None = None,
-                measured: dict | None = None) -> dict:
+                measured: dict | None = None, itemsize: int | None = None) -> dict:
     """The tuning table for ``procs`` x ``collectives`` from the model (no MPI needed).
 
     Args:
@@ -413,6 +414,10 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
             reason; records are kept under ``measured["segments"]``. Segmented rules it does not
             measure leave the segment to the algorithm's default, and their reasons say so.
         machine, measured: metadata stored under ``"machine"`` and ``"measured"``.
+        itemsize: the bytes of one element of the dtype the table is for (``run`` passes its
+            ``dtype``'s): every threshold then falls on a whole element and no rule covers less
+            than one element (see :func:`commkit.cost.crossovers`), also after ``confirm`` moves
+            one. None: thresholds in single bytes, the empty call a size of its own.
 
     Returns:
         a table that :func:`commkit.selection.validate_table` accepts.
@@ -434,10 +439,11 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
         reducing = collective in _REDUCING
         for p in sorted(procs):
             for commutative in ((True, False) if reducing else (True,)):
-                model = _regimes(collective, p, alpha, beta, gamma, commutative)
+                model = _regimes(collective, p, alpha, beta, gamma, commutative, itemsize)
                 final, notes = model, [[] for _ in model]
                 if confirm is not None and p == measured_p and commutative:
-                    final, notes = _confirmed(collective, model, confirm, table["measured"]["confirmations"])
+                    final, notes = _confirmed(collective, model, confirm, table["measured"]["confirmations"],
+                                              itemsize or 1)
                 for predicted, reg, note in zip(model, final, notes):
                     # The reason states the model's own range, then what the bench made of its ends.
                     reason = _model_reason(collective, p, predicted, alpha, beta, gamma, measured_p, commutative)
@@ -463,20 +469,26 @@ def _segment_for(collective, p, reg, measured_p, measure_segment, log):
     return segment, [text]
 
 
-def _confirmed(collective, regimes, confirm, log):
-    """Run ``confirm`` at each crossover; return the regimes with measured boundaries, and notes for each."""
+def _confirmed(collective, regimes, confirm, log, step=1):
+    """Run ``confirm`` at each crossover; return the regimes with measured boundaries, and notes for each.
+
+    A moved boundary is rounded up to a multiple of ``step`` (one element) and kept
+    where both regimes beside it still hold at least one element.
+    """
     regimes = list(regimes)
     notes = [[] for _ in regimes]
     for i in range(len(regimes) - 1):
         low, high = regimes[i], regimes[i + 1]
         boundary = high.min_bytes
-        lower = low.min_bytes + 1
-        upper = high.max_bytes
+        lower = low.min_bytes + step
+        upper = None if high.max_bytes is None else high.max_bytes + 1 - step
         result = confirm(collective, low.algorithm, high.algorithm, boundary, lower, upper)
         if result is None:
             notes[i + 1].append(f"crossover at {_size(boundary)} not benchmarked (beyond --max-bytes)")
             continue
         new, text, probes = result
+        new = max(-(-new // step) * step, lower)
+        new = new if upper is None else min(new, upper)
         log.append({"collective": collective, "low": low.algorithm, "high": high.algorithm,
                     "predicted": boundary, "chosen": new, "probes": probes})
         regimes[i] = cost.Regime(low.algorithm, low.min_bytes, new - 1)
@@ -559,7 +571,8 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
         "segment_ladder": ladder,
     }
     return build_table(alpha, beta, gamma, procs, collectives, measured_p=comm.size, confirm=confirm,
-                       measure_segment=measure_segment, machine=machine, measured=measured)
+                       measure_segment=measure_segment, machine=machine, measured=measured,
+                       itemsize=np.dtype(dtype).itemsize)
 
 
 def summary(table: dict) -> str:

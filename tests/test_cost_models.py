@@ -288,3 +288,47 @@ def test_vector_collectives_under_the_other_models():
         for model in ("loggp", cost.TwoLevel(2)):
             other = sim.simulate(coll, name, 5, counts=counts, root=2, model=model)
             assert _counts(other) == _counts(ab) and other.time > 0
+
+
+# -- crossovers in whole elements --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("itemsize", [4, 8])
+@pytest.mark.parametrize("collective", [c for c in algorithms.COLLECTIVES if c != "barrier"])
+def test_crossovers_never_give_a_regime_narrower_than_one_element(collective, itemsize):
+    # Without itemsize the empty call is a regime of its own wherever a schedule sends nothing for it
+    # (allreduce: double_binary_tree for 0 B alone), a regime no call of data falls into.
+    for p in range(2, 65):
+        regimes = cost.crossovers(collective, p, itemsize=itemsize)
+        assert regimes[0].min_bytes == 0 and regimes[-1].max_bytes is None, (p, regimes)
+        for before, after in zip(regimes, regimes[1:]):
+            assert before.max_bytes + 1 == after.min_bytes and before.algorithm != after.algorithm, (p, regimes)
+            assert after.min_bytes % itemsize == 0, (p, regimes)
+        for reg in regimes[:-1]:
+            assert reg.max_bytes - reg.min_bytes + 1 >= itemsize, (p, reg)
+        # Each regime names the model's winner at its first and last whole element (the last regime
+        # is unbounded beyond the scan: its first element).
+        for reg in regimes:
+            first = max(reg.min_bytes, itemsize)
+            last = first if reg.max_bytes is None else reg.max_bytes + 1 - itemsize
+            for n in {first, last}:
+                assert cost.best(collective, p, n)[0].algorithm == reg.algorithm, (p, reg, n)
+
+
+def test_the_empty_call_joins_the_first_elements_regime():
+    assert cost.predict("allreduce", "double_binary_tree", 64, 0) == 0.0  # the schedule sends nothing for it
+    assert sim.simulate("allreduce", "double_binary_tree", 64, 0).rounds == 0
+    by_byte = cost.crossovers("allreduce", 64)
+    assert by_byte[0] == cost.Regime("double_binary_tree", 0, 0)
+    regimes = cost.crossovers("allreduce", 64, itemsize=4)
+    assert regimes[0].algorithm == cost.best("allreduce", 64, 4)[0].algorithm == "recursive_doubling"
+    assert regimes[0].min_bytes == 0 and regimes[1].min_bytes == -(-by_byte[2].min_bytes // 4) * 4
+    with pytest.raises(ck.InvalidArgument, match="itemsize must be the bytes of one element"):
+        cost.crossovers("allreduce", 4, itemsize=0)
+
+
+def test_the_cost_modules_examples_are_true():
+    import doctest
+
+    failed, tried = doctest.testmod(cost, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert tried >= 3 and failed == 0

@@ -1,4 +1,4 @@
-"""The notebooks under notebooks/ run top to bottom, each in under two minutes (issue 9).
+"""The notebooks under notebooks/ run top to bottom, each in under two minutes.
 
 Each notebook is executed by nbmake, a maintained pytest plugin that runs a
 notebook in a Jupyter kernel and fails on the first cell that raises. The
@@ -27,7 +27,7 @@ pytest.importorskip("ipykernel", reason="needs ipykernel (pip install 'commkit[t
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-# Issue 9: each notebook runs in under two minutes on a 2-core machine. The
+# Each notebook runs in under two minutes on a 2-core machine. The
 # limit covers the whole pytest process, kernel start-up included; today's
 # notebooks take 5-20 s there, so only a real regression reaches it.
 LIMIT = 120

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import cost, plot, sim, tracing
+from commkit import algorithms, cost, plot, sim, tracing
+from commkit.schedule import Exchange
 from commkit.tracing import messages, select
 
 pytest.importorskip("matplotlib")
@@ -412,7 +413,8 @@ def test_whole_vector_algorithms_default_to_sender_colours_and_show_several_bloc
     assert plot.diagram(t).axes[0].get_legend() is None  # every message is the whole vector
     fig = plot.diagram(t, color="block")
     assert {_rgb(a.get_edgecolor()) for a in _arrows(fig)} == {_rgb(plot._SEVERAL_COLOR)}
-    assert "several blocks" in [txt.get_text() for txt in fig.axes[0].get_legend().get_texts()]
+    assert [txt.get_text() for txt in fig.axes[0].get_legend().get_texts()] == [
+        "several blocks: every message\ncarries more than one", "reduce"]
 
 
 def test_block_colours_need_ranges_and_a_known_mode():
@@ -538,12 +540,13 @@ def test_crossover_labels_match_their_lines_and_colours_can_be_fixed():
 
 def test_buffer_states_by_round_line_ranks_up_even_when_their_steps_differ():
     # Binomial broadcast from root 2 on 8 ranks: leaves take one step, the root four; by round
-    # the data reaches 2, 4, then 8 ranks (the root's copy of its input counts from round 1).
+    # the data reaches 2, 4, then 8 ranks (at the start only the root holds it: its input).
     fig = plot.buffer_states("broadcast", "binomial", 8, count=1, root=2)
     ax = fig.axes[0]
     grid = ax.images[0].get_array()
     assert [t.get_text() for t in ax.get_xticklabels()] == ["start", "round 1", "round 2", "round 3"]
-    assert [int(np.nansum(grid[:, 2 * c])) for c in range(4)] == [0, 2, 4, 8]
+    assert [int(np.nansum(grid[:, 2 * c])) for c in range(4)] == [1, 2, 4, 8]
+    assert grid[2, 0] == 1
     # Ring allreduce by round: after round k of the reduce-scatter each rank has one block with
     # k + 1 contributions; after the allgather every block holds all p.
     p = 4
@@ -571,3 +574,81 @@ def test_an_algorithm_keeps_its_colour_across_figures():
                                        algorithms=["recursive_doubling", "rabenseifner", "ring"])
     assert colour_of(two, "ring") == colour_of(three, "ring")
     assert colour_of(two, "naive") != colour_of(two, "ring")
+
+
+@pytest.mark.parametrize("p", [3, 4, 5])
+def test_buffer_states_count_each_ranks_own_input_from_the_start(p):
+    # Ring allreduce: every rank holds its own contribution to every element before any message,
+    # so no square is ever empty, and rank r's own block (r) holds its input until the allgather
+    # brings the finished sum (it used to show 0 there until the last round).
+    grid = plot.buffer_states("allreduce", "ring", p).axes[0].images[0].get_array()
+    columns = [grid[:, c * (p + 1): c * (p + 1) + p] for c in range((grid.shape[1] + 1) // (p + 1))]
+    assert (columns[0] == 1).all()  # start: each rank's input
+    for r in range(p):
+        assert all(col[r, r] >= 1 for col in columns)
+    assert not any((col == 0).all() for col in columns)
+    # Allgather: a rank starts with its own block only; 0/1 squares use the whole colour scale.
+    fig = plot.buffer_states("allgather", "ring", p, count=1)
+    image = fig.axes[0].images[0]
+    start = image.get_array()[:, :p]
+    assert (start == np.eye(p)).all()
+    assert image.get_clim() == (0, 1)
+    assert fig.axes[1].get_yticks().tolist() == [0, 1]  # the colour bar counts whole ranks
+
+
+def test_buffer_states_colour_by_origin_says_whose_data_a_square_holds():
+    p = 4
+    ax = plot.buffer_states("allgather", "ring", p, count=1, color="origin").axes[0]
+    grid = np.ma.filled(ax.images[0].get_array(), np.nan)  # NaN: holds nothing
+    start, end = grid[:, :p], grid[:, -p:]
+    assert all(start[r, r] == r for r in range(p)) and np.isnan(start[~np.eye(p, dtype=bool)]).all()
+    assert (end == np.arange(p)).all()  # every rank holds block b from rank b
+    assert {t.get_text() for t in ax.get_legend().get_texts()} == {f"rank {r}'s data" for r in range(p)}
+    # Ring allreduce: partial sums are "several" (value p, labelled Σk), the finished ones Σp.
+    ax = plot.buffer_states("allreduce", "ring", p, color="origin").axes[0]
+    grid = np.ma.filled(ax.images[0].get_array(), np.nan)
+    assert (grid[:, :p] == np.arange(p)[:, None]).all() and (grid[:, -p:] == p).all()
+    texts = [t.get_text() for t in ax.texts]
+    assert "Σ2" in texts and "Σ4" in texts
+    assert "several ranks' (Σk: k of them)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    with pytest.raises(ck.InvalidArgument, match="color must be 'count' or 'origin'"):
+        plot.buffer_states("allreduce", "ring", p, color="block")
+
+
+def test_buffer_states_show_nothing_where_the_schedule_never_writes_the_output():
+    # Naive reduce: non-roots never write their output (uninitialised scratch): it holds nothing, whatever
+    # bits the buffer happens to contain; the binomial tree's non-roots do write theirs (partial sums).
+    grid = np.ma.filled(plot.buffer_states("reduce", "naive", 4, root=1).axes[0].images[0].get_array(), np.nan)
+    others = grid[[0, 2, 3]]
+    assert (others[~np.isnan(others)] == 0).all() and grid[1, 0] == 1 and grid[1, -1] == 4
+    grid = np.ma.filled(plot.buffer_states("reduce", "binomial", 4, root=1).axes[0].images[0].get_array(), np.nan)
+    assert (grid[:, :4] == 1).all()
+
+    # An allgather that forgets to copy its own block into out passes zeros round: its input never
+    # reaches its output, and the picture must not pretend that it does.
+    def allgather_forgets_own_block(rank, size, count):
+        right, left = (rank + 1) % size, (rank - 1) % size
+        for step in range(size - 1):
+            send, recv = (rank - step) % size, (rank - step - 1) % size
+            yield Exchange(right, ("out", send * count, (send + 1) * count), left,
+                           ("out", recv * count, (recv + 1) * count))
+
+    algorithms.algorithm("allgather", "forgets_own_block")(allgather_forgets_own_block)
+    try:
+        grid = plot.buffer_states("allgather", "forgets_own_block", 4, count=1).axes[0].images[0].get_array()
+    finally:
+        algorithms.unregister("allgather", "forgets_own_block")
+    assert np.nansum(grid) == 0
+
+
+def test_block_colours_where_no_message_holds_one_block_say_so():
+    # Recursive doubling swaps whole vectors: every arrow is grey, so the legend must not promise
+    # that a reduction's colour is its block.
+    for layout in ("rows", "circle"):
+        fig = plot.schedule_diagram("allreduce", "recursive_doubling", 4, 64, color="block", layout=layout)
+        legend = fig.axes[0].get_legend() if layout == "rows" else fig.legends[0]
+        texts = [t.get_text() for t in legend.get_texts()]
+        assert texts == ["several blocks: every message\ncarries more than one", "reduce"], texts
+        fig = plot.schedule_diagram("allreduce", "ring", 4, 64, color="block", layout=layout)
+        legend = fig.axes[0].get_legend() if layout == "rows" else fig.legends[0]
+        assert "reduce (colour: its block)" in [t.get_text() for t in legend.get_texts()]

@@ -257,7 +257,38 @@ def test_a_crashing_schedule_is_one_failure_and_the_other_cases_still_run():
     simulation = report.checks[0]
     assert [(f.case.p, f.case.count) for f in simulation.failures] == [(3, 1)]
     assert "ZeroDivisionError: student bug" in simulation.smallest.message
-    assert report.check("results equal NumPy's on the threads world, inputs untouched").passed
+    # The case that crashed in the simulator is not run on threads: the other cases still run and pass,
+    # and the result check counts it as skipped instead of claiming it.
+    results = report.check("results equal NumPy's on the threads world, inputs untouched")
+    assert results.failed == 0 and results.not_run == 1 and results.cases > 0 and not results.passed
+    assert f"{results.cases} cases; 1 skipped, not checked" in report.summary()
+
+
+def test_cases_a_deadlocking_schedule_cannot_run_are_reported_skipped_not_ok():
+    def allreduce_recv_first(rank, size, count, op):
+        """A student's ring that receives before it sends: every rank waits for its left neighbour."""
+        yield Copy(("out", 0, count), ("in", 0, count))
+        for _ in range(size - 1):
+            yield Recv((rank - 1) % size, ("tmp", 0, count))
+            yield Reduce(("out", 0, count), ("tmp", 0, count), op)
+            yield Send((rank + 1) % size, ("in", 0, count))
+
+    report = testing.check_algorithm("allreduce", allreduce_recv_first, scratch=lambda r, p, n: n, commutative=True,
+                                     dtypes=("int64", "float32"), **SMALL)
+    assert not report.ok
+    results = report.check("results equal NumPy's on the threads world, inputs untouched")
+    # Only p = 1 runs (no message to wait for); every case at p >= 2 deadlocks in the simulator.
+    assert results.failed == 0 and results.not_run > 0 and not results.passed
+    ring = algorithms.get("allreduce", "ring")  # commutative too: the same cases
+    planned = [len(testing._data_cases(ring, p, ("int64", "float32"), None, 0)) for p in range(1, 6)]
+    assert (results.cases, results.not_run) == (planned[0], sum(planned[1:]))
+    text = report.summary()
+    line = next(x for x in text.splitlines() if "results equal NumPy's" in x)
+    assert line.startswith("  FAIL") and f"{results.not_run} skipped, not checked" in line, text
+    assert "skipped: their schedules deadlock" in text
+    assert report.failures and all(f is not None for f in report.failures)
+    with pytest.raises(testing.AlgorithmCheckFailed):
+        report.raise_if_failed()
 
 
 def test_cost_formulas_are_held_to_their_declaration():
@@ -349,7 +380,7 @@ def test_the_example_in_the_docs_passes(tmp_path):
         algorithms.unregister("allreduce", "chain")
 
 
-# -- smaller fixes of issue 16 ------------------------------------------------------------------------------
+# -- plots for teaching -------------------------------------------------------------------------------------
 
 
 def test_model_only_plot_is_not_titled_measured():

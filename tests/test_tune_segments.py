@@ -1,4 +1,4 @@
-"""``commkit tune`` measures segment sizes (issue 14): the ladder, the choice, the rules it writes, the CLI option.
+"""``commkit tune`` measures segment sizes: the ladder, the choice, the rules it writes, the CLI option.
 
 Measurements run in a threads world of 2 ranks with few repetitions: they check
 what is measured and written, never which size is fastest (a loaded machine
@@ -225,7 +225,8 @@ def test_rules_beyond_max_bytes_keep_the_default_segment(monkeypatch):
     table = ck.run_local(body, 2, timeout=60)[0]
     [top] = [r for r in table["allreduce"] if r["algorithm"] == "ring_pipelined" and "max_bytes" not in r]
     assert "segment_bytes" not in top and table["measured"]["segments"] == []
-    assert ("segment size not measured: the rule's sizes, from 524289 B, are beyond --max-bytes (256 KiB), so the "
+    # (524292 B: the first whole float32 element above 512 KiB, where the model's winner changes.)
+    assert ("segment size not measured: the rule's sizes, from 524292 B, are beyond --max-bytes (256 KiB), so the "
             "algorithm's default applies") in top["reason"]
 
 
@@ -262,12 +263,12 @@ def test_cli_tune_measures_segments_and_calls_use_them(tmp_path, monkeypatch, ca
     [record] = table["measured"]["segments"]
     assert record["chosen"] == rule["segment_bytes"]
     assert [x["segment_bytes"] for x in record["probes"]] == [64 << 10, 128 << 10, DEFAULT]
-    # At 0 B every algorithm that sends nothing costs 0: the model's winner there is whichever segmented
-    # algorithm the tie goes to (ring_pipelined or double_binary_tree). Its segment cannot be measured.
-    [empty] = [r for r in table["allreduce"] if r.get("max_bytes") == 0]
-    assert algorithms.get("allreduce", empty["algorithm"]).segmented, empty
-    assert "segment size not measured: no size of the ladder (64 KiB, 128 KiB) is smaller than the 0 B message" \
-        in empty["reason"] and "segment_bytes" not in empty
+    # At 0 B every algorithm that sends nothing costs 0, but no float32 call of data is that small: the
+    # empty call belongs to the rule for one element (recursive doubling), and no rule is narrower.
+    first = [r for r in table["allreduce"] if r.get("commutative")][0]
+    assert "min_bytes" not in first and first["algorithm"] == "recursive_doubling", first
+    assert all(r.get("max_bytes") is None or r["max_bytes"] + 1 - r.get("min_bytes", 0) >= 4
+               for r in table["allreduce"])
     # Progress on stderr and the summary on stdout show the segment chosen.
     assert "measuring segment sizes for allreduce ring_pipelined at " in err
     assert f"allreduce ring_pipelined: segment {KIB[rule['segment_bytes']]} (64 KiB " in err
@@ -294,3 +295,18 @@ def test_cli_bad_segments_are_one_line(tmp_path, capsys, value, message):
     assert cli.main(["tune", "--segments", value, "-O", str(tmp_path / "t.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("commkit tune: error: ") and message in err and "Traceback" not in err
+
+
+def test_tables_for_a_dtype_have_no_rule_narrower_than_one_element():
+    # The model alone gave allreduce at p=2 a rule for 0 B, and a confirmation that moved its boundary
+    # to the first benchmarked size widened it to "0 B-15 B: double_binary_tree", which the ranks obeyed
+    # at 4 B where recursive doubling is faster.
+    def confirm(collective, low, high, boundary, lower, upper):
+        return max(boundary, 16) + 3, "bench moved it", []
+
+    table = tune.build_table(ALPHA, BETA, GAMMA, (2, 4), ["allreduce"], measured_p=2, confirm=confirm, itemsize=4)
+    for rule in table["allreduce"]:
+        lo, hi = rule.get("min_bytes", 0), rule.get("max_bytes")
+        assert lo % 4 == 0 and (hi is None or ((hi + 1) % 4 == 0 and hi + 1 - lo >= 4)), rule
+    first = [r for r in table["allreduce"] if r["min_procs"] == 2 and r.get("commutative")][0]
+    assert first["algorithm"] == "recursive_doubling" and first["max_bytes"] + 1 >= 20, first

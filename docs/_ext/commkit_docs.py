@@ -67,10 +67,19 @@ def _row(cells):
     return row
 
 
+def _identifier(text: str):
+    """An identifier in a table cell: code that wraps only between identifiers, never inside one.
+
+    A narrow column would otherwise break ``allreduce_double_binary_tree`` mid-word (the
+    ``commkit-id`` class is ``white-space: nowrap`` in ``_static/commkit.css``).
+    """
+    return nodes.literal(text, text, classes=["commkit-id"])
+
+
 def _xref(target: str, text: str):
     ref = addnodes.pending_xref("", refdomain="py", reftype="func", reftarget=target, refexplicit=True,
                                 refwarn=False)
-    ref += nodes.literal(text, text)
+    ref += _identifier(text)
     return ref
 
 
@@ -131,8 +140,8 @@ class TuningTable(SphinxDirective):
                     when.append(_bounds("bytes", rule.get("min_bytes"), rule.get("max_bytes"), _size))
                 if rule.get("commutative"):
                     when.append("commutative op")
-                rows.append([nodes.literal(collective, collective), nodes.Text("; ".join(when) or "otherwise"),
-                             nodes.literal(rule["algorithm"], rule["algorithm"]), nodes.Text(rule.get("reason", ""))])
+                rows.append([_identifier(collective), nodes.Text("; ".join(when) or "otherwise"),
+                             _identifier(rule["algorithm"]), nodes.Text(rule.get("reason", ""))])
         return [_table(("collective", "when", "algorithm", "why"), rows, (14, 22, 18, 46))]
 
 
