@@ -19,15 +19,15 @@ from commkit._units import format_bytes
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 
-# Issue 5's bands, as (exclusive lower, inclusive upper) bytes: "up to 1 KiB" includes 1 KiB.
+# The size bands, as (exclusive lower, inclusive upper) bytes: "up to 1 KiB" includes 1 KiB.
 BANDS = ((-1, 1 << 10, "up to 1 KiB"), (1 << 10, 64 << 10, "1 KiB – 64 KiB"),
          (64 << 10, 4 << 20, "64 KiB – 4 MiB"), (4 << 20, 64 << 20, "4 MiB – 64 MiB"))
-# Ratios to the raw mpi4py call. Up to 1 KiB: issue 13's targets (allreduce <= 1.3, the
-# others <= 1.5); above 1 KiB: issue 5's, which were set against the MPI library's own
+# Ratios to the raw mpi4py call. Up to 1 KiB: allreduce <= 1.3, the
+# others <= 1.5; above 1 KiB: the band targets, which were set against the MPI library's own
 # collective -- the raw call is that collective, called directly.
 TARGETS = {"allreduce": (1.3, 1.2, 1.0, 0.8)}
 DEFAULT_TARGETS = (1.5, 1.5, 1.25, 1.0)
-# Issue 14: broadcast, in place and out of place, at most 0.9x the raw MPI_Bcast from 1 MiB up.
+# Broadcast, in place and out of place, at most 0.9x the raw MPI_Bcast from 1 MiB up.
 BROADCAST_TARGET, BROADCAST_FROM = 0.9, 1 << 20
 IN_PLACE = " in place"
 
@@ -363,7 +363,7 @@ def native_table(rows, collectives):
     return _table(["collective", "form"] + [b[2] for b in BANDS], out)
 
 
-def issue14_section(rows, collectives):
+def broadcast_inplace_section(rows, collectives):
     """Broadcast against the raw MPI_Bcast from 1 MiB up, and in place against out of place."""
     base = baseline_of(rows)
     if base != "raw":
@@ -395,7 +395,7 @@ def issue14_section(rows, collectives):
                           ", ".join(f"{fmt_size(r['size'])} {r['ratio']:.2f}" for r in slower if r["ratio"] > 1.05)
                           or "none"])
     if table:
-        parts.append("In place over out of place, the same form in the same sweep (target, issue 14: never above 1; "
+        parts.append("In place over out of place, the same form in the same sweep (target: never above 1; "
                      "every algorithm, not only `auto`, is in `benchmarks/inplace.py`'s table below):\n\n"
                      + _table(["collective", "form", "worst in place / out of place", "sizes above 1",
                                "sizes above 1.05"], table))
@@ -656,8 +656,8 @@ def page(results, analysis: str | None, figures: dict, pasted: str | None = None
          "is shared: the load average during each part is in the table above."),
         ("- **Bands, targets and verdicts.** A size belongs to the band whose upper end it does not exceed "
          "(1 KiB is in \"up to 1 KiB\", 64 KiB in \"1 KiB – 64 KiB\", 4 MiB in \"64 KiB – 4 MiB\"). "
-         "Targets are ratios to the raw call: up to 1 KiB issue 13's (allreduce ≤ 1.3, the others ≤ 1.5); "
-         "above 1 KiB issue 5's, which were set against the MPI library's own collective (the raw call is "
+         "Targets are ratios to the raw call: up to 1 KiB, allreduce ≤ 1.3 and the others ≤ 1.5; "
+         "above 1 KiB, the band targets, which were set against the MPI library's own collective (the raw call is "
          "that collective, called directly). A cell passes when the median ratio of *every* size in it "
          "meets the target; it shows the worst size."),
         ("- **Ranks.** The targets are for 2 ranks on 2 cores. 3 and 4 ranks oversubscribe the cores, "
@@ -680,9 +680,9 @@ def page(results, analysis: str | None, figures: dict, pasted: str | None = None
         parts += [("commkit's own path to the library collective (`algorithm=\"native\"`) over the raw call, "
                    "worst size of each band and the median over the band's sizes (no target; this is what "
                    "commkit's call path adds):"), nat]
-    i14 = issue14_section(rows, collectives) if rows else None
+    i14 = broadcast_inplace_section(rows, collectives) if rows else None
     if i14:
-        parts += ["### Issue 14: broadcast, and in place against out of place", i14]
+        parts += ["### Broadcast, and in place against out of place", i14]
     parts += [
         "### Cells that miss",
         (misses_list(cells, collectives) if summary else "")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""commkit's collectives against the MPI library's own, in one command (issue 5).
+"""commkit's collectives against the MPI library's own, in one command.
 
     python benchmarks/compare.py                     # the full comparison; rewrites docs/benchmarks.md
     python benchmarks/compare.py --quick --out DIR   # the CI smoke: two sizes, a few runs, into DIR

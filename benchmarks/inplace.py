@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""In place against out of place, for every collective and algorithm that allows ``out=x`` (issue 14).
+"""In place against out of place, for every collective and algorithm that allows ``out=x``.
 
     python benchmarks/inplace.py                          # starts its own 2-rank mpiexec job
     mpiexec -n 2 python benchmarks/inplace.py             # the same, inside a job you started
@@ -17,7 +17,7 @@ its slowest rank's; before an in-place run the input is copied into the output,
 untimed, and every result is checked against NumPy. Each sweep draws new data
 in new buffers; a cell is the median over sweeps of the per-sweep ratio in
 place / out of place (each sweep's time is the median of its runs), with the
-lowest and highest sweep. Target (issue 14): never above 1.
+lowest and highest sweep. Target: never above 1.
 """
 
 from __future__ import annotations

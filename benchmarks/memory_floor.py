@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The memory-work floor of a 2-rank allreduce, against commkit's allreduce and the raw mpi4py call (issue 14).
+"""The memory-work floor of a 2-rank allreduce, against commkit's allreduce and the raw mpi4py call.
 
     python benchmarks/memory_floor.py                     # starts its own 2-rank mpiexec job
     mpiexec -n 2 python benchmarks/memory_floor.py        # the same, inside a job you started
@@ -14,7 +14,7 @@ inputs into its own output, and, once both halves are done (one barrier),
 copies the other half of the result from the peer's output into its own. Both
 ranks work at once, as they do in an allreduce. No real allreduce can do less
 memory work, so ``commkit / floor`` says how close to the memory system's limit
-commkit runs (issue 14 target: at most 1.25 at 4 MiB and 32 MiB).
+commkit runs (target: at most 1.25 at 4 MiB and 32 MiB).
 
 Timed in the same job, interleaved (the order rotates every sweep), on the same
 input data (each rank's private input is a copy of its half of the segment):
@@ -23,7 +23,7 @@ input data (each rank's private input is a copy of its half of the segment):
 * ``auto``: ``comm.allreduce(x, out=out)``, the algorithm the selection table picks;
 * ``ring_pipelined``: ``comm.allreduce(x, out=out, algorithm="ring_pipelined")``;
 * ``raw``: ``comm.Allreduce(x, out, MPI.SUM)`` on an mpi4py ``Dup`` of COMM_WORLD
-  (issue 14 target: commkit at most 0.5x of it at 32 MiB).
+  (target: commkit at most 0.5x of it at 32 MiB).
 
 One sweep times ``calls`` back-to-back calls of each variant after a barrier
 (a sweep's time per call is the slower rank's); the input data change every
@@ -238,7 +238,7 @@ def report(rows, argv, machine, loads, seconds, sweeps):
     lines += ["", ("Times: median over sweeps of the time per call (the slower rank's); ratios: median over sweeps "
                    "of the ratio within a sweep (lowest–highest sweep); spread: (max - min) / median over sweeps.")]
     if verdicts:
-        lines += ["", "Targets (issue 14):", ""] + [f"- {v}" for v in verdicts]
+        lines += ["", "Targets:", ""] + [f"- {v}" for v in verdicts]
     return "\n".join(lines) + "\n"
 
 
