@@ -1,8 +1,9 @@
 """Mismatched calls never complete with a wrong answer; stuck ranks are explained; silent failures are loud.
 
 Each test here would fail on commkit before its collective messages carried the
-call's identity (see commkit/identity.py), before the watchdog, or before the
-checks it names.
+call's identity (see commkit/identity.py), while its shipped selection table
+still picked MPI's own collectives (which carry none) for small calls, before the
+watchdog, or before the checks it names.
 """
 
 from __future__ import annotations
