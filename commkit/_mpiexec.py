@@ -89,14 +89,21 @@ def _is_open_mpi(mpiexec: str) -> bool:
 def mpiexec_command(nprocs: int, argv: list[str], *, label_output: bool = False) -> list[str]:
     """The command line running ``argv`` on ``nprocs`` ranks (oversubscription allowed).
 
-    MPICH oversubscribes by default; Open MPI needs ``--oversubscribe`` to start
-    more ranks than cores.
+    MPICH's Hydra oversubscribes by default, runs as any user and labels each
+    line with ``-l``. Open MPI's launcher needs ``--oversubscribe`` to start more
+    ranks than cores, refuses to run as root without ``--allow-run-as-root``
+    (a container's usual user, where commkit's own jobs are started on purpose),
+    and labels lines with ``--tag-output``.
     """
     mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(int(nprocs))]
     if _is_open_mpi(mpiexec):
         cmd.append("--oversubscribe")
-    if label_output:
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        if label_output:
+            cmd.append("--tag-output")
+    elif label_output:
         cmd.append("-l")
     return cmd + list(argv)
 

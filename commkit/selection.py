@@ -16,6 +16,14 @@ applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
 Every rule carries a ``reason``. If no rule matches, the first applicable
 algorithm of :data:`FALLBACK` is used.
 
+The shipped table and :data:`FALLBACK` never pick ``native`` (the library's
+own collective), even where it measured faster: commkit's algorithms carry each
+call's identity in their messages' tags (:mod:`commkit.identity`), so ranks
+that disagree about a call wait, while MPI's collectives carry none, and ranks
+that disagree about an op, root or count could complete with wrong data.
+``native`` runs only where asked for: ``algorithm="native"``, the environment
+variable, or a tuning file's rule.
+
 Message size (bytes), by collective: the per-rank vector for allreduce, reduce,
 broadcast, scan and exscan; the whole gathered/scattered vector for gather,
 scatter and allgather; the whole input vector for reduce_scatter; the block sent to each peer for

@@ -1,8 +1,9 @@
 """Mismatched calls never complete with a wrong answer; stuck ranks are explained; silent failures are loud.
 
 Each test here would fail on commkit before its collective messages carried the
-call's identity (see commkit/identity.py), before the watchdog, or before the
-checks it names.
+call's identity (see commkit/identity.py), while its shipped selection table
+still picked MPI's own collectives (which carry none) for small calls, before the
+watchdog, or before the checks it names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import watchdog
+from commkit import selection, watchdog
 from commkit.schedule import CallInfo, Exchange, run_schedule
 from commkit.transports.local import LocalTransport, LocalWorld
 
@@ -321,6 +322,85 @@ def test_mismatch_under_mpiexec_never_completes(nprocs):
         assert len(lines) == nprocs, (kind, result.stdout, result.stderr)
         assert lines[0] == "rank 0: TIMEOUT", (kind, lines)
         assert not any(line.endswith("COMPLETED data") for line in lines), (kind, lines)
+
+
+# Mismatches on 2 ranks at the sizes where MPI's own collective (native) is fastest, made with the
+# DEFAULT choice: MPI's messages carry no call identity, so had the default picked native for them,
+# the ranks would complete with different answers (sum on one, max on the other), another rank's
+# data in a root's buffer, or a short message's tail left as it was -- MPICH does all three.
+_MPI_DEFAULT_MISMATCH = """
+import sys
+import numpy as np
+import commkit as ck
+c = ck.init()
+T = 1.5
+r = c.rank
+kind = sys.argv[1]
+x = np.random.default_rng(r).integers(-1000, 1000, 16).astype(np.int64)
+calls = {
+    "allreduce op": lambda: c.allreduce(x[:1], "sum" if r == 0 else "max", timeout=T),
+    "reduce op": lambda: c.reduce(x[:4], "sum" if r == 0 else "max", root=0, timeout=T),
+    "broadcast root": lambda: c.broadcast(x[:4], root=r, timeout=T),
+    "broadcast count": lambda: c.broadcast(x[:4 + 4 * r], root=0, timeout=T),
+    "allgather count": lambda: c.allgather(x[:1 + r], timeout=T),
+    "reduce_scatter count": lambda: c.reduce_scatter(x[:2 + 2 * r], timeout=T),
+}
+mine = x[:4] if kind == "broadcast root" else x[:4 + 4 * r]
+try:
+    result = calls[kind]()
+    own = result is not None and kind.startswith("broadcast") and np.array_equal(result, mine)
+    verdict = "COMPLETED " + ("nothing" if result is None else "own" if own else "data")
+except ck.CommTimeout as exc:
+    assert "Recent calls on this rank" in str(exc), exc
+    verdict = "TIMEOUT"
+print(f"rank {r}: {verdict} ({c.last_algorithm})", flush=True)
+if kind == "broadcast root":
+    # Both ranks were roots: nothing was received, so nothing of that call may reach the next one.
+    y = c.broadcast(np.full(4, 7 + r, np.int64), root=0, timeout=T)
+    print(f"rank {r}: next broadcast {y.tolist()}", flush=True)
+"""
+
+# What each rank may do, per kind: a rank whose part of the call only sends (the non-root of a
+# reduce, a broadcast's root) completes without receiving; every rank that receives waits.
+_DEFAULT_MISMATCH_OUTCOMES = {
+    "allreduce op": ["rank 0: TIMEOUT", "rank 1: TIMEOUT"],
+    "reduce op": ["rank 0: TIMEOUT", "rank 1: COMPLETED nothing"],
+    "broadcast root": ["rank 0: COMPLETED own", "rank 1: COMPLETED own"],
+    "broadcast count": ["rank 0: COMPLETED own", "rank 1: TIMEOUT"],
+    "allgather count": ["rank 0: TIMEOUT", "rank 1: TIMEOUT"],
+    "reduce_scatter count": ["rank 0: TIMEOUT", "rank 1: TIMEOUT"],
+}
+_AUTO = {"COMMKIT_TUNING": "", **{f"COMMKIT_{c.upper()}_ALGORITHM": "auto" for c in
+                                  ("allreduce", "reduce", "broadcast", "allgather", "reduce_scatter")}}
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("kind", sorted(_DEFAULT_MISMATCH_OUTCOMES))
+def test_default_choice_waits_on_a_mismatch_where_native_would_complete(kind):
+    result = run_mpi(2, _MPI_DEFAULT_MISMATCH, args=(kind,), env=_AUTO, timeout=60)
+    found = sorted(re.findall(r"rank \d+: (?:TIMEOUT|COMPLETED \w+) \((\w+)\)", result.stdout))
+    lines = sorted(re.findall(r"rank \d+: (?:TIMEOUT|COMPLETED \w+)", result.stdout))
+    assert lines == _DEFAULT_MISMATCH_OUTCOMES[kind], (kind, result.stdout, result.stderr)
+    assert "native" not in found, (kind, result.stdout)
+    if kind == "broadcast root":
+        assert result.stdout.count("next broadcast [7, 7, 7, 7]") == 2, result.stdout
+
+
+def test_default_choice_for_the_mismatch_tests_is_not_native(monkeypatch):
+    # The promise holds for commkit's own algorithms only: a call that asks for native gets it, and
+    # MPI's collective, whose messages carry no identity, is the library's to match.
+    for var in _AUTO:
+        monkeypatch.delenv(var, raising=False)
+    shapes = [("allreduce", 8, "sum"), ("reduce", 32, "max"), ("broadcast", 32, None),
+              ("allgather", 16, None), ("reduce_scatter", 32, "sum")]
+    for collective, nbytes, op in shapes:
+        for size in (1, 2, 3, 4):
+            for n in (0, nbytes, 1 << 12, 1 << 16, 1 << 20):
+                choice = selection.select(collective, size, n, op, native_ok=True)
+                assert choice.algorithm.name != "native", (collective, size, n, choice)
+        forced = selection.select(collective, 2, nbytes, op, requested="native", native_ok=True)
+        assert forced.algorithm.name == "native" and forced.reason == "forced by algorithm= argument"
 
 
 @requires_mpi

@@ -199,6 +199,29 @@ def test_shipped_table_is_valid_and_every_rule_says_why():
             assert rule.get("reason"), (collective, rule)
 
 
+@given(collective=st.sampled_from(algorithms.COLLECTIVES), size=st.integers(1, 70), nbytes=st.integers(0, 1 << 27),
+       commutative=st.booleans())
+def test_shipped_table_never_picks_native(collective, size, nbytes, commutative):
+    # MPI's own collectives carry no call identity, so a mismatched call on them could complete with
+    # wrong data; the default keeps every call on commkit's algorithms, where a mismatch waits.
+    assert all(rule["algorithm"] != "native" for rule in selection.default_table()[collective])
+    op = (SUM if commutative else NONCOMM) if collective in REDUCING else None
+    choice = selection.select(collective, size, nbytes, op, native_ok=True)
+    assert choice.algorithm.name != "native", choice
+
+
+def test_native_runs_where_asked_for(tmp_path, monkeypatch):
+    assert selection.select("allreduce", 2, 8, SUM, requested="native", native_ok=True).algorithm.name == "native"
+    monkeypatch.setenv("COMMKIT_BROADCAST_ALGORITHM", "native")
+    assert selection.select("broadcast", 2, 8, native_ok=True).algorithm.name == "native"
+    monkeypatch.delenv("COMMKIT_BROADCAST_ALGORITHM")
+    monkeypatch.setenv("COMMKIT_TUNING", write_table(tmp_path, {"reduce": [{"algorithm": "native", "reason": "t"}]}))
+    choice = selection.select("reduce", 2, 8, SUM, native_ok=True)
+    assert choice.algorithm.name == "native" and choice.reason.endswith(": t")
+    # Where the transport has no such library collective, the tuning file's rule is skipped.
+    assert selection.select("reduce", 2, 8, SUM, native_ok=False).algorithm.name != "native"
+
+
 # -- tables written by `commkit tune` ---------------------------------------------------------------
 
 ALPHA, BETA, GAMMA = 5e-6, 2e-10, 1e-10
