@@ -42,8 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweeps", type=int, default=9, help="sweeps (default 9)")
     parser.add_argument("--calls", type=int, default=4000, help="calls of each variant per sweep (default 4000)")
     parser.add_argument("--algorithm", default="recursive_doubling",
-                        help="the allreduce algorithm (default recursive_doubling; native: MPI's own, as the "
-                             "shipped table picks for 8 B)")
+                        help="the allreduce algorithm (default recursive_doubling; native: MPI's own collective)")
     args = parser.parse_args(argv)
     comm = ck.init()
     raw = MPI.COMM_WORLD.Dup()

@@ -311,3 +311,25 @@ def test_launch_under_mpiexec_refuses_to_start_a_job_per_rank():
             print("refused")
     """)
     assert result.stdout.count("refused") == 2
+
+
+@pytest.mark.parametrize("version,euid,label,extra", [
+    ("HYDRA build details:\n    Version: 5.0.2", 0, True, ["-l"]),
+    ("HYDRA build details:\n    Version: 5.0.2", 1000, False, []),
+    ("mpiexec (Open MPI) 5.0.11", 0, True, ["--oversubscribe", "--allow-run-as-root", "--tag-output"]),
+    ("mpiexec (Open MPI) 5.0.11", 1000, False, ["--oversubscribe"]),
+])
+def test_mpiexec_command_gives_each_launcher_its_own_flags(tmp_path, monkeypatch, version, euid, label, extra):
+    from commkit import _mpiexec
+
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\ncat <<'END'\n{version}\nEND\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("COMMKIT_MPIEXEC", str(fake))
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    _mpiexec._is_open_mpi.cache_clear()
+    try:
+        assert _mpiexec.mpiexec_command(3, ["prog", "arg"], label_output=label) == [str(fake), "-n", "3", *extra,
+                                                                                     "prog", "arg"]
+    finally:
+        _mpiexec._is_open_mpi.cache_clear()
