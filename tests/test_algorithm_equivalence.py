@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import commkit as ck
-from commkit import algorithms, collectives
-from commkit.schedule import COPY, REDUCE
+from commkit import algorithms, collectives, selection, testing
+from commkit.schedule import COPY, REDUCE, TRANSFER
 
 PROCS = range(1, 10)
 SEGMENTS = (None, 1, 2, 3, 5)
@@ -140,3 +140,46 @@ def test_results_equal_numpy(collective, name):
                 else:
                     want = total_sum
                 np.testing.assert_array_equal(got[rank], want, err_msg=f"{collective}_{name} p={p} count={count}")
+
+
+# -- the textbook forms of the ring and Rabenseifner allreduce ------------------------------------------------------
+
+TEXTBOOK = {"ring_textbook": "ring", "rabenseifner_textbook": "rabenseifner"}
+
+
+@pytest.mark.parametrize("name", sorted(TEXTBOOK))
+def test_textbook_variants_pass_check_algorithm(name):
+    report = testing.check_algorithm("allreduce", name, max_procs=6, sim_procs=24)
+    assert report.ok, report.summary()
+
+
+def _messages(name, rank, p, count):
+    """Every transfer's peers and lengths, without the buffers: what travels, not where it lands."""
+    steps = algorithms.get("allreduce", name).schedule(rank, p, count, ck.SUM)
+    return [([(peer, hi - lo) for peer, (_, lo, hi) in s.sends], [(peer, hi - lo) for peer, (_, lo, hi) in s.recvs])
+            for s in steps if s.kind == TRANSFER]
+
+
+@pytest.mark.parametrize("name", sorted(TEXTBOOK))
+def test_textbook_variants_send_what_the_optimised_ones_send_and_read_only_out(name):
+    for p in PROCS:
+        for count in _counts("allreduce", p):
+            for rank in range(p):
+                assert _messages(name, rank, p, count) == _messages(TEXTBOOK[name], rank, p, count), (name, p, count)
+                steps = list(algorithms.get("allreduce", name).schedule(rank, p, count, ck.SUM))
+                # The textbook form copies its input once, first, and then reads only "out" and "tmp".
+                assert steps[0].kind == COPY and steps[0].src == ("in", 0, count), (name, p, count)
+                for s in steps[1:]:
+                    if s.kind == TRANSFER:
+                        assert all(buf[0] != "in" for _, buf in s.sends), (name, p, count, s)
+                    elif s.kind == REDUCE:
+                        assert s.src == s.into, (name, p, count, s)
+    # The optimised forms are the ones that read "in" after the start (else the variant would be pointless).
+    for name in TEXTBOOK.values():
+        steps = list(algorithms.get("allreduce", name).schedule(0, 4, 8, ck.SUM))
+        assert any(s.kind == REDUCE and s.src[0] == "in" for s in steps), name
+
+
+def test_textbook_variants_are_not_in_the_selection_table():
+    table = selection.default_table()
+    assert not {rule["algorithm"] for rule in table["allreduce"]} & set(TEXTBOOK)

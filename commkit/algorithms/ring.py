@@ -33,16 +33,23 @@ def _max_block(count, size):
     return -(-count // size)
 
 
+def _allreduce_ring_cost(p, n, a, b, g):
+    return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+
+
 @algorithm("allreduce", "ring", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
-           cost=lambda p, n, a, b, g: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g,
-           formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even", cost_bound="lower",
-           symmetry="rotation")
+           cost=_allreduce_ring_cost, formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even",
+           cost_bound="lower", symmetry="rotation")
 def allreduce_ring(rank, size, count, op):
     """Ring allreduce: a ring reduce-scatter, then a ring allgather of the reduced blocks.
 
     Restrictions: commutative op (each block is reduced starting at a different rank).
     Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ, exact when count is a multiple of p (uneven
     blocks take longer: a lower bound). Sends 2(p-1) messages per rank, only to its right neighbour.
+    Optimised away from the textbook form (``allreduce_ring_textbook``), which first copies the
+    input into the output and then works there: the first step sends its block straight from
+    "in", and every reduction reads "in" and writes "out" in one step (``Reduce(src=...)``), so
+    the whole input is never copied; same messages, same cost.
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -58,6 +65,37 @@ def allreduce_ring(rank, size, count, op):
         yield Exchange(right, ("in" if step == 0 else "out", *send), left, ("tmp", 0, length))
         yield Reduce(("out", *recv), ("tmp", 0, length), op, src=("in", *recv))
     # Phase 2: allgather the reduced blocks around the same ring.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step + 1) % size], blocks[(rank - step) % size]
+        yield Exchange(right, ("out", *send), left, ("out", *recv))
+
+
+@algorithm("allreduce", "ring_textbook", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
+           cost=_allreduce_ring_cost, formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even",
+           cost_bound="lower", symmetry="rotation")
+def allreduce_ring_textbook(rank, size, count, op):
+    """Ring allreduce as the textbook writes it: copy the input into the output, then reduce-scatter and allgather there.
+
+    The same ring as ``allreduce_ring``, without its optimisation: every step sends from and
+    reduces into "out" (``out = out (op) received``), so it reads like the pseudo-code of
+    Patarasuk and Yuan and of the MPI textbooks. Not in the selection table: force it with
+    ``algorithm="ring_textbook"``.
+    Restrictions: commutative op. Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ, as ``allreduce_ring``
+    (the simulator counts copies as free); exact when count is a multiple of p, a lower bound
+    otherwise. Sends 2(p-1) messages per rank, only to its right neighbour.
+    """
+    yield Copy(("out", 0, count), ("in", 0, count))
+    if size == 1:
+        return
+    blocks = partition(count, size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    # Phase 1: reduce-scatter. Step s: send block rank-s, receive block rank-s-1 and add it in.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step) % size], blocks[(rank - step - 1) % size]
+        length = recv[1] - recv[0]
+        yield Exchange(right, ("out", *send), left, ("tmp", 0, length))
+        yield Reduce(("out", *recv), ("tmp", 0, length), op)
+    # Phase 2: allgather. This rank's block rank+1 is complete; pass the complete blocks around.
     for step in range(size - 1):
         send, recv = blocks[(rank - step + 1) % size], blocks[(rank - step) % size]
         yield Exchange(right, ("out", *send), left, ("out", *recv))
