@@ -88,6 +88,21 @@ def broadcast_binary_tree_segmented(rank, size, count, root, segment=None):
     p = 2: the chain's Kα + nβ. Exact for every p and count. Against the binomial tree's
     ⌈log p⌉(α + nβ), the bandwidth term stays about 2nβ however large p is.
     Messages: K to each child (2K from a rank with two children), none from a leaf.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  0 - - -  0 - - -  - - - -
+        2           0 0 0 0  0 0 - -  0 0 - -  0 - - -
+        3           0 0 0 0  0 0 0 -  0 0 0 -  0 0 - -
+        4           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 -
+        5           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   8        4        0        0
+        elems sent  16       8        0        0
+        critical path (commkit.sim, each term alone): 8 messages, 16 elements sent
     """
     segs = segments(count, segment)
     rel = (rank - root) % size
@@ -263,6 +278,23 @@ def reduce_binary_tree_segmented(rank, size, count, op, root, segment=None):
     hidden behind the transfers, against the binomial reduce's ⌈log p⌉(α + nβ + nγ).
     Messages: K per rank but the root, each a segment to its parent; n bytes sent per rank.
     Scratch: two vectors (a landing place for each child's segments at their own offsets).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1       rank 2   rank 3
+        0              0    0    0    0     1  1  1  1   2 2 2 2  3 3 3 3
+        1              0    0    0    0     1  1  1  1   2 2 2 2  3 3 3 3
+        2              0    0    0    0     13 1  1  1   2 2 2 2  3 3 3 3
+        3              13   0    0    0     13 13 1  1   2 2 2 2  3 3 3 3
+        4              0123 13   0    0     13 13 13 1   2 2 2 2  3 3 3 3
+        5              0123 0123 13   0     13 13 13 13  2 2 2 2  3 3 3 3
+        6              0123 0123 0123 0123  13 13 13 13  2 2 2 2  3 3 3 3
+        msgs sent      0                    4            4        4
+        elems sent     0                    8            8        8
+        elems reduced  16                   8            0        0
+        critical path (commkit.sim, each term alone): 10 messages, 20 elements sent, 18 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))

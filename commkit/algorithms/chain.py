@@ -47,6 +47,22 @@ def broadcast_chain_pipelined(rank, size, count, root, segment=None):
     In place (out is the input, at the root): the root sends from "in" and copies "in" to
     "out" only in the copy the executor skips when they are one array, so no copy of the
     input is needed.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  0 - - -  - - - -  - - - -
+        2           0 0 0 0  0 0 - -  0 - - -  - - - -
+        3           0 0 0 0  0 0 0 -  0 0 - -  0 - - -
+        4           0 0 0 0  0 0 0 0  0 0 0 -  0 0 - -
+        5           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 -
+        6           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   4        4        4        0
+        elems sent  8        8        8        0
+        critical path (commkit.sim, each term alone): 6 messages, 12 elements sent
     """
     whole = ("out", 0, count)
     segs = segments(count, segment)

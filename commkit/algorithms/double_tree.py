@@ -175,6 +175,19 @@ def broadcast_double_binary_tree(rank, size, count, root, segment=None):
     segments per half where the single tree cuts the whole vector into K.
     Messages: K to each of its children in its inner tree (fewer where half 1 has empty
     segments), none from a leaf of both; the root sends 2K, one per segment, n bytes in all.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - - - -  0 - - -  - - 0 -
+        2           0 0 0 0  0 - 0 -  0 0 0 -  0 - 0 0
+        3           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   4        0        4        4
+        elems sent  8        0        8        8
+        critical path (commkit.sim, each term alone): 6 messages, 12 elements sent
     """
     whole = ("out", 0, count)
     halves = _halves(count, segment)
@@ -251,6 +264,21 @@ def reduce_double_binary_tree(rank, size, count, op, root, segment=None):
     there (fewer where half 1 has empty segments): n bytes sent per rank.
     Scratch: ⌈c/2⌉ elements for each of two children (the root: one per tree), every segment at
     its own offset.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1   rank 2       rank 3
+        0              0    0    0    0     1 1 1 1  2   2   2 2  3 3 3   3
+        1              0    0    0    0     1 1 1 1  2   2   2 2  3 3 3   3
+        2              0    0    0    0     1 1 1 1  123 2   2 2  3 3 123 3
+        3              123  0    123  0     1 1 1 1  123 123 2 2  3 3 123 123
+        4              0123 0123 0123 0123  1 1 1 1  123 123 2 2  3 3 123 123
+        msgs sent      0                    4        4            4
+        elems sent     0                    8        8            8
+        elems reduced  8                    0        8            8
+        critical path (commkit.sim, each term alone): 8 messages, 16 elements sent, 12 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -337,6 +365,24 @@ def allreduce_double_binary_tree(rank, size, count, op, segment=None):
     Messages: K per tree up to the parent (none from a tree's top) and K to each child in the
     rank's inner tree (fewer where half 1 has empty segments).
     Scratch: ⌈c/2⌉ elements for each of two children, every segment at its own offset.
+
+    Picture, generated from the schedule (p = 4, count = 8, segment = 2): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        2              0    0    0    0     012  1    1    1     2    2    123  2     3    3    3    3
+        3              0    0    123  0     012  012  1    1     2    2    123  123   012  3    3    3
+        4              0    0    0123 123   012  012  1    1     2    2    123  123   0123 012  3    3
+        5              0    0    0123 0123  0123 012  1    1     2    2    0123 123   0123 0123 3    3
+        6              0123 0    0123 0123  0123 0123 0123 1     0123 2    0123 0123  0123 0123 0123 3
+        7              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      4                    8                    8                    4
+        elems sent     8                    16                   16                   8
+        elems reduced  4                    8                    8                    4
+        critical path (commkit.sim, each term alone): 11 messages, 22 elements sent, 10 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))

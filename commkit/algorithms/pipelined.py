@@ -220,6 +220,29 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
     Exact when count is a multiple of p (4-byte elements: the model knows bytes only); otherwise
     off either way. Sends 2(p-1)K messages per rank (fewer when count < p: empty blocks send
     nothing), only to its right neighbour; receives only from its left one.
+
+    Picture, generated from the schedule (p = 4, count = 8, segment = 1): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        2              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        3              0    0    -    03    01   1    1    -     -    12   2    2     3    -    23   3
+        4              0    0    23   03    01   1    1    03    01   12   2    2     3    12   23   3
+        5              0    -    023  03    01   1    -    013   012  12   2    -     -    123  23   3
+        6              0    123  023  03    01   1    023  013   012  12   2    013   012  123  23   3
+        7              0    0123 023  03    01   1    0123 013   012  12   2    0123  0123 123  23   3
+        8              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        9              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        10             0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        11             0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        12             0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      12                   12                   12                   12
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 12 messages, 12 elements sent, 6 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -303,6 +326,23 @@ def reduce_scatter_ring_pipelined(rank, size, counts, op, segment=None):
     Messages: (p-1)K per rank when every block has K elements or more (one per non-empty
     segment), only to the right neighbour; n - counts[rank] elements sent.
     Scratch: two blocks of the largest count, used alternately to receive and to send on.
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2), segment = 1): each cell lists,
+    for every block of the result, the ranks whose input that rank holds for the whole block (- for
+    none), after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0         rank 1         rank 2         rank 3
+        0              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        1              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        2              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        3              0    -   03 0  1 1    -   01  12 2 2    -    -   23 3 3
+        4              0    23  03 0  1 1    03  01  12 2 2    01   12  23 3 3
+        5              -    023 03 0  1 -    013 01  12 2 -    012  123 23 3 -
+        6              0123 023 03 0  1 0123 013 01  12 2 0123 012  123 23 3 0123
+        msgs sent      6              6              6              6
+        elems sent     6              6              6              6
+        elems reduced  6              6              6              6
+        critical path (commkit.sim, each term alone): 6 messages, 6 elements sent, 6 reduced
     """
     offsets = block_offsets(counts)
     if size == 1:

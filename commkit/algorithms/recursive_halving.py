@@ -115,6 +115,19 @@ def allreduce_recursive_doubling(rank, size, count, op):
 
     Restrictions: none (any op; rank order is kept). Non-powers of two are folded.
     Cost: ⌊log p⌋(α + nβ + nγ), plus 2(α + nβ) + nγ for the fold. Best for small messages.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              01   01   01   01    01   01   01   01    23   23   23   23    23   23   23   23
+        2              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      2                    2                    2                    2
+        elems sent     16                   16                   16                   16
+        elems reduced  16                   16                   16                   16
+        critical path (commkit.sim, each term alone): 2 messages, 16 elements sent, 16 reduced
     """
     whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
     if size == 1:
@@ -200,6 +213,21 @@ def allreduce_rabenseifner(rank, size, count, op):
     copies the input into the output and works there: the fold and the first halving round read
     "in" and write "out" in one step (``Reduce(src=...)``), and the first round sends straight
     from "in", so the whole input is never copied; same messages, same cost.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              02   02   0    0     13   13   1    1     2    2    02   02    3    3    13   13
+        2              0123 02   0    0     13   0123 1    1     2    2    0123 02    3    3    13   0123
+        3              0123 0123 0    0     0123 0123 1    1     2    2    0123 0123  3    3    0123 0123
+        4              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      4                    4                    4                    4
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 4 messages, 12 elements sent, 6 reduced
     """
     whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
     if size == 1:
@@ -234,6 +262,21 @@ def allreduce_rabenseifner_textbook(rank, size, count, op):
     Cost: 2⌊log p⌋α + 2((p'-1)/p')nβ + ((p'-1)/p')nγ, plus 2(α + nβ) + nγ for the fold when
     p ≠ p' = 2^⌊log p⌋, as ``allreduce_rabenseifner`` (the simulator counts copies as free);
     exact when count is a multiple of p', a lower bound otherwise.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              02   02   0    0     13   13   1    1     2    2    02   02    3    3    13   13
+        2              0123 02   0    0     13   0123 1    1     2    2    0123 02    3    3    13   0123
+        3              0123 0123 0    0     0123 0123 1    1     2    2    0123 0123  3    3    0123 0123
+        4              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      4                    4                    4                    4
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 4 messages, 12 elements sent, 6 reduced
     """
     whole, incoming = ("out", 0, count), ("tmp", 0, count)
     yield Copy(whole, ("in", 0, count))
@@ -296,6 +339,21 @@ def reduce_rabenseifner(rank, size, count, op, root):
     Messages: the fold's one, ⌊log p⌋ exchanges, then at most ⌊log p⌋ gather messages on the
     root's side (one send for every other rank of the p'); ranges of a count below p' may be
     empty, and the halving's exchanges then carry no elements.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1       rank 2         rank 3
+        0              0    0    0    0     1    1  1 1  2    2    2 2  3 3 3    3
+        1              0    0    02   02    13   13 1 1  02   02   2 2  3 3 13   13
+        2              0    0    02   0123  0123 13 1 1  02   0123 2 2  3 3 0123 13
+        3              0    0    0123 0123  0123 13 1 1  0123 0123 2 2  3 3 0123 13
+        4              0123 0123 0123 0123  0123 13 1 1  0123 0123 2 2  3 3 0123 13
+        msgs sent      2                    3            3              3
+        elems sent     6                    8            10             8
+        elems reduced  6                    6            6              6
+        critical path (commkit.sim, each term alone): 4 messages, 12 elements sent, 6 reduced
     """
     whole, incoming, mine = ("out", 0, count), ("tmp", 0, count), ("in", 0, count)
     if size == 1:
@@ -361,6 +419,19 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
     n = bytes of the whole vector; exact when all counts are equal, otherwise an estimate
     (the fold's pairs may then hold more or less than two average blocks).
     Scratch: a working copy of the vector, plus room for the halves received.
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2)): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0       rank 1       rank 2       rank 3
+        0              0    0  0 0  1  1    1 1  2 2 2    2   3 3 3  3
+        1              02   02 0 0  13 13   1 1  2 2 02   02  3 3 13 13
+        2              0123 02 0 0  13 0123 1 1  2 2 0123 02  3 3 13 0123
+        msgs sent      2            2            2            2
+        elems sent     6            6            6            6
+        elems reduced  6            6            6            6
+        critical path (commkit.sim, each term alone): 2 messages, 6 elements sent, 6 reduced
     """
     offsets = block_offsets(counts)
     total = offsets[-1]
@@ -396,6 +467,18 @@ def allgather_recursive_doubling(rank, size, count):
     Restrictions: none; non-powers of two are folded. Cost: ⌊log p⌋α + ((p'-1+R)/p)nβ, plus
     2α + ((p+1)/p)nβ for the fold when p ≠ p' = 2^⌊log p⌋ (R = Σₖ min(p - p', 2ᵏ);
     ((p-1)/p)nβ for p a power of two), n = bytes gathered.
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 - -  0 1 - -  - - 2 3  - - 2 3
+        2           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   2        2        2        2
+        elems sent  3        3        3        3
+        critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
@@ -423,6 +506,19 @@ def scan_recursive_doubling(rank, size, count, op):
     Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ + 2nγ) for p a power of two;
     otherwise max(q(α + nβ) + (q + 1 + ⌊log t⌋)nγ, (q - 1)(α + nβ + 2nγ)), q = ⌈log p⌉,
     t = p - 2^(q-1): some ranks skip rounds whose partner does not exist.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0   rank 1       rank 2           rank 3
+        0              0 0 0 0  1  1  1  1   2   2   2   2    3    3    3    3
+        1              0 0 0 0  01 01 01 01  2   2   2   2    23   23   23   23
+        2              0 0 0 0  01 01 01 01  012 012 012 012  0123 0123 0123 0123
+        msgs sent      2        2            2                2
+        elems sent     16       16           16               16
+        elems reduced  16       24           24               32
+        critical path (commkit.sim, each term alone): 2 messages, 16 elements sent, 32 reduced
     """
     yield from _scan(rank, size, count, op, inclusive=True)
 
@@ -437,6 +533,19 @@ def exscan_recursive_doubling(rank, size, count, op):
     Restrictions: none (rank order kept). Cost: ⌈log p⌉(α + nβ) + (2⌈log p⌉ - 1)nγ for p a
     power of two (each rank's first contribution is a copy, not a reduction); otherwise
     max(q(α + nβ) + (q + ⌊log t⌋)nγ, (q - 1)(α + nβ) + (2q - 3)nγ), q = ⌈log p⌉, t = p - 2^(q-1).
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0   rank 1   rank 2       rank 3
+        0              - - - -  - - - -  -  -  -  -   -   -   -   -
+        1              - - - -  0 0 0 0  -  -  -  -   2   2   2   2
+        2              - - - -  0 0 0 0  01 01 01 01  012 012 012 012
+        msgs sent      2        2        2            2
+        elems sent     16       16       16           16
+        elems reduced  16       16       16           24
+        critical path (commkit.sim, each term alone): 2 messages, 16 elements sent, 24 reduced
     """
     yield from _scan(rank, size, count, op, inclusive=False)
 
