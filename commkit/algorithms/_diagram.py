@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .. import collectives
 from ..ops import get_op
-from ..schedule import COPY, REDUCE, TRANSFER, partition
+from ..schedule import REDUCE, TRANSFER, partition
 from . import for_collective
 from ._blocks import block_offsets
 
@@ -69,7 +69,7 @@ def _example(alg):
     return count, segment
 
 
-def _layout(collective, p, count, root):
+def _layout(collective, p, count):
     """Where each input element ends up, and the blocks a cell shows, for ``collective`` on ``p`` ranks.
 
     Returns ``(position(rank, i), blocks(rank))``: the result position of element i of rank's
@@ -156,7 +156,7 @@ def outputs(alg, p=PROCS, count=None, root=0, segment=None) -> list:
 
 def _run(alg, p, count, root, segment):
     coll = alg.collective
-    position, blocks = _layout(coll, p, count, root)
+    position, blocks = _layout(coll, p, count)
     op = get_op("sum")
     ranks, wire = [], {}
     for r in range(p):

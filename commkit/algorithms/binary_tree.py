@@ -268,7 +268,7 @@ def reduce_binary_tree_segmented(rank, size, count, op, root, segment=None):
     inner rank receives its children's segment k two times earlier, reduces it with its input
     during the transfer of the next time (which brings segment k + 1: the reduction overlaps
     it), and sends the result on. The root's last reduction runs alone.
-    Cost: an upper bound, the lockstep sum of what a step can cost: c(α + s₀β) + (2D-2)·max(
+    Cost: an upper bound, the tick-by-tick sum of what a step can cost: c(α + s₀β) + (2D-2)·max(
     c(α + s₀β), cs₀γ) + Σₖ₌₁..K₋₁ max(c(α + sₖβ), csₖ₋₁γ) + cs_{K-1}γ, c = 2 (1 for p = 2), sₖ
     the bytes of segment k; D·c(α + nβ + nγ) for K = 1. It is the simulated time when the
     segments are equal, p is not a power of two and the transfers outweigh the reductions
@@ -305,7 +305,7 @@ def reduce_binary_tree_segmented(rank, size, count, op, root, segment=None):
     rel = (rank - root) % size
     kids = [(c + root) % size for c in _tree_children(rel, size)]
     parent = ((rel - 1) // 2 + root) % size if rel else None
-    # Tick k: my children's segment k arrives while I reduce segment k-1 and send segment k-2 up. The
-    # ticks of this one tree need no global clock (a rank's idle ticks cost nothing): a rank at depth d
-    # runs tick k at time 2(D - d) + k - 2 of the docstring on its own, since it waits for its children.
+    # Tick k: my children's segment k arrives while I reduce segment k-1 and send segment k-2 up. Alone
+    # in one tree a rank needs no global clock (idle ticks yield nothing), so its ticks start at 0; it
+    # keeps the docstring's times anyway, since each of its receives waits for its children's sends.
     yield from together(tree_up(parent, kids, 0, 0, segs, op, count))

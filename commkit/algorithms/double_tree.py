@@ -166,7 +166,7 @@ def broadcast_double_binary_tree(rank, size, count, root, segment=None):
     time d + k + 1. A rank sends and receives all its messages of one time, in both trees, in one
     transfer, so neither tree waits for the other and nothing can deadlock.
     Restrictions: none; every root, every count (count 0 sends nothing).
-    Cost: an upper bound, the lockstep sum of what a step can cost (two messages each way):
+    Cost: an upper bound, the tick-by-tick sum of what a step can cost (two messages each way):
     2(D + K)α + 2(Ds₀ + h)β, D = ⌊log(p-1)⌋ the trees' depth, s₀ the bytes of the first
     (longest) segment of the larger half and h its bytes: about 2(D + K)α + nβ + 2Ds₀β. It is the
     simulated time when p-1 is not a power of two, K ≥ 2 and the segments are equal; with one
@@ -253,7 +253,7 @@ def reduce_double_binary_tree(rank, size, count, op, root, segment=None):
     in one transfer, so neither tree waits for the other and nothing can deadlock.
     Restrictions: commutative op (the trees combine ranks out of rank order). Any p, root and
     count (count 0 sends nothing).
-    Cost: an upper bound, the lockstep sum of what a step can cost (two messages each way, two
+    Cost: an upper bound, the tick-by-tick sum of what a step can cost (two messages each way, two
     segments reduced): 2(α + s₀β) + 2D·max(2α + 2s₀β, 2s₀γ) + Σₖ₌₁..K₋₁ max(2α + 2sₖβ, 2sₖ₋₁γ) +
     2s_{K-1}γ, sₖ the bytes of segment k of the larger half (n/2K for equal segments), K ≥ 2;
     2(D + 1)(α + s₀β + s₀γ) when K = 1. For equal segments s and transfers that outweigh the
@@ -353,7 +353,7 @@ def allreduce_double_binary_tree(rank, size, count, op, segment=None):
     directions, in one transfer, so nothing waits for more than it must and nothing can deadlock.
     Restrictions: commutative op (the trees combine ranks out of rank order). Any p and count
     (count 0 sends nothing).
-    Cost: an upper bound, the lockstep sum of what a step can cost (two messages each way while
+    Cost: an upper bound, the tick-by-tick sum of what a step can cost (two messages each way while
     segments only go up or only down, q = min(p, 4) while both): 2(α + s₀β) + (2D - 1)·max(2α +
     2s₀β, 2s₀γ) + Σₖ₌₁..K₋₂ max(q(α + s₀β), 2sₖγ) + max(2α + 2s₀β, 2s_{K-1}γ) + 2D(α + s₀β), sₖ
     the bytes of segment k of the larger half, K ≥ 2; D(4α + 4s₀β + 2s₀γ) when K = 1. For equal

@@ -22,9 +22,10 @@ code written when they all lived in this one module.
 
 from __future__ import annotations
 
-from .binary_tree import broadcast_binary_tree_segmented, reduce_binary_tree_segmented
-from .chain import broadcast_chain_pipelined
-from .double_tree import (
+# Re-exported, not used here (so no __all__: the API docs list each name once, in its own module).
+from .binary_tree import broadcast_binary_tree_segmented, reduce_binary_tree_segmented  # noqa: F401
+from .chain import broadcast_chain_pipelined  # noqa: F401
+from .double_tree import (  # noqa: F401
     allreduce_double_binary_tree,
     broadcast_double_binary_tree,
     double_tree,
@@ -32,10 +33,6 @@ from .double_tree import (
     inorder_parent,
     reduce_double_binary_tree,
 )
-from .pipelined import reduce_scatter_ring_pipelined
-from .recursive_halving import reduce_rabenseifner
+from .pipelined import reduce_scatter_ring_pipelined  # noqa: F401
+from .recursive_halving import reduce_rabenseifner  # noqa: F401
 
-__all__ = ["broadcast_chain_pipelined", "broadcast_binary_tree_segmented", "reduce_binary_tree_segmented",
-           "broadcast_double_binary_tree", "reduce_double_binary_tree", "allreduce_double_binary_tree",
-           "double_tree", "inorder_parent", "inorder_children", "reduce_scatter_ring_pipelined",
-           "reduce_rabenseifner"]
