@@ -150,11 +150,12 @@ def trace(alg, p=PROCS, count=None, root=0, segment=None):
 
 
 def outputs(alg, p=PROCS, count=None, root=0, segment=None) -> list:
-    """Each rank's ``out`` buffer after :func:`trace`'s run: per element, (its result position, the ranks in it) or None."""
+    """Each rank's ``out`` after the run of :func:`trace`: per element, (its result position, its ranks) or None."""
     return [rank.bufs["out"] for rank in _run(alg, p, count, root, segment)]
 
 
 def _run(alg, p, count, root, segment):
+    """Every rank's steps run with symbols, ranks taking turns until all end; the ranks, as they ended."""
     coll = alg.collective
     position, blocks = _layout(coll, p, count)
     op = get_op("sum")

@@ -278,6 +278,9 @@ def reduce_binary_tree_segmented(rank, size, count, op, root, segment=None):
     hidden behind the transfers, against the binomial reduce's ⌈log p⌉(α + nβ + nγ).
     Messages: K per rank but the root, each a segment to its parent; n bytes sent per rank.
     Scratch: two vectors (a landing place for each child's segments at their own offsets).
+    Optimised away from the textbook form (copy the input into the output, then add each child's
+    segment into it): a leaf sends straight from "in", and an inner rank adds its children's
+    segments in scratch and then reads "in" and writes "out" in one step (``Reduce(src=...)``).
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
     every block of the result, the ranks whose input that rank holds for the whole block (- for none),

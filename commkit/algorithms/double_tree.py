@@ -264,6 +264,8 @@ def reduce_double_binary_tree(rank, size, count, op, root, segment=None):
     there (fewer where half 1 has empty segments): n bytes sent per rank.
     Scratch: ⌈c/2⌉ elements for each of two children (the root: one per tree), every segment at
     its own offset.
+    Optimised as ``reduce_binary_tree_segmented`` is: leaves send straight from "in", inner ranks
+    reduce "in" with their children's segments into "out" in one step (``Reduce(src=...)``).
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
     every block of the result, the ranks whose input that rank holds for the whole block (- for none),
@@ -365,6 +367,8 @@ def allreduce_double_binary_tree(rank, size, count, op, segment=None):
     Messages: K per tree up to the parent (none from a tree's top) and K to each child in the
     rank's inner tree (fewer where half 1 has empty segments).
     Scratch: ⌈c/2⌉ elements for each of two children, every segment at its own offset.
+    Optimised as ``reduce_binary_tree_segmented`` is: leaves send straight from "in", inner ranks
+    reduce "in" with their children's segments into "out" in one step (``Reduce(src=...)``).
 
     Picture, generated from the schedule (p = 4, count = 8, segment = 2): each cell lists, for every
     block of the result, the ranks whose input that rank holds for the whole block (- for none), after

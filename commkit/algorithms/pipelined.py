@@ -220,6 +220,9 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
     Exact when count is a multiple of p (4-byte elements: the model knows bytes only); otherwise
     off either way. Sends 2(p-1)K messages per rank (fewer when count < p: empty blocks send
     nothing), only to its right neighbour; receives only from its left one.
+    Optimised as ``allreduce_ring`` is (see ``allreduce_ring_textbook`` for the form without it): the first
+    step sends straight from "in", and each reduction reads "in" and the received segment and writes "out"
+    in one step (``Reduce(src=...)``), so the whole input is never copied.
 
     Picture, generated from the schedule (p = 4, count = 8, segment = 1): each cell lists, for every
     block of the result, the ranks whose input that rank holds for the whole block (- for none), after

@@ -115,6 +115,9 @@ def allreduce_recursive_doubling(rank, size, count, op):
 
     Restrictions: none (any op; rank order is kept). Non-powers of two are folded.
     Cost: ⌊log p⌋(α + nβ + nγ), plus 2(α + nβ) + nγ for the fold. Best for small messages.
+    Optimised away from the textbook form (copy the input into the output, then ``out = out (op)
+    received`` each round): the first round sends straight from "in" and its reduction reads "in"
+    and writes "out" in one step (``Reduce(src=...)``), so the whole input is never copied.
 
     Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
     result, the ranks whose input that rank holds for the whole block (- for none), after each round.
@@ -339,6 +342,8 @@ def reduce_rabenseifner(rank, size, count, op, root):
     Messages: the fold's one, ⌊log p⌋ exchanges, then at most ⌊log p⌋ gather messages on the
     root's side (one send for every other rank of the p'); ranges of a count below p' may be
     empty, and the halving's exchanges then carry no elements.
+    Optimised as ``allreduce_rabenseifner`` is: the fold and the first halving round read "in" and
+    write "out" in one step (``Reduce(src=...)``) instead of starting from a copy of the input.
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
     of the result, the ranks whose input that rank holds for the whole block (- for none), after each
