@@ -20,6 +20,18 @@ def allgather_bruck(rank, size, count):
     """Bruck allgather: tmp block i holds rank (rank + i)'s block; round k doubles what is held.
 
     Restrictions: none. Cost: ⌈log p⌉α + ((p-1)/p)nβ, n = bytes gathered.
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 - -  - 1 2 -  - - 2 3  0 - - 3
+        2           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   2        2        2        2
+        elems sent  3        3        3        3
+        critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     yield Copy(("tmp", 0, count), ("in", 0, count))
     dist = 1
@@ -63,6 +75,18 @@ def alltoall_bruck(rank, size, count):
     b(p) = (p/2)log p for p a power of two): fewer messages than pairwise, more bytes, so it
     wins only for small blocks.
     Scratch: the rotated vector plus a pack and an unpack area.
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 - - 3  0 1 - -  - 1 2 -  - - 2 3
+        2           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   2        2        2        2
+        elems sent  4        4        4        4
+        critical path (commkit.sim, each term alone): 2 messages, 4 elements sent
     """
     data = 0
     pack = size * count

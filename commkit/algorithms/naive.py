@@ -45,6 +45,18 @@ def barrier_naive(rank, size):
     """Naive barrier: everyone checks in with rank 0, which then releases everyone.
 
     Restrictions: none. Cost: 2(p-1)α.
+
+    Picture, generated from the schedule (p = 4, count = 0): each cell lists the ranks a rank has heard
+    from, directly or not, after each round. Redrawn by ``python -m commkit.algorithms._diagram
+    --write``::
+
+        round       rank 0  rank 1  rank 2  rank 3
+        0           0       1       2       3
+        1           0123    1       2       3
+        2           0123    0123    0123    0123
+        msgs sent   3       1       1       1
+        elems sent  0       0       0       0
+        critical path (commkit.sim, each term alone): 6 messages, 0 elements sent
     """
     if size == 1:
         return
@@ -61,6 +73,17 @@ def broadcast_naive(rank, size, count, root):
     """Naive broadcast: the root sends the whole vector to each other rank.
 
     Restrictions: none. Cost: (p-1)(α + nβ).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   3        0        0        0
+        elems sent  24       0        0        0
+        critical path (commkit.sim, each term alone): 3 messages, 24 elements sent
     """
     if rank == root:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -74,6 +97,20 @@ def reduce_naive(rank, size, count, op, root):
 
     Restrictions: none (rank order is kept, so non-commutative ops work).
     Cost: (p-1)(α + nβ + nγ).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1   rank 2   rank 3
+        0              0    0    0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        1              01   01   01   01    1 1 1 1  2 2 2 2  3 3 3 3
+        2              012  012  012  012   1 1 1 1  2 2 2 2  3 3 3 3
+        3              0123 0123 0123 0123  1 1 1 1  2 2 2 2  3 3 3 3
+        msgs sent      0                    1        1        1
+        elems sent     0                    8        8        8
+        elems reduced  24                   0        0        0
+        critical path (commkit.sim, each term alone): 3 messages, 24 elements sent, 24 reduced
     """
     yield from _linear_reduce(rank, size, count, op, root)
 
@@ -85,6 +122,21 @@ def allreduce_naive(rank, size, count, op):
     """Naive allreduce: linear reduce to rank 0, then linear broadcast from rank 0.
 
     Restrictions: none. Cost: 2(p-1)(α + nβ) + (p-1)nγ.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              01   01   01   01    1    1    1    1     2    2    2    2     3    3    3    3
+        2              012  012  012  012   1    1    1    1     2    2    2    2     3    3    3    3
+        3              0123 0123 0123 0123  1    1    1    1     2    2    2    2     3    3    3    3
+        4              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      3                    1                    1                    1
+        elems sent     24                   8                    8                    8
+        elems reduced  24                   0                    0                    0
+        critical path (commkit.sim, each term alone): 6 messages, 48 elements sent, 24 reduced
     """
     yield from _linear_reduce(rank, size, count, op, 0)
     yield from _linear_bcast(rank, size, count, 0)
@@ -96,6 +148,17 @@ def gather_naive(rank, size, count, root):
     """Naive gather: every rank sends its block straight to the root.
 
     Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered.
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  - 1 - -  - - 2 -  - - - 3
+        msgs sent   0        1        1        1
+        elems sent  0        1        1        1
+        critical path (commkit.sim, each term alone): 3 messages, 3 elements sent
     """
     if rank != root:
         yield Send(root, ("in", 0, count))
@@ -110,6 +173,17 @@ def scatter_naive(rank, size, count, root):
     """Naive scatter: the root sends each rank its block directly.
 
     Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes scattered.
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - 0 - -  - - 0 -  - - - 0
+        msgs sent   3        0        0        0
+        elems sent  3        0        0        0
+        critical path (commkit.sim, each term alone): 3 messages, 3 elements sent
     """
     if rank != root:
         yield Recv(root, ("out", 0, count))
@@ -125,6 +199,18 @@ def allgather_naive(rank, size, count):
     """Naive allgather: gather every block at rank 0, then broadcast the whole vector.
 
     Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ + (p-1)(α + nβ), n = bytes gathered.
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  - 1 - -  - - 2 -  - - - 3
+        2           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        1        1        1
+        elems sent  12       1        1        1
+        critical path (commkit.sim, each term alone): 6 messages, 15 elements sent
     """
     yield from gather_naive(rank, size, count, 0)
     yield from _linear_bcast(rank, size, size * count, 0)
@@ -139,6 +225,21 @@ def reduce_scatter_naive(rank, size, counts, op):
     Restrictions: none (rank order kept). Cost: (p-1)(α + nβ + nγ) + (p-1)α + ((p-1)/p)nβ,
     n = bytes of the whole vector; exact when all counts are equal, otherwise off by the
     difference between rank 0's block and an average one (either way).
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2)): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1      rank 2      rank 3
+        0              0    0    0    0     1 1    1 1  2 2 2    2  3 3 3 3
+        1              01   01   01   01    1 1    1 1  2 2 2    2  3 3 3 3
+        2              012  012  012  012   1 1    1 1  2 2 2    2  3 3 3 3
+        3              0123 0123 0123 0123  1 1    1 1  2 2 2    2  3 3 3 3
+        4              0123 0123 0123 0123  1 0123 1 1  2 2 0123 2  3 3 3 0123
+        msgs sent      3                    1           1           1
+        elems sent     6                    8           8           8
+        elems reduced  24                   0           0           0
+        critical path (commkit.sim, each term alone): 6 messages, 30 elements sent, 24 reduced
     """
     offsets = block_offsets(counts)
     total = offsets[-1]
@@ -163,6 +264,17 @@ def alltoall_naive(rank, size, count):
     """Naive all-to-all: post every send and every receive at once, then wait for all.
 
     Restrictions: none. Cost: (p-1)(α + nβ), n = bytes of one block (what a rank sends each peer).
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  3        3        3        3
+        critical path (commkit.sim, each term alone): 3 messages, 3 elements sent
     """
     yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     peers = [peer for peer in range(size) if peer != rank]
@@ -178,6 +290,20 @@ def scan_naive(rank, size, count, op):
     """Naive (chain) inclusive scan: rank r waits for the prefix of ranks < r, adds its own, passes it on.
 
     Restrictions: none. Cost: (p-1)(α + nβ + nγ) on the critical path.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0   rank 1       rank 2           rank 3
+        0              0 0 0 0  1  1  1  1   2   2   2   2    3    3    3    3
+        1              0 0 0 0  01 01 01 01  2   2   2   2    3    3    3    3
+        2              0 0 0 0  01 01 01 01  012 012 012 012  3    3    3    3
+        3              0 0 0 0  01 01 01 01  012 012 012 012  0123 0123 0123 0123
+        msgs sent      1        1            1                0
+        elems sent     8        8            8                0
+        elems reduced  0        8            8                8
+        critical path (commkit.sim, each term alone): 3 messages, 24 elements sent, 24 reduced
     """
     yield Copy(("out", 0, count), ("in", 0, count))
     if rank > 0:
@@ -194,6 +320,20 @@ def exscan_naive(rank, size, count, op):
     """Naive (chain) exclusive scan: rank r receives the prefix of ranks < r and forwards prefix (op) own.
 
     Restrictions: none. Rank 0's result is the op's identity. Cost: (p-1)(α + nβ) + (p-2)nγ.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0   rank 1   rank 2       rank 3
+        0              - - - -  - - - -  -  -  -  -   -   -   -   -
+        1              - - - -  0 0 0 0  -  -  -  -   -   -   -   -
+        2              - - - -  0 0 0 0  01 01 01 01  -   -   -   -
+        3              - - - -  0 0 0 0  01 01 01 01  012 012 012 012
+        msgs sent      1        1        1            0
+        elems sent     8        8        8            0
+        elems reduced  0        8        8            0
+        critical path (commkit.sim, each term alone): 3 messages, 24 elements sent, 16 reduced
     """
     if rank == 0:
         if size > 1:

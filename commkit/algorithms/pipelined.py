@@ -7,7 +7,9 @@ exchanges; the exchange of segment k carries, in ``overlap=``, the reduction
 of segment k-1 (received by the previous exchange), so the link and the core
 work at once (Gloo's chunked ring does the same). The price is K times as
 many messages, so segments must be large enough that alpha stays small
-against a segment's beta.
+against a segment's beta. The ring reduce-scatter is pipelined the same way,
+and this module also holds the segment helpers the chain (:mod:`.chain`) and
+tree pipelines (:mod:`.binary_tree`, :mod:`.double_tree`) cut their vectors with.
 
 Segment size, in elements: the schedule's ``segment`` argument (from
 ``algorithm="ring_pipelined:SIZE"`` on a call or in
@@ -33,6 +35,7 @@ import os
 from ..errors import InvalidArgument
 from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition, partition_sizes
 from . import algorithm
+from ._blocks import block_offsets
 
 SEGMENT = 1 << 16
 """Default segment size in elements (``COMMKIT_SEGMENT_ELEMENTS`` overrides it)."""
@@ -70,6 +73,22 @@ def segment_count(count: int, size: int, segment: int | None = None) -> int:
     if smallest == 0:
         return 1
     return max(1, min(-(-largest // segment_elements(segment)), smallest))
+
+
+def segments(count: int, segment: int | None = None) -> tuple:
+    """The (lo, hi) segments a whole vector of ``count`` elements is cut into (none when count is 0).
+
+    K = ⌈count/S⌉ near-equal segments (:func:`segment_count` with one block), the first
+    count mod K one element longer, so none is empty: the cut of the chain and tree pipelines.
+    ``segment``: the segment size S in elements (None: :func:`segment_elements`'s default).
+    """
+    return partition(count, segment_count(count, 1, segment)) if count else ()
+
+
+def cost_segments(n: float) -> SegmentBytes:
+    """The segments of a whole n-byte vector as :func:`segments` cuts it, in bytes (4-byte elements)."""
+    count = math.ceil(n / COST_ITEMSIZE)
+    return SegmentBytes(count, segment_count(count, 1) if count else 0)
 
 
 def _max_block(count, size):
@@ -201,6 +220,32 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
     Exact when count is a multiple of p (4-byte elements: the model knows bytes only); otherwise
     off either way. Sends 2(p-1)K messages per rank (fewer when count < p: empty blocks send
     nothing), only to its right neighbour; receives only from its left one.
+    Optimised as ``allreduce_ring`` is (see ``allreduce_ring_textbook`` for the form without it): the first
+    step sends straight from "in", and each reduction reads "in" and the received segment and writes "out"
+    in one step (``Reduce(src=...)``), so the whole input is never copied.
+
+    Picture, generated from the schedule (p = 4, count = 8, segment = 1): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        2              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        3              0    0    -    03    01   1    1    -     -    12   2    2     3    -    23   3
+        4              0    0    23   03    01   1    1    03    01   12   2    2     3    12   23   3
+        5              0    -    023  03    01   1    -    013   012  12   2    -     -    123  23   3
+        6              0    123  023  03    01   1    023  013   012  12   2    013   012  123  23   3
+        7              0    0123 023  03    01   1    0123 013   012  12   2    0123  0123 123  23   3
+        8              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        9              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        10             0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        11             0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        12             0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      12                   12                   12                   12
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 12 messages, 12 elements sent, 6 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -239,5 +284,102 @@ def allreduce_ring_pipelined(rank, size, count, op, segment=None):
                 yield alone
             if transfer is not None:
                 yield transfer
+    if pending is not None:
+        yield pending
+
+
+def _ring_reduce_scatter_cost(p, n, a, b, g):
+    count = math.ceil(n / COST_ITEMSIZE)
+    k_segments = segment_count(count, p)
+    if p == 1 or k_segments == 0:
+        return 0.0
+    if k_segments == 1:
+        # Nothing to overlap: the ring's p-1 transfers, each followed by its reduction.
+        return (p - 1) * a + (p - 1) / p * n * (b + g)
+    segs = SegmentBytes(count // p, k_segments)
+
+    def hidden(seg, prev):  # every transfer but the first hides the reduction of the segment received before it
+        return max(a + seg * b, prev * g)
+
+    return a + segs[0] * b + (p - 2) * segs.sum_pairs(hidden) + segs.sum_pairs(hidden, 1) + segs[-1] * g
+
+
+@algorithm("reduce_scatter", "ring_pipelined", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
+           cost=_ring_reduce_scatter_cost,
+           formula="α + m₀β + (p-2)Σₖ max(α + mₖβ, mₖ₋₁γ) + Σₖ₌₁..K₋₁ max(α + mₖβ, mₖ₋₁γ) + m_{K-1}γ, "
+                   "m = n/p in K segments mₖ (k-1 taken cyclically), K ≥ 2; "
+                   "the ring's (p-1)α + ((p-1)/p)n(β+γ) when K = 1",
+           cost_exact="even", cost_bound="lower", symmetry="rotation")
+def reduce_scatter_ring_pipelined(rank, size, counts, op, segment=None):
+    """Pipelined ring reduce-scatter: the ring of ``reduce_scatter_ring``, every block cut into K segments.
+
+    Restrictions: commutative op (each block is reduced starting at a different rank). Per-rank
+    counts may differ and be zero.
+    Segments: every block is cut into the same K = ⌈⌈c/p⌉/S⌉ near-equal segments (at most ⌊c/p⌋,
+    c = the whole vector; :func:`.pipelined.segment_count`, S = ``COMMKIT_SEGMENT_ELEMENTS`` or
+    65536), so a block shorter than K has empty segments, which send nothing.
+    Each exchange of segment k carries, in ``overlap=``, the reduction of segment k-1 received
+    just before (the last segment of a step overlaps the next step's first exchange); with K = 1
+    nothing can be overlapped and the schedule is ``reduce_scatter_ring``'s, less its zero-length
+    messages. The last step receives straight into ``out`` and reduces there.
+    Cost, K ≥ 2: α + m₀β + (p-2)Σₖ max(α + mₖβ, mₖ₋₁γ) + Σₖ₌₁..K₋₁ max(α + mₖβ, mₖ₋₁γ) + m_{K-1}γ,
+    m = n/p bytes per block in segments mₖ (k-1 cyclic): the reduction hides behind the transfers.
+    K = 1: (p-1)α + ((p-1)/p)n(β + γ). Exact when all counts are equal (4-byte elements);
+    otherwise a lower bound (the largest block sets the pace, and it is at least the average).
+    Messages: (p-1)K per rank when every block has K elements or more (one per non-empty
+    segment), only to the right neighbour; n - counts[rank] elements sent.
+    Scratch: two blocks of the largest count, used alternately to receive and to send on.
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2), segment = 1): each cell lists,
+    for every block of the result, the ranks whose input that rank holds for the whole block (- for
+    none), after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0         rank 1         rank 2         rank 3
+        0              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        1              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        2              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        3              0    -   03 0  1 1    -   01  12 2 2    -    -   23 3 3
+        4              0    23  03 0  1 1    03  01  12 2 2    01   12  23 3 3
+        5              -    023 03 0  1 -    013 01  12 2 -    012  123 23 3 -
+        6              0123 023 03 0  1 0123 013 01  12 2 0123 012  123 23 3 0123
+        msgs sent      6              6              6              6
+        elems sent     6              6              6              6
+        elems reduced  6              6              6              6
+        critical path (commkit.sim, each term alone): 6 messages, 6 elements sent, 6 reduced
+    """
+    offsets = block_offsets(counts)
+    if size == 1:
+        yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
+        return
+    k_segments = segment_count(offsets[-1], size, segment)
+    if k_segments == 0:
+        return
+    segments = [tuple((s, e) for s, e in partition(counts[b], k_segments)) for b in range(size)]
+    right, left = (rank + 1) % size, (rank - 1) % size
+    width = max(counts)
+    pending = None  # the reduction of the segment received last, not yet run
+    for step in range(size - 1):
+        # Step s: pass on the partial result of block rank-s-1, receive block rank-s-2's from the left.
+        send_b, recv_b = (rank - step - 1) % size, (rank - step - 2) % size
+        if step == 0:
+            send_buf, send_base = "in", offsets[send_b]  # my own contribution starts the partial sum
+        else:
+            send_buf, send_base = "tmp", width * ((step - 1) % 2)
+        if step == size - 2:
+            recv_buf, recv_base = "out", 0  # recv_b is this rank's own block: finish it in place
+        else:
+            recv_buf, recv_base = "tmp", width * (step % 2)
+        for k in range(k_segments):
+            slo, shi = segments[send_b][k]
+            rlo, rhi = segments[recv_b][k]
+            landing = (recv_buf, recv_base + rlo, recv_base + rhi)
+            transfer, alone = segment_step(right, (send_buf, send_base + slo, send_base + shi), left, landing, pending)
+            if alone is not None:
+                yield alone
+            if transfer is not None:
+                yield transfer
+            # Add this rank's share of the segment just received (run while the next one travels).
+            mine = ("in", offsets[recv_b] + rlo, offsets[recv_b] + rhi)
+            pending = Reduce(landing, mine, op) if rhi > rlo else None
     if pending is not None:
         yield pending

@@ -33,16 +33,40 @@ def _max_block(count, size):
     return -(-count // size)
 
 
+def _allreduce_ring_cost(p, n, a, b, g):
+    return 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g
+
+
 @algorithm("allreduce", "ring", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
-           cost=lambda p, n, a, b, g: 2 * (p - 1) * a + 2 * (p - 1) / p * n * b + (p - 1) / p * n * g,
-           formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even", cost_bound="lower",
-           symmetry="rotation")
+           cost=_allreduce_ring_cost, formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even",
+           cost_bound="lower", symmetry="rotation")
 def allreduce_ring(rank, size, count, op):
     """Ring allreduce: a ring reduce-scatter, then a ring allgather of the reduced blocks.
 
     Restrictions: commutative op (each block is reduced starting at a different rank).
     Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ, exact when count is a multiple of p (uneven
     blocks take longer: a lower bound). Sends 2(p-1) messages per rank, only to its right neighbour.
+    Optimised away from the textbook form (``allreduce_ring_textbook``), which first copies the
+    input into the output and then works there: the first step sends its block straight from
+    "in", and every reduction reads "in" and writes "out" in one step (``Reduce(src=...)``), so
+    the whole input is never copied; same messages, same cost.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              0    0    0    03    01   1    1    1     2    12   2    2     3    3    23   3
+        2              0    0    023  03    01   1    1    013   012  12   2    2     3    123  23   3
+        3              0    0123 023  03    01   1    0123 013   012  12   2    0123  0123 123  23   3
+        4              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        5              0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        6              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      6                    6                    6                    6
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 6 messages, 12 elements sent, 6 reduced
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -63,6 +87,54 @@ def allreduce_ring(rank, size, count, op):
         yield Exchange(right, ("out", *send), left, ("out", *recv))
 
 
+@algorithm("allreduce", "ring_textbook", commutative=True, scratch=lambda r, p, n: _max_block(n, p),
+           cost=_allreduce_ring_cost, formula="2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ", cost_exact="even",
+           cost_bound="lower", symmetry="rotation")
+def allreduce_ring_textbook(rank, size, count, op):
+    """Ring allreduce as the textbook writes it: copy the input to the output, then reduce-scatter and allgather.
+
+    The same ring as ``allreduce_ring``, without its optimisation: every step sends from and
+    reduces into "out" (``out = out (op) received``), so it reads like the pseudo-code of
+    Patarasuk and Yuan and of the MPI textbooks. Not in the selection table: force it with
+    ``algorithm="ring_textbook"``.
+    Restrictions: commutative op. Cost: 2(p-1)α + 2((p-1)/p)nβ + ((p-1)/p)nγ, as ``allreduce_ring``
+    (the simulator counts copies as free); exact when count is a multiple of p, a lower bound
+    otherwise. Sends 2(p-1) messages per rank, only to its right neighbour.
+
+    Picture, generated from the schedule (p = 4, count = 8): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1               rank 2               rank 3
+        0              0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1              0    0    0    03    01   1    1    1     2    12   2    2     3    3    23   3
+        2              0    0    023  03    01   1    1    013   012  12   2    2     3    123  23   3
+        3              0    0123 023  03    01   1    0123 013   012  12   2    0123  0123 123  23   3
+        4              0123 0123 023  03    01   0123 0123 013   012  12   0123 0123  0123 123  23   0123
+        5              0123 0123 023  0123  0123 0123 0123 013   012  0123 0123 0123  0123 123  0123 0123
+        6              0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        msgs sent      6                    6                    6                    6
+        elems sent     12                   12                   12                   12
+        elems reduced  6                    6                    6                    6
+        critical path (commkit.sim, each term alone): 6 messages, 12 elements sent, 6 reduced
+    """
+    yield Copy(("out", 0, count), ("in", 0, count))
+    if size == 1:
+        return
+    blocks = partition(count, size)
+    right, left = (rank + 1) % size, (rank - 1) % size
+    # Phase 1: reduce-scatter. Step s: send block rank-s, receive block rank-s-1 and add it in.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step) % size], blocks[(rank - step - 1) % size]
+        length = recv[1] - recv[0]
+        yield Exchange(right, ("out", *send), left, ("tmp", 0, length))
+        yield Reduce(("out", *recv), ("tmp", 0, length), op)
+    # Phase 2: allgather. This rank's block rank+1 is complete; pass the complete blocks around.
+    for step in range(size - 1):
+        send, recv = blocks[(rank - step + 1) % size], blocks[(rank - step) % size]
+        yield Exchange(right, ("out", *send), left, ("out", *recv))
+
+
 @algorithm("reduce_scatter", "ring", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
            cost=lambda p, n, a, b, g: (p - 1) * a + (p - 1) / p * n * (b + g),
            formula="(p-1)α + ((p-1)/p)n(β+γ)", cost_exact="even", cost_bound="lower", symmetry="rotation")
@@ -73,6 +145,20 @@ def reduce_scatter_ring(rank, size, counts, op):
     Cost: (p-1)α + ((p-1)/p)n(β + γ), n = bytes of the whole vector; exact when all counts
     are equal, a lower bound otherwise.
     Scratch: two blocks, used alternately as the receive buffer and the next send.
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2)): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0         rank 1         rank 2         rank 3
+        0              0    0   0  0  1 1    1   1   2  2 2    2    3   3  3 3
+        1              0    0   03 0  1 1    1   01  12 2 2    2    3   23 3 3
+        2              0    023 03 0  1 1    013 01  12 2 2    012  123 23 3 3
+        3              0123 023 0  0  1 0123 013 1   2  2 0123 012  123 3  3 0123
+        msgs sent      3              3              3              3
+        elems sent     6              6              6              6
+        elems reduced  6              6              6              6
+        critical path (commkit.sim, each term alone): 3 messages, 6 elements sent, 6 reduced
     """
     offsets = block_offsets(counts)
 
@@ -105,6 +191,19 @@ def allgather_ring(rank, size, count):
     """Ring allgather: each step passes the block received last step to the right.
 
     Restrictions: none. Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered.
+
+    Picture, generated from the schedule (p = 4, count = 1): each cell lists, for every block of the
+    result, the ranks whose input that rank holds for the whole block (- for none), after each round.
+    Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 - - 3  0 1 - -  - 1 2 -  - - 2 3
+        2           0 - 2 3  0 1 - 3  0 1 2 -  - 1 2 3
+        3           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  3        3        3        3
+        critical path (commkit.sim, each term alone): 3 messages, 3 elements sent
     """
     blocks = [(r * count, (r + 1) * count) for r in range(size)]
     yield Copy(("out", *blocks[rank]), ("in", 0, count))
@@ -163,6 +262,21 @@ def broadcast_ring(rank, size, count, root):
     Two phases (:func:`~commkit.algorithms.phased`): the scatter has a root, the allgather
     treats every rank alike (rotation symmetry), so the simulator runs the scatter for every
     rank and the allgather for all ranks at once.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - - - -  - - 0 0  - - - -
+        2           0 0 0 0  - 0 - -  - - 0 0  - - - 0
+        3           0 0 0 0  0 0 - -  - 0 0 0  - - 0 0
+        4           0 0 0 0  0 0 - 0  0 0 0 0  - 0 0 0
+        5           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   5        3        4        3
+        elems sent  12       6        8        6
+        critical path (commkit.sim, each term alone): 5 messages, 12 elements sent
     """
     blocks = partition(count, size)  # block j goes to relative rank j
     return (

@@ -52,6 +52,18 @@ def broadcast_binomial(rank, size, count, root):
     The root sends straight from its input and copies the input into its output
     while the first message is on the wire (nothing to copy in place), so the
     copy never delays the broadcast.
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - - - -  0 0 0 0  - - - -
+        2           0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        msgs sent   2        0        1        0
+        elems sent  16       0        8        0
+        critical path (commkit.sim, each term alone): 2 messages, 16 elements sent
     """
     whole = ("out", 0, count)
     rel = (rank - root) % size
@@ -90,6 +102,19 @@ def reduce_binomial(rank, size, count, op, root):
     Restrictions: none. For a non-commutative op the tree is rooted at rank 0, where
     subtrees are rank-ordered ranges, and the result then moves to ``root`` (one more
     message). Cost: ⌈log p⌉(α + nβ + nγ).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round          rank 0               rank 1   rank 2       rank 3
+        0              0    0    0    0     1 1 1 1  2  2  2  2   3 3 3 3
+        1              01   01   01   01    1 1 1 1  23 23 23 23  3 3 3 3
+        2              0123 0123 0123 0123  1 1 1 1  23 23 23 23  3 3 3 3
+        msgs sent      0                    1        1            1
+        elems sent     0                    8        8            8
+        elems reduced  16                   0        8            0
+        critical path (commkit.sim, each term alone): 2 messages, 16 elements sent, 16 reduced
     """
     if op.commutative or root == 0:
         yield from _binomial_reduce(rank, size, count, op, root)
@@ -109,6 +134,18 @@ def gather_binomial(rank, size, count, root):
 
     Restrictions: none. Cost: ⌈log p⌉α + ((p-1)/p)nβ, n = bytes gathered.
     Scratch: the subtree's blocks, in relative order; the root rotates them into place.
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 - -  - 1 - -  - - 2 3  - - - 3
+        2           0 1 2 3  - 1 - -  - - 2 3  - - - 3
+        msgs sent   0        1        1        1
+        elems sent  0        1        2        1
+        critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     rel = (rank - root) % size
     # tmp holds the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
@@ -132,6 +169,18 @@ def scatter_binomial(rank, size, count, root):
     """Binomial scatter: each rank receives its subtree's blocks and hands each child its share.
 
     Restrictions: none. Cost: ⌈log p⌉α + ((p-1)/p)nβ, n = bytes scattered.
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - - - -  - - 0 0  - - - -
+        2           0 0 0 0  - 0 - -  - - 0 0  - - - 0
+        msgs sent   2        0        1        0
+        elems sent  3        0        1        0
+        critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     rel = (rank - root) % size
     if rel == 0:

@@ -151,6 +151,17 @@ def allgatherv_naive(rank, size, counts):
     n = bytes gathered; exact when all blocks are equal and non-empty. All 2(p-1)
     transfers of a rank are in flight together, so there is no chain of rounds,
     but a rank with a large block sends it p-1 times over its own link.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2)): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  3        6        3        6
+        critical path (commkit.sim, each term alone): 3 messages, 6 elements sent
     """
     offsets = block_offsets(counts)
     mine = ("in", 0, counts[rank])
@@ -171,6 +182,19 @@ def allgatherv_ring(rank, size, counts):
     Restrictions: none; a step whose block is empty is skipped by both neighbours.
     Cost: (p-1)α + ((p-1)/p)nβ, n = bytes gathered; exact when all blocks are equal and
     non-empty. Every rank sends each block but its right neighbour's once, to one neighbour.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2)): each cell lists, for every block
+    of the result, the ranks whose input that rank holds for the whole block (- for none), after each
+    round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 - - 3  0 1 - -  - 1 2 -  - - 2 3
+        2           0 - 2 3  0 1 - 3  0 1 2 -  - 1 2 3
+        3           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  4        5        4        5
+        critical path (commkit.sim, each term alone): 3 messages, 6 elements sent
     """
     offsets = block_offsets(counts)
     yield from _copy(("out", offsets[rank], offsets[rank + 1]), ("in", 0, counts[rank]))
@@ -190,6 +214,17 @@ def gatherv_naive(rank, size, counts, root):
 
     Restrictions: none; empty blocks send no message. Cost: (p-1)α + ((p-1)/p)nβ,
     n = bytes gathered; exact when all blocks are equal and non-empty.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2), root = 0): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  - 1 - -  - - 2 -  - - - 3
+        msgs sent   0        1        1        1
+        elems sent  0        2        1        2
+        critical path (commkit.sim, each term alone): 3 messages, 5 elements sent
     """
     offsets = block_offsets(counts)
     if rank != root:
@@ -211,6 +246,18 @@ def gatherv_binomial(rank, size, counts, root):
     cost more than the formula: a large block is forwarded once per tree level above it.
     Scratch: inner ranks stage their subtree in relative order; the root receives straight
     into ``out`` except for the one child subtree that wraps past rank p-1.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2), root = 0): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 - -  - 1 - -  - - 2 3  - - - 3
+        2           0 1 2 3  - 1 - -  - - 2 3  - - - 3
+        msgs sent   0        1        1        1
+        elems sent  0        2        3        2
+        critical path (commkit.sim, each term alone): 2 messages, 5 elements sent
     """
     tree = _Tree(rank, size, counts, root)
     rel, own = tree.rel, tree.rcounts[tree.rel]
@@ -257,6 +304,17 @@ def scatterv_naive(rank, size, counts, root):
 
     Restrictions: none; empty blocks send no message. Cost: (p-1)α + ((p-1)/p)nβ,
     n = bytes scattered; exact when all blocks are equal and non-empty.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2), root = 0): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - 0 - -  - - 0 -  - - - 0
+        msgs sent   3        0        0        0
+        elems sent  5        0        0        0
+        critical path (commkit.sim, each term alone): 3 messages, 5 elements sent
     """
     offsets = block_offsets(counts)
     if rank != root:
@@ -278,6 +336,18 @@ def scatterv_binomial(rank, size, counts, root):
     forwarded once per tree level above its rank, so uneven blocks can cost more).
     Scratch: inner ranks hold their subtree in relative order; the root sends straight from
     ``in`` except for the one child subtree that wraps past rank p-1.
+
+    Picture, generated from the schedule (p = 4, count = (1, 2, 1, 2), root = 0): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 0 0 0  - - - -  - - - -  - - - -
+        1           0 0 0 0  - - - -  - - 0 0  - - - -
+        2           0 0 0 0  - 0 - -  - - 0 0  - - - 0
+        msgs sent   2        0        1        0
+        elems sent  5        0        2        0
+        critical path (commkit.sim, each term alone): 2 messages, 5 elements sent
     """
     tree = _Tree(rank, size, counts, root)
     rel, own = tree.rel, tree.rcounts[tree.rel]
@@ -333,6 +403,17 @@ def alltoallv_naive(rank, size, counts):
     Restrictions: none; empty blocks send no message. Cost: (p-1)(α + nβ), n = bytes of the
     average block (``sum(counts) * itemsize / p**2``); exact when all blocks are equal and
     non-empty.
+
+    Picture, generated from the schedule (p = 4, count[i][j] = 1 + (i + j) mod 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  5        5        5        5
+        critical path (commkit.sim, each term alone): 3 messages, 5 elements sent
     """
     send, recv = _alltoallv_layout(rank, size, counts)
     yield from _copy(recv[rank], send[rank])
@@ -350,6 +431,19 @@ def alltoallv_pairwise(rank, size, counts):
     Restrictions: none; an empty block skips its half of the round on both sides.
     Cost: (p-1)(α + nβ), n = bytes of the average block; exact when all blocks are equal
     and non-empty. At most one message in and one out per rank at any time.
+
+    Picture, generated from the schedule (p = 4, count[i][j] = 1 + (i + j) mod 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round       rank 0   rank 1   rank 2   rank 3
+        0           0 - - -  - 1 - -  - - 2 -  - - - 3
+        1           0 - - 3  0 1 - -  - 1 2 -  - - 2 3
+        2           0 - 2 3  0 1 - 3  0 1 2 -  - 1 2 3
+        3           0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        msgs sent   3        3        3        3
+        elems sent  5        5        5        5
+        critical path (commkit.sim, each term alone): 3 messages, 5 elements sent
     """
     send, recv = _alltoallv_layout(rank, size, counts)
     yield from _copy(recv[rank], send[rank])
