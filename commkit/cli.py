@@ -442,7 +442,8 @@ def _sim(args, argv) -> int:
     print(cost.table(args.collective, args.procs, size, simulate=True, **model, **timing))
     if args.crossovers:
         print("crossovers (bytes):")
-        for reg in cost.crossovers(args.collective, args.procs, **model):
+        # In whole float32 elements, as simulated: no regime narrower than one element.
+        for reg in cost.crossovers(args.collective, args.procs, itemsize=4, **model):
             top = "and up" if reg.max_bytes is None else f"to {reg.max_bytes}"
             print(f"  {reg.algorithm:<20} from {reg.min_bytes} {top}")
     return 0

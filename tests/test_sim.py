@@ -177,7 +177,7 @@ def expected(coll, name, p, c, root):
             msgs[r], elems[r] = len(kids), sum(subtree(k, p) for k in kids) * c
         elif key == ("allreduce", "naive"):
             msgs[r], elems[r] = (p - 1, (p - 1) * c) if r == 0 else (1, c)
-        elif key == ("allreduce", "ring"):
+        elif key in (("allreduce", "ring"), ("allreduce", "ring_textbook")):
             blocks = [hi - lo for lo, hi in partition(c, p)]
             if p > 1:
                 msgs[r] = 2 * (p - 1)
@@ -194,7 +194,7 @@ def expected(coll, name, p, c, root):
             new = new_rank(r, rem)
             msgs[r] = 1 if new < 0 else lg(pof2) + (1 if r < 2 * rem else 0)
             elems[r] = msgs[r] * c
-        elif key == ("allreduce", "rabenseifner"):
+        elif key in (("allreduce", "rabenseifner"), ("allreduce", "rabenseifner_textbook")):
             new = new_rank(r, rem)
             if new < 0:
                 msgs[r], elems[r] = 1, c
@@ -883,7 +883,7 @@ def test_best_ranks_fastest_first_and_respects_restrictions():
     ranking = cost.best("allreduce", 64, 1 << 20, alpha=1e-5, beta=1e-9, gamma=1e-9)
     assert [r.seconds for r in ranking] == sorted(r.seconds for r in ranking)
     assert {r.algorithm for r in ranking} == {"naive", "ring", "ring_pipelined", "recursive_doubling", "rabenseifner",
-                                              "double_binary_tree"}
+                                              "double_binary_tree", "ring_textbook", "rabenseifner_textbook"}
     assert ranking[0].algorithm == "rabenseifner"
     small = cost.best("allreduce", 64, 8, alpha=1e-5, beta=1e-9, gamma=1e-9)
     assert small[0].algorithm == "recursive_doubling"

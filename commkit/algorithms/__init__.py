@@ -106,7 +106,11 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def log2ceil(p: int) -> int:
-    """ceil(log2(p)) for p >= 1."""
+    """⌈log₂ p⌉ for p >= 1 (0 for p = 1): the rounds of a binomial tree or a butterfly over p ranks.
+
+    The cost formulas of the built-in algorithms count rounds with it, e.g. a binomial
+    broadcast's ``cost=lambda p, n, a, b, g: log2ceil(p) * (a + n * b)``.
+    """
     return (p - 1).bit_length()
 
 
