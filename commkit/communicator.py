@@ -1301,7 +1301,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('allreduce', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1338,7 +1339,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is root and h[4] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('reduce', id(x), id(out), op, root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1361,7 +1363,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('scan', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1388,7 +1391,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('exscan', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1460,7 +1464,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is root and h[3] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('gather', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1563,7 +1568,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('allgather', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1604,7 +1610,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('alltoall', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1653,7 +1660,8 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is op and h[3] is counts and h[4] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         if counts is not None and not hasattr(counts, "__len__"):
             counts = _listed(counts)  # an iterator is read once, here: the key and the checks see the same counts
