@@ -70,7 +70,7 @@ def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool, m
     return {"collective": collective, "algorithm": algorithm, "p": p, "nbytes": nbytes, "wall": wall, "cpu": cpu,
             "steps": res.steps, "ranks_run": getattr(res, "ranks_simulated", p) or p, "time": res.time,
             "steps_run": getattr(res, "steps_run", 0) or _steps_run(res, p), "ok": res.ok,
-            "model": model or "alpha-beta"}
+            "model": model or "alpha-beta", "fallback": getattr(res, "fallback", None)}
 
 
 def _steps_run(res, p) -> int:

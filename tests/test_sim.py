@@ -396,7 +396,7 @@ SYMMETRIC = [(c, n) for c, n in ALL if algorithms.get(c, n).symmetry is not None
 
 
 def _fields(res):
-    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run")}
+    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run", "fallback")}
 
 
 @pytest.mark.parametrize("coll,name", SYMMETRIC)

@@ -1,0 +1,120 @@
+"""Does the simulator hold its speed at every p? Every registered algorithm at p = 4095, 4096, 65,535 and 65,536.
+
+Usage::
+
+    python benchmarks/sim_all.py                         # every algorithm, 1 MiB, those four p, 60 s each at most
+    python benchmarks/sim_all.py -p 4095,4096 --timeout 30
+    python benchmarks/sim_all.py -a allreduce_ring,broadcast_ring --json out.json
+
+Powers of two and their neighbours below: at 4096 and 65,536 blocks split
+evenly and ranks are alike, so a declared symmetry lets rank 0 stand for all;
+at 4095 and 65,535 they do not, and the simulator may have to run every rank
+one by one. The goal is every run under ``--limit`` seconds (10 by default)
+on a quiet machine.
+
+Each run is a fresh Python process (``sim_speed.py --one``), stopped after
+``--timeout`` seconds, so one slow case cannot hide the others and no cache
+carries over. A progress line is printed as each run ends; at the end come the
+slowest runs, every run over the limit, and for each of those why the simulator
+ran every rank one by one (``SimResult.fallback``). Times are wall seconds and
+CPU seconds of that process: on a loaded machine only the CPU column means much.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import sim_speed  # noqa: E402 - the one-run worker and the algorithm list live there
+
+PROCS = (4095, 4096, 65535, 65536)
+
+
+def _run(collective: str, name: str, p: int, nbytes: int, timeout: float) -> dict:
+    """One simulation in a fresh process; its row (``wall`` None when it was stopped, ``error`` if it failed)."""
+    cmd = [sys.executable, os.path.join(HERE, "sim_speed.py"), "--one", collective, name, str(p), str(nbytes)]
+    row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes}
+    started = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+    except subprocess.TimeoutExpired:
+        return {**row, "wall": None, "timeout": timeout, "elapsed": time.perf_counter() - started}
+    except subprocess.CalledProcessError as exc:
+        lines = exc.stderr.strip().splitlines() or ["(no output)"]
+        return {**row, "wall": None, "error": lines[-1], "elapsed": time.perf_counter() - started}
+    return {**row, **json.loads(out.stdout.strip().splitlines()[-1]), "elapsed": time.perf_counter() - started}
+
+
+def _cell(row) -> str:
+    if "timeout" in row:
+        return f"> {row['timeout']:g} s (stopped)"
+    if "error" in row:
+        return f"error: {row['error']}"
+    how = "one rank for all" if row["ranks_run"] == 1 else (
+        "symmetric phase" if row["steps_run"] < row["steps"] else "every rank")
+    return f"{row['wall']:8.2f} s wall {row['cpu']:8.2f} s cpu  {row['steps']:>12} steps  ({how})"
+
+
+def _seconds(row) -> float:
+    """How long a run took for ranking: its wall time, or the time it was stopped at."""
+    return row["wall"] if row.get("wall") is not None else row["elapsed"]
+
+
+def _known_before(row) -> str | None:
+    """For a stopped run: why it ran every rank, as far as the simulator can say before running (None if unknown)."""
+    from commkit import sim
+
+    why_every_rank = getattr(sim, "why_every_rank", None)  # older checkouts cannot say
+    return why_every_rank(row["collective"], row["algorithm"], row["p"], row["nbytes"]) if why_every_rank else None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-p", "--procs", default=",".join(map(str, PROCS)),
+                        help="comma-separated process counts (default 4095,4096,65535,65536)")
+    parser.add_argument("-s", "--size", default="1M", help="message size as the selector counts it (default 1M)")
+    parser.add_argument("-a", "--algorithms", help="comma-separated collective_algorithm names (default: all)")
+    parser.add_argument("--timeout", type=float, default=60, help="seconds before a run is stopped (default 60)")
+    parser.add_argument("--limit", type=float, default=10, help="the goal in seconds per run (default 10)")
+    parser.add_argument("--slowest", type=int, default=10, help="how many of the slowest runs to list (default 10)")
+    parser.add_argument("--json", help="also write every row to this file")
+    args = parser.parse_args(argv)
+    nbytes = sim_speed._parse_size(args.size)
+    procs = [int(x) for x in args.procs.split(",")]
+    only = set(args.algorithms.split(",")) if args.algorithms else None
+    runs = [(c, n, p) for p in procs for c, n in sim_speed._algorithms(only)]
+    if not runs:
+        parser.error(f"no registered algorithm is named {sorted(only)}")
+    print(f"{len(runs)} runs: every algorithm at p = {', '.join(map(str, procs))}, {nbytes} B, "
+          f"each in its own process, stopped after {args.timeout:g} s", flush=True)
+    rows = []
+    for i, (collective, name, p) in enumerate(runs, 1):
+        row = _run(collective, name, p, nbytes, args.timeout)
+        rows.append(row)
+        print(f"[{i:>3}/{len(runs)}] {collective + '_' + name:<36} p={p:<6} {_cell(row)}", flush=True)
+    ranked = sorted(rows, key=_seconds, reverse=True)
+    print(f"\nslowest {min(args.slowest, len(ranked))}:")
+    for row in ranked[:args.slowest]:
+        print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}")
+    over = [row for row in ranked if _seconds(row) > args.limit or "error" in row]
+    print(f"\nover {args.limit:g} s (or failed): {len(over)} of {len(rows)}")
+    for row in over:
+        why = row.get("fallback") or (_known_before(row) if "timeout" in row else None)
+        print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}"
+              + (f"\n      every rank ran one by one: {why}" if why else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"nbytes": nbytes, "limit": args.limit, "python": sys.version.split()[0], "rows": rows}, f,
+                      indent=1)
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
