@@ -16,15 +16,20 @@ Each run is a fresh Python process (``sim_speed.py --one``), stopped after
 ``--timeout`` seconds, so one slow case cannot hide the others and no cache
 carries over. A progress line is printed as each run ends; at the end come the
 slowest runs, every run over the limit, and for each of those why the simulator
-ran every rank one by one (``SimResult.fallback``). Times are wall seconds and
-CPU seconds of that process: on a loaded machine only the CPU column means much.
+ran every rank one by one (``SimResult.fallback``). The limits and the ranking
+are in CPU seconds of that process, which a loaded machine disturbs far less
+than wall seconds (both are printed): its runs take longer by the clock, but
+the same ones stop.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -35,26 +40,55 @@ sys.path.insert(0, HERE)
 import sim_speed  # noqa: E402 - the one-run worker and the algorithm list live there
 
 PROCS = (4095, 4096, 65535, 65536)
+WALL_FACTOR = 20  # wall-clock limit per run, in CPU-time limits: room for a machine 20 times oversubscribed
+
+
+def _cpu_limit(seconds: float):
+    """A child's CPU-time limit: the kernel stops it (SIGXCPU) after ``seconds`` of its own CPU time."""
+    limit = max(1, math.ceil(seconds))
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
+
+    return apply
+
+
+def _child_env() -> dict:
+    """The environment of a run: the commkit this script imported comes first on its path too."""
+    import commkit
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(commkit.__file__)))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
 def _run(collective: str, name: str, p: int, nbytes: int, timeout: float) -> dict:
-    """One simulation in a fresh process; its row (``wall`` None when it was stopped, ``error`` if it failed)."""
+    """One simulation in a fresh process; its row (``wall`` None when it was stopped, ``error`` if it failed).
+
+    The limit is on the process's CPU time, which other work on a busy machine barely changes,
+    so a loaded machine stops the same runs as a quiet one; a wall-clock limit of ``WALL_FACTOR``
+    times that catches a run that waits instead of computing.
+    """
     cmd = [sys.executable, os.path.join(HERE, "sim_speed.py"), "--one", collective, name, str(p), str(nbytes)]
     row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes}
     started = time.perf_counter()
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=True)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * WALL_FACTOR,
+                             preexec_fn=_cpu_limit(timeout), env=_child_env())
     except subprocess.TimeoutExpired:
         return {**row, "wall": None, "timeout": timeout, "elapsed": time.perf_counter() - started}
-    except subprocess.CalledProcessError as exc:
-        lines = exc.stderr.strip().splitlines() or ["(no output)"]
-        return {**row, "wall": None, "error": lines[-1], "elapsed": time.perf_counter() - started}
-    return {**row, **json.loads(out.stdout.strip().splitlines()[-1]), "elapsed": time.perf_counter() - started}
+    elapsed = time.perf_counter() - started
+    if out.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        return {**row, "wall": None, "timeout": timeout, "elapsed": elapsed}
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}, no output"]
+        return {**row, "wall": None, "error": lines[-1], "elapsed": elapsed}
+    return {**row, **json.loads(out.stdout.strip().splitlines()[-1]), "elapsed": elapsed}
 
 
 def _cell(row) -> str:
     if "timeout" in row:
-        return f"> {row['timeout']:g} s (stopped)"
+        return f"> {row['timeout']:g} s cpu (stopped)"
     if "error" in row:
         return f"error: {row['error']}"
     how = "one rank for all" if row["ranks_run"] == 1 else (
@@ -63,8 +97,10 @@ def _cell(row) -> str:
 
 
 def _seconds(row) -> float:
-    """How long a run took for ranking: its wall time, or the time it was stopped at."""
-    return row["wall"] if row.get("wall") is not None else row["elapsed"]
+    """How long a run took, for ranking and the limit: its CPU time, or the limit it was stopped at."""
+    if "timeout" in row:
+        return row["timeout"]
+    return row["cpu"] if "cpu" in row else 0.0
 
 
 def _known_before(row) -> str | None:
@@ -81,8 +117,9 @@ def main(argv=None) -> int:
                         help="comma-separated process counts (default 4095,4096,65535,65536)")
     parser.add_argument("-s", "--size", default="1M", help="message size as the selector counts it (default 1M)")
     parser.add_argument("-a", "--algorithms", help="comma-separated collective_algorithm names (default: all)")
-    parser.add_argument("--timeout", type=float, default=60, help="seconds before a run is stopped (default 60)")
-    parser.add_argument("--limit", type=float, default=10, help="the goal in seconds per run (default 10)")
+    parser.add_argument("--timeout", type=float, default=60,
+                        help="CPU seconds before a run is stopped (default 60)")
+    parser.add_argument("--limit", type=float, default=10, help="the goal in CPU seconds per run (default 10)")
     parser.add_argument("--slowest", type=int, default=10, help="how many of the slowest runs to list (default 10)")
     parser.add_argument("--json", help="also write every row to this file")
     args = parser.parse_args(argv)
@@ -93,7 +130,7 @@ def main(argv=None) -> int:
     if not runs:
         parser.error(f"no registered algorithm is named {sorted(only)}")
     print(f"{len(runs)} runs: every algorithm at p = {', '.join(map(str, procs))}, {nbytes} B, "
-          f"each in its own process, stopped after {args.timeout:g} s", flush=True)
+          f"each in its own process, stopped after {args.timeout:g} s of CPU time", flush=True)
     rows = []
     for i, (collective, name, p) in enumerate(runs, 1):
         row = _run(collective, name, p, nbytes, args.timeout)
@@ -103,8 +140,8 @@ def main(argv=None) -> int:
     print(f"\nslowest {min(args.slowest, len(ranked))}:")
     for row in ranked[:args.slowest]:
         print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}")
-    over = [row for row in ranked if _seconds(row) > args.limit or "error" in row]
-    print(f"\nover {args.limit:g} s (or failed): {len(over)} of {len(rows)}")
+    over = [row for row in ranked if _seconds(row) > args.limit or "timeout" in row or "error" in row]
+    print(f"\nover {args.limit:g} s of CPU time, stopped or failed: {len(over)} of {len(rows)}")
     for row in over:
         why = row.get("fallback") or (_known_before(row) if "timeout" in row else None)
         print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}"
