@@ -43,14 +43,29 @@ PROCS = (4095, 4096, 65535, 65536)
 WALL_FACTOR = 20  # wall-clock limit per run, in CPU-time limits: room for a machine 20 times oversubscribed
 
 
-def _cpu_limit(seconds: float):
-    """A child's CPU-time limit: the kernel stops it (SIGXCPU) after ``seconds`` of its own CPU time."""
+def _limits(seconds: float, memory: int):
+    """A child's limits: the kernel stops it (SIGXCPU) after ``seconds`` of its own CPU time, and
+    refuses it more than ``memory`` bytes (a MemoryError), so that no run can take the machine's memory."""
     limit = max(1, math.ceil(seconds))
 
     def apply():
         resource.setrlimit(resource.RLIMIT_CPU, (limit, limit + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     return apply
+
+
+def _lines(text) -> list:
+    """The JSON objects a run printed, one a line (a stopped run's partial output included)."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    rows = []
+    for line in (text or "").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
 
 
 def _child_env() -> dict:
@@ -62,28 +77,31 @@ def _child_env() -> dict:
     return {**os.environ, "PYTHONPATH": here + (os.pathsep + path if path else "")}
 
 
-def _run(collective: str, name: str, p: int, nbytes: int, timeout: float) -> dict:
+def _run(collective: str, name: str, p: int, nbytes: int, timeout: float, memory: int) -> dict:
     """One simulation in a fresh process; its row (``wall`` None when it was stopped, ``error`` if it failed).
 
     The limit is on the process's CPU time, which other work on a busy machine barely changes,
     so a loaded machine stops the same runs as a quiet one; a wall-clock limit of ``WALL_FACTOR``
-    times that catches a run that waits instead of computing.
+    times that catches a run that waits instead of computing. The run prints why it will run
+    every rank before it starts (``sim_speed.py``), so a stopped run has said it too.
     """
     cmd = [sys.executable, os.path.join(HERE, "sim_speed.py"), "--one", collective, name, str(p), str(nbytes)]
     row = {"collective": collective, "algorithm": name, "p": p, "nbytes": nbytes}
     started = time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * WALL_FACTOR,
-                             preexec_fn=_cpu_limit(timeout), env=_child_env())
-    except subprocess.TimeoutExpired:
-        return {**row, "wall": None, "timeout": timeout, "elapsed": time.perf_counter() - started}
+                             preexec_fn=_limits(timeout, memory), env=_child_env())
+    except subprocess.TimeoutExpired as exc:
+        said = {k: v for line in _lines(exc.stdout) for k, v in line.items()}
+        return {**row, **said, "wall": None, "timeout": timeout, "elapsed": time.perf_counter() - started}
     elapsed = time.perf_counter() - started
+    said = {k: v for line in _lines(out.stdout) for k, v in line.items()}
     if out.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
-        return {**row, "wall": None, "timeout": timeout, "elapsed": elapsed}
+        return {**row, **said, "wall": None, "timeout": timeout, "elapsed": elapsed}
     if out.returncode != 0:
         lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}, no output"]
-        return {**row, "wall": None, "error": lines[-1], "elapsed": elapsed}
-    return {**row, **json.loads(out.stdout.strip().splitlines()[-1]), "elapsed": elapsed}
+        return {**row, **said, "wall": None, "error": lines[-1], "elapsed": elapsed}
+    return {**row, **said, "elapsed": elapsed}
 
 
 def _cell(row) -> str:
@@ -103,14 +121,6 @@ def _seconds(row) -> float:
     return row["cpu"] if "cpu" in row else 0.0
 
 
-def _known_before(row) -> str | None:
-    """For a stopped run: why it ran every rank, as far as the simulator can say before running (None if unknown)."""
-    from commkit import sim
-
-    why_every_rank = getattr(sim, "why_every_rank", None)  # older checkouts cannot say
-    return why_every_rank(row["collective"], row["algorithm"], row["p"], row["nbytes"]) if why_every_rank else None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-p", "--procs", default=",".join(map(str, PROCS)),
@@ -120,6 +130,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=60,
                         help="CPU seconds before a run is stopped (default 60)")
     parser.add_argument("--limit", type=float, default=10, help="the goal in CPU seconds per run (default 10)")
+    parser.add_argument("--memory", type=float, default=4,
+                        help="GiB of address space a run may take before it fails (default 4)")
     parser.add_argument("--slowest", type=int, default=10, help="how many of the slowest runs to list (default 10)")
     parser.add_argument("--json", help="also write every row to this file")
     args = parser.parse_args(argv)
@@ -130,22 +142,22 @@ def main(argv=None) -> int:
     if not runs:
         parser.error(f"no registered algorithm is named {sorted(only)}")
     print(f"{len(runs)} runs: every algorithm at p = {', '.join(map(str, procs))}, {nbytes} B, "
-          f"each in its own process, stopped after {args.timeout:g} s of CPU time", flush=True)
+          f"each in its own process, stopped after {args.timeout:g} s of CPU time or {args.memory:g} GiB", flush=True)
     rows = []
     for i, (collective, name, p) in enumerate(runs, 1):
-        row = _run(collective, name, p, nbytes, args.timeout)
+        row = _run(collective, name, p, nbytes, args.timeout, int(args.memory * (1 << 30)))
         rows.append(row)
         print(f"[{i:>3}/{len(runs)}] {collective + '_' + name:<36} p={p:<6} {_cell(row)}", flush=True)
     ranked = sorted(rows, key=_seconds, reverse=True)
-    print(f"\nslowest {min(args.slowest, len(ranked))}:")
+    print(f"\nslowest {min(args.slowest, len(ranked))}:", flush=True)
     for row in ranked[:args.slowest]:
         print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}")
     over = [row for row in ranked if _seconds(row) > args.limit or "timeout" in row or "error" in row]
     print(f"\nover {args.limit:g} s of CPU time, stopped or failed: {len(over)} of {len(rows)}")
     for row in over:
-        why = row.get("fallback") or (_known_before(row) if "timeout" in row else None)
+        why = row.get("fallback") or row.get("why_every_rank")
         print(f"  {row['collective'] + '_' + row['algorithm']:<36} p={row['p']:<6} {_cell(row)}"
-              + (f"\n      every rank ran one by one: {why}" if why else ""))
+              + (f"\n      every rank ran one by one: {why}" if why else ""), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"nbytes": nbytes, "limit": args.limit, "python": sys.version.split()[0], "rows": rows}, f,
