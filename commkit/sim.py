@@ -392,8 +392,9 @@ def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> 
         return f"its xor symmetry needs p a power of two, and p = {p}"
     if not algorithms.even_blocks(collective, p, count):
         if isinstance(count, tuple):
-            flat = [c for row in count for c in (row if isinstance(row, tuple) else (row,))]
-            what = f"counts from {min(flat)} to {max(flat)}"
+            rows = {id(row): row for row in count}.values()  # a row many ranks share is read once
+            values = {c for row in rows for c in (row if isinstance(row, tuple) else (row,))}
+            what = f"counts from {min(values)} to {max(values)}"
         elif count % p:
             what = f"count {count} is not a multiple of p = {p}"
         else:
