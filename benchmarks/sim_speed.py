@@ -70,7 +70,16 @@ def _one(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool, m
     return {"collective": collective, "algorithm": algorithm, "p": p, "nbytes": nbytes, "wall": wall, "cpu": cpu,
             "steps": res.steps, "ranks_run": getattr(res, "ranks_simulated", p) or p, "time": res.time,
             "steps_run": getattr(res, "steps_run", 0) or _steps_run(res, p), "ok": res.ok,
-            "model": model or "alpha-beta"}
+            "model": model or "alpha-beta", "fallback": getattr(res, "fallback", None)}
+
+
+def _say_why_every_rank(collective: str, algorithm: str, p: int, nbytes: int, symmetry: bool, model) -> None:
+    """Print, before simulating, a JSON line saying why every rank will run (so a run stopped later has said)."""
+    from commkit import sim
+
+    why_every_rank = getattr(sim, "why_every_rank", None)  # older checkouts cannot say
+    if why_every_rank is not None and symmetry:
+        print(json.dumps({"why_every_rank": why_every_rank(collective, algorithm, p, nbytes, model=model)}), flush=True)
 
 
 def _steps_run(res, p) -> int:
@@ -175,6 +184,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.one:
         coll, alg, p, nbytes = args.one
+        _say_why_every_rank(coll, alg, int(p), int(nbytes), not args.no_symmetry, args.model)
         print(json.dumps(_one(coll, alg, int(p), int(nbytes), not args.no_symmetry, args.model)))
         return 0
     if args.one_rate:

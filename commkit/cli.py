@@ -435,10 +435,13 @@ def _sim(args, argv) -> int:
     if args.algorithm:
         res = sim.simulate(args.collective, args.algorithm, args.procs, size, **model, **timing)
         print(res.summary())
+        if res.fallback:
+            print(f"commkit sim: every rank's steps ran one by one: {res.fallback}.", file=sys.stderr)
         if algorithms.get(args.collective, args.algorithm).cost is not None:  # a user algorithm may have none
             predicted = cost.predict(args.collective, args.algorithm, args.procs, res.nbytes, **model)
             print(f"  formula          {cost.formula(args.collective, args.algorithm)} = {predicted:.4g} s")
         return 1 if res.deadlocked else 0
+    _say_which_run_every_rank(args.collective, args.procs, size, timing)
     print(cost.table(args.collective, args.procs, size, simulate=True, **model, **timing))
     if args.crossovers:
         print("crossovers (bytes):")
@@ -447,6 +450,21 @@ def _sim(args, argv) -> int:
             top = "and up" if reg.max_bytes is None else f"to {reg.max_bytes}"
             print(f"  {reg.algorithm:<20} from {reg.min_bytes} {top}")
     return 0
+
+
+def _say_which_run_every_rank(collective, p, size, timing) -> None:
+    """One line on stderr per reason the table's simulations will run every rank one by one (slow at large p)."""
+    from . import sim
+
+    by_reason: dict = {}
+    for name, alg in sorted(algorithms.for_collective(collective).items()):
+        if alg.schedule is None or alg.why_not(p, None) is not None:
+            continue  # not simulated, or not in the table (a restriction on p)
+        why = sim.why_every_rank(collective, name, p, size, **timing)
+        if why:
+            by_reason.setdefault(why, []).append(name)
+    for why, names in by_reason.items():
+        print(f"commkit sim: every rank's steps run one by one for {', '.join(names)}: {why}.", file=sys.stderr)
 
 
 # -- entry point ----------------------------------------------------------------------------------------

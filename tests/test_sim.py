@@ -396,7 +396,7 @@ SYMMETRIC = [(c, n) for c, n in ALL if algorithms.get(c, n).symmetry is not None
 
 
 def _fields(res):
-    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run")}
+    return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run", "fallback")}
 
 
 @pytest.mark.parametrize("coll,name", SYMMETRIC)
@@ -915,3 +915,160 @@ def test_cost_rejects_bad_input():
         cost.predict("allreduce", "ring", 4, -8)
     with pytest.raises(ck.InvalidArgument, match="alpha must be a non-negative"):
         cost.best("allreduce", 4, 8, alpha=-1)
+
+
+# -- when every rank runs one by one, and why --------------------------------------------------------------
+
+
+SPREAD = (2, 3, 5, 6, 7, 8, 12, 16, 17, 31, 32, 33, 48, 63, 64, 96, 100, 127, 128)
+
+
+@pytest.mark.parametrize("coll,name", ALL)
+def test_fast_and_every_rank_agree_and_the_fallback_says_why(coll, name):
+    # Past the p = 1 ... 64 sweeps above, at sizes the selector sees (1 MiB and an odd one), powers of two
+    # and not: the default simulation (a symmetry standing in where one may) gives the full one's result
+    # field by field; it says why wherever it ran every rank, and what it says is what why_every_rank
+    # foresaw (registered algorithms keep their promises, so no symmetry is refused on seeing the steps).
+    alg = algorithms.get(coll, name)
+    for p in SPREAD:
+        if alg.why_not(p, ck.SUM) is not None:
+            continue
+        for nbytes in (1 << 20, 4 * (7 * p + 3)):
+            where = f"{coll}_{name} p={p} {nbytes} B"
+            fast = sim.simulate(coll, name, p, nbytes, alpha=A, beta=B, gamma=G)
+            full = sim.simulate(coll, name, p, nbytes, alpha=A, beta=B, gamma=G, use_symmetry=False)
+            assert _fields(fast) == _fields(full), where
+            assert full.fallback == "use_symmetry=False asks for every rank", where
+            stood_in = fast.steps_run < fast.steps
+            assert (fast.fallback is None) == stood_in, where
+            assert fast.fallback == sim.why_every_rank(coll, name, p, nbytes), where
+
+
+def test_the_fallback_names_the_reason():
+    # The reasons known before a step runs, one per cause.
+    assert sim.simulate("allreduce", "ring", 64, 1 << 20).fallback is None
+    res = sim.simulate("allreduce", "ring", 63, 1 << 20)
+    assert res.ranks_simulated == 63 and "count 262144 is not a multiple of p = 63" in res.fallback
+    assert "the largest power of two below p" in sim.simulate("allreduce", "ring", 6, 4 * 6 * 3).fallback
+    assert "counts from 35 to 36" in sim.simulate("reduce_scatter", "ring", 7, 1000).fallback
+    assert sim.simulate("allreduce", "recursive_doubling", 12, 1 << 20).fallback == (
+        "its xor symmetry needs p a power of two, and p = 12")
+    assert "declares no symmetry and no phases" in sim.simulate("broadcast", "binomial", 8, 64).fallback
+    assert "events=True" in sim.simulate("allreduce", "ring", 8, 1024, events=True).fallback
+    assert "LogGP model runs every rank" in sim.simulate("allreduce", "ring", 8, 1024, model="loggp").fallback
+    assert "TwoLevel model" in sim.simulate("allreduce", "ring", 8, 1024, ranks_per_node=4).fallback
+    # One rank: nothing could have stood in for another, so nothing fell back.
+    assert sim.simulate("broadcast", "binomial", 1, 64).fallback is None
+    assert sim.simulate_steps(lambda r: [Exchange(1 - r, ("x", 0, 1), 1 - r, ("y", 0, 1))], 2).fallback is None
+
+
+def test_a_symmetry_refused_on_seeing_rank_0s_steps_says_which_step():
+    # Only the steps show that this declaration is wrong: rank 0 sends and receives nothing back.
+    binomial = algorithms.get("broadcast", "binomial")
+    algorithms.algorithm("broadcast", "binomial_claimed_symmetric", symmetry="rotation")(binomial.schedule)
+    try:
+        assert sim.why_every_rank("broadcast", "binomial_claimed_symmetric", 16, 64) is None
+        res = sim.simulate("broadcast", "binomial_claimed_symmetric", 16, 64)
+        assert res.ranks_simulated == 16
+        assert res.fallback.startswith("rank 0's step 0 (") and "rotation symmetry" in res.fallback
+    finally:
+        algorithms.unregister("broadcast", "binomial_claimed_symmetric")
+
+
+class _Put:
+    """A step of a kind the simulator does not know (a one-sided put, say)."""
+
+    kind = "put"
+
+    def __repr__(self):
+        return "Put()"
+
+
+def test_a_step_of_a_new_kind_is_left_to_the_engine():
+    # The symmetric path refuses what it does not know, saying so, and the engine (which checks every
+    # step) reports it: a new kind of step needs no change to the fast path to be handled correctly.
+    algorithms.algorithm("allgather", "with_a_put", symmetry="rotation")(
+        lambda rank, size, count: iter([Copy(("out", 0, count), ("in", 0, count)), _Put()]))
+    try:
+        with pytest.raises(sim.SimulationError, match="unknown kind 'put'"):
+            sim.simulate("allgather", "with_a_put", 4, 64)
+        with pytest.raises(sim._Refused, match=r"rank 0's step 1 is of a kind the symmetric path does not know \(Put"):
+            sim._simulate_symmetric(lambda r: [Copy(("out", 0, 4), ("in", 0, 4)), _Put()], 4, "rotation",
+                                    {"in": 4, "out": 16, "tmp": 0}, 4, None, None, None, "allgather", "with_a_put")
+    finally:
+        algorithms.unregister("allgather", "with_a_put")
+
+
+@pytest.mark.parametrize("coll", sorted(sim.SIMULATED))
+def test_every_ranks_buffer_sizes_are_each_ranks_own(coll):
+    # Ranks alike in their own count and in being the root share one answer: the same as asking for each.
+    for p in (1, 2, 5, 8, 13):
+        counts = ([0, (3,) * p, tuple((5 * q + 2) % 7 for q in range(p))] if coll in sim._PER_RANK
+                  else counts_for(coll, p))
+        for c in counts:
+            c = sim._check_count(coll, c, p)
+            for root in sorted({0, p // 2, p - 1}):
+                for name, alg in algorithms.for_collective(coll).items():
+                    if alg.schedule is None:
+                        continue
+                    assert sim._all_buffer_sizes(coll, alg, p, c, root) == [
+                        sim._buffer_sizes(coll, alg, r, p, c, root) for r in range(p)], f"{coll}_{name} {p} {c}"
+
+
+def test_commkit_sim_says_when_every_rank_runs(capsys):
+    from commkit.cli import main
+
+    assert main(["sim", "allreduce", "-p", "12", "-s", "1M", "-a", "ring"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("commkit sim: every rank's steps ran one by one: the blocks are unequal")
+    assert main(["sim", "allreduce", "-p", "16", "-s", "1M", "-a", "ring"]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["sim", "allreduce", "-p", "12", "-s", "1M"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert ("commkit sim: every rank's steps run one by one for rabenseifner, recursive_doubling: its xor "
+            "symmetry needs p a power of two, and p = 12.") in err
+    assert any(line.startswith("commkit sim: every rank's steps run one by one for ring, ring_pipelined: the blocks "
+                               "are unequal") for line in err), err
+
+
+def test_the_engine_pauses_the_cyclic_collector_and_restores_it():
+    import gc
+
+    seen = []
+
+    def factory(rank):
+        seen.append(gc.isenabled())
+        return [Exchange(1 - rank, ("x", 0, 1), 1 - rank, ("y", 0, 1))]
+
+    assert gc.isenabled()
+    assert sim.simulate_steps(factory, 2).ok
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:  # a caller that had it off finds it off
+        sim.simulate_steps(factory, 2)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_sim_all_runs_each_algorithm_apart_and_names_the_slowest(capsys):
+    from conftest import benchmark_module
+
+    sim_all = benchmark_module("sim_all")
+    status = sim_all.main(["-p", "7,8", "-a", "allreduce_ring,broadcast_binomial", "--timeout", "60",
+                           "--limit", "1000", "--slowest", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    progress = [line for line in out if line.startswith("[")]
+    assert [line.split()[:4] for line in progress] == [
+        ["[", "1/4]", "broadcast_binomial", "p=7"], ["[", "2/4]", "allreduce_ring", "p=7"],
+        ["[", "3/4]", "broadcast_binomial", "p=8"], ["[", "4/4]", "allreduce_ring", "p=8"]]
+    assert "(every rank)" in progress[1] and "(one rank for all)" in progress[3]
+    slowest = out.index("slowest 3:")
+    assert len([line for line in out[slowest + 1:] if line.startswith("  ")]) >= 3
+    assert "over 1000 s of CPU time, stopped or failed: 0 of 4" in out
+    # A run stopped at its CPU limit is reported with the reason it ran every rank.
+    status = sim_all.main(["-p", "4095", "-a", "allreduce_ring", "--timeout", "1"])
+    out = capsys.readouterr().out
+    assert status == 1 and "> 1 s cpu (stopped)" in out
+    assert "every rank ran one by one: the blocks are unequal (count 262144 is not a multiple of p = 4095)" in out
