@@ -1025,10 +1025,10 @@ def test_commkit_sim_says_when_every_rank_runs(capsys):
     assert capsys.readouterr().err == ""
     assert main(["sim", "allreduce", "-p", "12", "-s", "1M"]) == 0
     err = capsys.readouterr().err.splitlines()
-    assert ("commkit sim: every rank's steps run one by one for rabenseifner, recursive_doubling: its xor "
-            "symmetry needs p a power of two, and p = 12.") in err
-    assert any(line.startswith("commkit sim: every rank's steps run one by one for ring, ring_pipelined: the blocks "
-                               "are unequal") for line in err), err
+    assert ("commkit sim: every rank's steps run one by one for rabenseifner, rabenseifner_textbook, "
+            "recursive_doubling: its xor symmetry needs p a power of two, and p = 12.") in err
+    assert any(line.startswith("commkit sim: every rank's steps run one by one for ring, ring_pipelined, ring_textbook: "
+                               "the blocks are unequal") for line in err), err
 
 
 def test_the_engine_pauses_the_cyclic_collector_and_restores_it():

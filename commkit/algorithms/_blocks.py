@@ -23,9 +23,21 @@ def block_offsets(counts) -> tuple[int, ...]:
         ``len(counts) + 1`` offsets, starting at 0 (a tuple, shared between callers:
         every rank of a simulated world asks for the same one).
 
-    Cost: O(len(counts)) the first time for given counts; then a tuple conversion and a cache lookup.
+    Cost: O(len(counts)) the first time for given counts; O(1) when asked again for the same tuple
+    object (as every rank of a simulated world is); else a tuple conversion and a cache lookup,
+    which hashes all the counts.
     """
-    return _offsets(counts if type(counts) is tuple else tuple(counts))
+    global _last
+    last = _last  # one read: another thread may replace it, never change it
+    if counts is last[0]:  # the same tuple again (every rank of a simulated world): no O(p) hash
+        return last[1]
+    offsets = _offsets(counts if type(counts) is tuple else tuple(counts))
+    if type(counts) is tuple:
+        _last = (counts, offsets)
+    return offsets
+
+
+_last: tuple = (None, None)  # the counts tuple asked for last, and its offsets
 
 
 @functools.lru_cache(maxsize=64)

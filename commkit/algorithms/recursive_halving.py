@@ -399,18 +399,38 @@ def reduce_rabenseifner(rank, size, count, op, root):
         mask <<= 1
 
 
-def _new_rank_ranges(size, rem, offsets):
-    """Element range each new rank stands for: two blocks for folded pairs, else one."""
-    ranges = []
-    for new in range(size - rem):
-        first = 2 * new if new < rem else new + rem
-        last = first + (2 if new < rem else 1)
-        ranges.append((offsets[first], offsets[last]))
-    return ranges
+class _NewRankRanges:
+    """Element range each new rank stands for (two blocks for folded pairs, else one), moved by ``shift``.
+
+    Indexed by new rank and computed when asked: a rank reads about 2 log p of the p - rem
+    ranges, and listing them all on every rank costs O(p^2) for a simulated world.
+    """
+
+    __slots__ = ("rem", "offsets", "shift")
+
+    def __init__(self, rem, offsets, shift=0):
+        self.rem, self.offsets, self.shift = rem, offsets, shift
+
+    def __getitem__(self, new):
+        first = 2 * new if new < self.rem else new + self.rem
+        last = first + (2 if new < self.rem else 1)
+        return self.offsets[first] + self.shift, self.offsets[last] + self.shift
+
+
+class _Multiples:
+    """``offsets[r] = r * count``: the block offsets of equal blocks, without listing p + 1 of them."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count):
+        self.count = count
+
+    def __getitem__(self, r):
+        return r * self.count
 
 
 @algorithm("reduce_scatter", "recursive_halving", commutative=True,
-           scratch=lambda r, p, counts: 2 * sum(counts),
+           scratch=lambda r, p, counts: 2 * block_offsets(counts)[-1],
            cost=lambda p, n, a, b, g: lg(p) * a + _fold_blocks(p) / p * n * (b + g)
            + (0 if p & (p - 1) == 0 else 2 * a + (p + 1) / p * n * b + n * g),
            formula="⌊log p⌋α + ((p'-1+R)/p)n(β+γ) (+ 2α + ((p+1)/p)nβ + nγ when p ≠ p'); " + _FOLD,
@@ -454,7 +474,7 @@ def reduce_scatter_recursive_halving(rank, size, counts, op):
     if rank < 2 * rem:
         yield Recv(rank - 1, ("tmp", 0, total))
         yield Reduce(("tmp", total, 2 * total), ("tmp", 0, total), op, operand_first=True)
-    ranges = [(lo + total, hi + total) for lo, hi in _new_rank_ranges(size, rem, offsets)]
+    ranges = _NewRankRanges(rem, offsets, total)
     yield from halving_reduce_scatter(new, pof2, rem, ranges, "tmp", op)
     if rank < 2 * rem:
         # I stand for ranks rank-1 and rank: give my even partner its block.
@@ -495,8 +515,7 @@ def allgather_recursive_doubling(rank, size, count):
             yield Recv(rank + 1, ("out", 0, size * count))
             return
         yield Recv(rank - 1, ("out", (rank - 1) * count, rank * count))
-    offsets = [r * count for r in range(size + 1)]
-    yield from _doubling_allgather(new, pof2, rem, _new_rank_ranges(size, rem, offsets), "out")
+    yield from _doubling_allgather(new, pof2, rem, _NewRankRanges(rem, _Multiples(count)), "out")
     if rank < 2 * rem:
         yield Send(rank - 1, ("out", 0, size * count))
 
