@@ -313,6 +313,12 @@ class LocalTransport:
     def abort(self, exc: BaseException) -> None:
         self.world.fail(self._world_rank, exc)
 
+    def arena(self):
+        """This communicator's node arena (:mod:`._arena`): one NumPy block shared by its rank threads."""
+        from ._arena import node_arena
+
+        return node_arena(self)
+
 
 class _RecvHandle(_Pending):
     __slots__ = ()
