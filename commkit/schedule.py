@@ -604,13 +604,23 @@ class _NodeCall:
 
     __slots__ = ("arena", "seq", "base", "tag", "ticket", "relax", "info")
 
-    def __init__(self, chan, tag: int, info):
+    def __init__(self, chan, tag: int, info, timeout, index: int, step):
         make = getattr(chan, "arena", None)
         if make is None:
             raise AlgorithmNotApplicable(
                 f"the {getattr(chan, 'name', '?')} transport has no shared-memory arena, which the node algorithms "
                 "need; choose a two-sided algorithm.")
-        self.arena = make()
+
+        def rendezvous():
+            # Making the arena is a collective of the library's, which no timeout can end: first every
+            # rank checks in with every other, on this call's tag, so a rank that never comes is named.
+            nothing = np.empty(0, np.uint8)
+            peers = [q for q in range(chan.size) if q != chan.rank]
+            stuck = chan.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag, timeout)
+            if stuck:
+                raise timeout_error(info, index, step, stuck, timeout)
+
+        self.arena = make(rendezvous)
         self.info = _info(info)
         self.seq = self.info.seq
         self.base = counter_value(self.seq, 0)
@@ -782,7 +792,7 @@ def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, 
             rec[STEP] = index
             rec[STEP_OBJ] = step
             if node is None:
-                node = _NodeCall(chan, tag, info)
+                node = _NodeCall(chan, tag, info, timeout, index, step)
             pending = node.start(step, bufs)
             if pending is not None:
                 if not pending.test():

@@ -180,7 +180,7 @@ def _mpi_arena(transport) -> Arena:
     from mpi4py import MPI
 
     comm = transport.comm
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, 0, comm.Get_rank())
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     k = ranks_per_node()
     if k is not None:
         emulated = node.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
@@ -266,11 +266,13 @@ def _local_arena(transport) -> Arena:
 _ARENAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transport -> Arena
 
 
-def node_arena(transport) -> Arena:
+def node_arena(transport, rendezvous=None) -> Arena:
     """The node arena of ``transport``'s communicator, made at the first call (collectively under MPI).
 
     Every rank of the communicator must make its first call at the same
-    collective call (the first node-algorithm call does).
+    collective call (the first node-algorithm call does). ``rendezvous()``, if
+    given, runs first when the arena is made: the caller's timed check that every
+    rank has come (making it is the library's collective, which cannot time out).
 
     Raises:
         AlgorithmNotApplicable: the communicator's ranks are not all on one node.
@@ -279,5 +281,7 @@ def node_arena(transport) -> Arena:
     """
     arena = _ARENAS.get(transport)
     if arena is None:
+        if rendezvous is not None:
+            rendezvous()
         arena = _ARENAS[transport] = _mpi_arena(transport) if transport.name == "mpi" else _local_arena(transport)
     return arena
