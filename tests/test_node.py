@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 import commkit as ck
 from commkit import algorithms, cost, sim
 from commkit.errors import AlgorithmNotApplicable, CollectiveMismatch, CommError, CommTimeout, InvalidArgument
-from commkit.schedule import Claim, Get, Put, ReduceSlots, Transfer, Wait, inplace_safe
+from commkit.schedule import Get, Put, ReduceSlots, Transfer, Wait, inplace_safe
 
 NODE = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 
@@ -319,3 +319,13 @@ def test_a_missing_rank_times_out_under_mpiexec(mpi):
     assert len(lines) == 2, result.stdout
     assert "(Claim(8 elements per slot))" in lines[0] and "waiting for rank(s) 1" in lines[0]
     assert "(Wait(ranks [1] reach 1))" in lines[1] and "waiting for rank(s) 1" in lines[1]
+
+
+def test_traced_node_calls_record_every_step():
+    steps = list(algorithms.get("allreduce", "shm").schedule(0, 2, 100, ck.ops.SUM, segment=8))
+    with ck.trace() as tracer:
+        ck.run_local(lambda comm: comm.allreduce(np.ones(100), algorithm="shm:64"), size=2)
+    events = [e for e in tracer.events if e["rank"] == 0]
+    assert [e["step"] for e in events] == list(range(len(steps)))
+    puts = [e for e, s in zip(events, steps) if isinstance(s, Put)]
+    assert puts and all(e["range"][0] == "slot0" for e in puts)  # the ranges each step touches

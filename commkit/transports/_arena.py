@@ -118,7 +118,8 @@ class Arena:
         last: the call number of this rank's previous node call (-1: none yet).
     """
 
-    def __init__(self, rank: int, size: int, segments, fence, failed=None):
+    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=()):
+        self._keep = keep  # what the memory belongs to (an MPI window and its communicator), kept alive
         self.rank = rank
         self.size = size
         self.slot_bytes = len(segments[0]) - _HEADER
@@ -217,9 +218,7 @@ def _mpi_arena(transport) -> Arena:
         counter[0] = value
         return value
 
-    arena = Arena(node.Get_rank(), node.Get_size(), segments, fence)
-    arena._keep = (win, node)  # MPI frees both at finalize
-    return arena
+    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node))  # MPI frees both at finalize
 
 
 # -- threads -------------------------------------------------------------------------------------------
