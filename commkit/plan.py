@@ -41,7 +41,7 @@ from time import monotonic as _monotonic
 import numpy as np
 
 from ._events import active as _trace_active
-from .errors import InvalidArgument, InvalidBuffer
+from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
@@ -190,7 +190,16 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     Empty ranges and copies of a range onto itself are dropped. With ``slots``
     (a shape plan's), every view of a buffer it names is recorded there; with
     ``timed`` each transfer gives up after the run's timeout (shape plans only).
+    Returns None, so the shape keeps the interpreter, for a schedule with steps
+    of another kind (the node arena's one-sided steps); a persistent request
+    cannot run one and raises :class:`~commkit.errors.AlgorithmNotApplicable`.
     """
+    if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
+        if persistent_tag is not None:
+            raise AlgorithmNotApplicable(
+                "persistent collectives run compiled plans, and this algorithm's schedule has one-sided steps on "
+                "the node arena, which only the interpreter runs; use the blocking or i-form, or another algorithm.")
+        return None
     ops = []
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:
@@ -535,7 +544,7 @@ class Plan:
         # prologue: a local op run first (saving the input of an in-place call that needs it)
         # slots: the buffers each run takes (a shape plan: run(in, out)), or with fresh, allocates (out).
         # run is None when the ops cannot be written that way (see _generate): use the general path.
-        self.run = _generate(self, fuse(ops), prologue, slots, fresh, timed)
+        self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed)
 
 
 

@@ -24,6 +24,14 @@ The vocabulary is three steps:
   when the operand holds lower ranks' contributions);
 * :class:`Copy` -- a local copy between buffer ranges.
 
+Node schedules (:mod:`commkit.algorithms.node`) speak five one-sided steps
+beside them, over the node's shared arena (:mod:`commkit.transports._arena`):
+:class:`Put` (into this rank's slot), :class:`Get` (out of any rank's slot),
+:class:`ReduceSlots` (fold the same range of several ranks' slots),
+:class:`Publish` and :class:`Wait` (a rank's monotonic counter, and waiting for
+peers' counters), bracketed by :class:`Claim` and :class:`Release`, which take
+the arena for one call and give it back. See docs/node.md.
+
 A buffer range is a tuple ``(name, lo, hi)`` of element indices into the flat
 view of a named buffer. Names used by the collectives: ``"in"`` (the caller's
 input, never written), ``"out"`` (the result), ``"tmp"`` (scratch the
@@ -38,7 +46,10 @@ import functools
 import time
 from typing import Any, Callable, Iterator
 
-from .errors import CommTimeout, InvalidArgument, InvalidBuffer, MessageTruncated
+import numpy as np
+
+from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommTimeout, InvalidArgument, InvalidBuffer,
+                     MessageTruncated)
 from .requests import Request
 from ._wait import Backoff
 from .watchdog import STEP, STEP_OBJ, FlightRecorder, blank_record
@@ -50,6 +61,15 @@ __all__ = [
     "Exchange",
     "Reduce",
     "Copy",
+    "Put",
+    "Get",
+    "ReduceSlots",
+    "Publish",
+    "Wait",
+    "Claim",
+    "Release",
+    "slot",
+    "counter_value",
     "check_overlap",
     "partition",
     "partition_sizes",
@@ -60,6 +80,9 @@ __all__ = [
 ]
 
 TRANSFER, REDUCE, COPY = 0, 1, 2
+PUT, GET, REDUCE_SLOTS, PUBLISH, WAIT, CLAIM, RELEASE = 3, 4, 5, 6, 7, 8, 9
+ONE_SIDED = frozenset((PUT, GET, REDUCE_SLOTS, PUBLISH, WAIT, CLAIM, RELEASE))
+"""The kinds of the steps that work on the node arena (every kind above COPY)."""
 
 
 class Transfer:
@@ -283,6 +306,175 @@ class Copy:
         return f"Copy({self.dst} <- {self.src})"
 
 
+# -- one-sided steps: the node arena ------------------------------------------------------------------
+#
+# A node schedule runs on ranks that share memory. Each rank owns a slot of the node's arena and a
+# counter; it copies into its own slot (Put), tells its peers (Publish), and they, having waited for
+# that (Wait), read the slot where it lies (Get, ReduceSlots). A slot is named like a buffer,
+# ``slot(q, lo, hi) == ("slot<q>", lo, hi)``, its range in elements of the call's type, so every
+# step still names the ranges it reads (``src``) and writes (``dst``), as a Copy does.
+
+FINAL = (1 << 32) - 1
+"""The counter step a rank publishes when it is done with the arena for its call (:class:`Release`)."""
+NO_RANGE = ("tmp", 0, 0)
+"""The range of a step that moves no data (Publish, Wait, Claim, Release)."""
+
+_SLOT_NAMES: list = []
+
+
+def slot(rank: int, lo: int, hi: int) -> tuple:
+    """The range ``[lo, hi)`` (elements) of ``rank``'s slot in the node arena, as a buffer range."""
+    while len(_SLOT_NAMES) <= rank:
+        _SLOT_NAMES.append(f"slot{len(_SLOT_NAMES)}")
+    return (_SLOT_NAMES[rank], lo, hi)
+
+
+def slot_rank(ref: tuple) -> int | None:
+    """The rank whose slot the range ``ref`` names, or None for a buffer of the call."""
+    name = ref[0]
+    return int(name[4:]) if name.startswith("slot") else None
+
+
+def counter_value(seq: int, k: int) -> int:
+    """What a rank's counter holds after its call number ``seq`` published step ``k`` (monotonic in both)."""
+    return (seq << 32) | k
+
+
+class Put:
+    """Copy ``src`` (a range of this rank's buffers) into ``dst``, a range of this rank's own slot.
+
+    Peers may read it only after this rank's next :class:`Publish`.
+    """
+
+    __slots__ = ("dst", "src")
+    kind = PUT
+
+    def __init__(self, dst: tuple, src: tuple):
+        self.dst = dst
+        self.src = src
+
+    def __repr__(self) -> str:
+        return f"Put({self.dst} <- {self.src})"
+
+
+class Get:
+    """Copy ``src``, a range of any rank's slot, into ``dst`` (a range of this rank's buffers).
+
+    The slot's owner must have published it, and this rank waited for that (:class:`Wait`).
+    """
+
+    __slots__ = ("dst", "src")
+    kind = GET
+
+    def __init__(self, dst: tuple, src: tuple):
+        self.dst = dst
+        self.src = src
+
+    def __repr__(self) -> str:
+        return f"Get({self.dst} <- {self.src})"
+
+
+class ReduceSlots:
+    """``dst = operands[0] (op) operands[1] (op) ...``: the same range of several ranks' slots, folded in order.
+
+    ``dst`` is a range of this rank's buffers; ``operands`` are slot ranges of one
+    length, listed in the order they combine (rank order keeps non-commutative ops
+    right, and makes every rank that folds the same slots get the same bits).
+    """
+
+    __slots__ = ("dst", "operands", "op")
+    kind = REDUCE_SLOTS
+
+    def __init__(self, dst: tuple, operands, op: Any):
+        self.dst = dst
+        self.operands = tuple(operands)
+        self.op = op
+
+    @property
+    def src(self) -> tuple:
+        return self.operands[0]
+
+    def __repr__(self) -> str:
+        return f"ReduceSlots({self.dst} = {' (op) '.join(map(str, self.operands))})"
+
+
+class Publish:
+    """Fence, then set this rank's counter to (this call, ``k``): every store before it is visible to peers."""
+
+    __slots__ = ("k",)
+    kind = PUBLISH
+    dst = src = NO_RANGE
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __repr__(self) -> str:
+        return f"Publish({self.k})"
+
+
+class Wait:
+    """Wait until every rank in ``peers`` has published (this call, ``k``) or later; then fence.
+
+    Like a receive, it names the ranks it waits for (``recvs``), which a timeout
+    error and the watchdog report.
+    """
+
+    __slots__ = ("peers", "k")
+    kind = WAIT
+    dst = src = NO_RANGE
+    sends = ()
+
+    def __init__(self, peers, k: int):
+        self.peers = tuple(peers)
+        self.k = k
+
+    @property
+    def recvs(self) -> tuple:
+        return tuple((peer, NO_RANGE) for peer in self.peers)
+
+    def __repr__(self) -> str:
+        return f"Wait(ranks {list(self.peers)} reach {self.k})"
+
+
+class Claim:
+    """Take the node arena for this call; its slots must hold ``elements`` elements of the call's type.
+
+    Waits until this rank's earlier node calls have released it (nonblocking
+    ones may be in flight), and then until every rank of the node has released
+    it from the previous node call, so no peer still reads a slot this call
+    overwrites. Then records the call's identity, which every :class:`Wait`
+    checks. The first node call on a communicator makes the arena, every rank at
+    that call.
+    """
+
+    __slots__ = ("elements", "size")
+    kind = CLAIM
+    dst = src = NO_RANGE
+    sends = ()
+
+    def __init__(self, elements: int, size: int):
+        self.elements = elements
+        self.size = size
+
+    @property
+    def recvs(self) -> tuple:
+        return tuple((peer, NO_RANGE) for peer in range(self.size))
+
+    def __repr__(self) -> str:
+        return f"Claim({self.elements} elements per slot)"
+
+
+class Release:
+    """Publish (this call, :data:`FINAL`) and let this rank's next node call take the arena."""
+
+    __slots__ = ()
+    kind = RELEASE
+    dst = src = NO_RANGE
+
+    def __repr__(self) -> str:
+        return "Release()"
+
+
 @functools.lru_cache(maxsize=64)
 def partition(count: int, parts: int) -> tuple[tuple[int, int], ...]:
     """Split ``range(count)`` into ``parts`` contiguous ``(lo, hi)`` blocks.
@@ -396,6 +588,148 @@ def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
     return err
 
 
+class _Until:
+    """A wait on the node arena, as the drivers of :func:`execute` see a posted transfer: ``test``, ``wait``.
+
+    ``ready()`` polls; ``blockers()`` names the ranks still short when a wait gives up.
+    Polls spin, then back off (:class:`~commkit._wait.Backoff`); in the threads world
+    each poll that found nothing lets the other rank threads run (``relax``).
+    """
+
+    __slots__ = ("ready", "blockers", "relax", "failed")
+
+    def __init__(self, ready, blockers, relax, failed):
+        self.ready = ready
+        self.blockers = blockers
+        self.relax = relax
+        self.failed = failed
+
+    def test(self) -> bool:
+        if self.ready():
+            return True
+        self.failed()
+        return False
+
+    def wait(self, timeout: float | None) -> list:
+        backoff = Backoff(timeout, first=1e-6)
+        while not self.ready():
+            self.failed()
+            if not backoff.pause():
+                return self.blockers()
+            if self.relax is not None:
+                self.relax()
+        return []
+
+    def peers_waiting(self) -> list:
+        return self.blockers()
+
+
+class _NodeCall:
+    """One run's use of the node arena: the arena, the call's number and tag, its turn (see :class:`Claim`)."""
+
+    __slots__ = ("arena", "seq", "base", "tag", "ticket", "relax", "info")
+
+    def __init__(self, chan, tag: int, info, timeout, index: int, step):
+        make = getattr(chan, "arena", None)
+        if make is None:
+            raise AlgorithmNotApplicable(
+                f"the {getattr(chan, 'name', '?')} transport has no shared-memory arena, which the node algorithms "
+                "need; choose a two-sided algorithm.")
+
+        def rendezvous():
+            # Making the arena is a collective of the library's, which no timeout can end: first every
+            # rank checks in with every other, on this call's tag, so a rank that never comes is named.
+            nothing = np.empty(0, np.uint8)
+            peers = [q for q in range(chan.size) if q != chan.rank]
+            stuck = chan.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag, timeout)
+            if stuck:
+                raise timeout_error(info, index, step, stuck, timeout)
+
+        self.arena = make(rendezvous)
+        self.info = _info(info)
+        self.seq = self.info.seq
+        self.base = counter_value(self.seq, 0)
+        self.tag = tag
+        self.ticket = None
+        self.relax = getattr(chan, "relax", None)
+
+    def start(self, step, bufs):
+        """Carry out ``step``; a wait returns its pending (the caller waits for it, then calls :meth:`finish`)."""
+        kind = step.kind
+        if kind == PUT or kind == GET:
+            name, lo, hi = step.dst
+            sname, slo, shi = step.src
+            if hi > lo:
+                bufs[name][lo:hi] = bufs[sname][slo:shi]
+        elif kind == REDUCE_SLOTS:
+            name, lo, hi = step.dst
+            if hi > lo:
+                into = bufs[name][lo:hi]
+                first, *rest = [bufs[n][a:b] for n, a, b in step.operands]
+                if not rest:
+                    into[...] = first
+                for i, operand in enumerate(rest):
+                    step.op.combine(into, operand, False, first if i == 0 else into)
+        elif kind == PUBLISH:
+            self.arena.publish(self.base | step.k)
+        elif kind == WAIT:
+            arena, value, peers = self.arena, self.base | step.k, step.peers
+            counter = arena.counter
+            return _Until(lambda: all(counter(q) >= value for q in peers),
+                          lambda: [q for q in peers if counter(q) < value], self.relax, arena.check_failed)
+        elif kind == CLAIM:
+            return self._claim(step, bufs)
+        elif kind == RELEASE:
+            self.arena.publish(self.base | FINAL)
+            self.arena.end_turn(self.seq)
+            self.ticket = None
+        else:
+            raise InvalidArgument(f"{_call_text(self.info, -1, step)}: not a step of the schedule vocabulary.")
+        return None
+
+    def _claim(self, step, bufs) -> _Until:
+        arena = self.arena
+        out = bufs.get("out")
+        dtype = out.dtype if out is not None else np.dtype(np.uint8)  # a barrier has no buffers
+        nbytes = step.elements * dtype.itemsize
+        if nbytes > arena.slot_bytes:
+            raise InvalidArgument(
+                f"{_call_text(self.info, 0, step)}: its chunks need {nbytes} bytes of slot per rank, but the node "
+                f"arena has {arena.slot_bytes} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment "
+                "(algorithm='shm:1M') or a larger arena.")
+        for q, memory in enumerate(arena.slots):
+            bufs[slot(q, 0, 0)[0]] = memory[:nbytes].view(dtype)
+        self.ticket = ticket = arena.take_turn()
+        counter, ranks = arena.counter, range(arena.size)
+
+        def ready():
+            if not arena.my_turn(ticket):
+                return False
+            last = arena.last
+            return last < 0 or all(counter(q) >= counter_value(last, FINAL) for q in ranks)
+
+        def blockers():
+            if not arena.my_turn(ticket):
+                return [arena.rank]  # its own earlier node call still holds the arena
+            return [q for q in ranks if counter(q) < counter_value(arena.last, FINAL)]
+
+        return _Until(ready, blockers, self.relax, arena.check_failed)
+
+    def finish(self, step) -> None:
+        """After a wait: a Claim records the call's identity; a Wait checks its peers are in this very call."""
+        arena = self.arena
+        if step.kind == CLAIM:
+            arena.set_identity(self.tag)
+            return
+        for q in step.peers:
+            theirs = arena.identity(q)
+            if theirs != self.tag:
+                raise CollectiveMismatch(
+                    f"{_call_text(self.info, -1, step)}: rank {q} published on the node arena from another call "
+                    f"(identity {theirs:#x}, this call's {self.tag:#x}): the ranks called different collectives, "
+                    "or the same one with another count, dtype, op or root. COMMKIT_DEBUG=check names them.")
+
+
 def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info, rec: list,
             tracer=None, blocking: bool = True):
     """The interpreter of steps: every run of a schedule that is not a compiled plan goes through it.
@@ -437,6 +771,7 @@ def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, 
     sendrecv = getattr(chan, "sendrecv", None) if blocking and timeout is None else None
     perf = time.perf_counter
     t0 = 0.0
+    node = None  # the run's use of the node arena, from its Claim on (one-sided steps only)
     for index, step in enumerate(steps):
         if tracer is not None:
             t0 = perf()
@@ -476,8 +811,18 @@ def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, 
                 oname, olo, ohi = step.operand
                 sname, slo, shi = step.src
                 step.op.combine(bufs[name][lo:hi], bufs[oname][olo:ohi], step.operand_first, bufs[sname][slo:shi])
-        else:
+        elif kind == COPY:
             _do_local(step, bufs)
+        else:  # a one-sided step on the node arena
+            rec[STEP] = index
+            rec[STEP_OBJ] = step
+            if node is None:
+                node = _NodeCall(chan, tag, info, timeout, index, step)
+            pending = node.start(step, bufs)
+            if pending is not None:
+                if not pending.test():
+                    yield index, step, pending
+                node.finish(step)
         if tracer is not None:
             tracer.record(info, index, step, t0, perf(), bufs)
 

@@ -101,6 +101,7 @@ steps one by one; ``benchmarks/sim_all.py`` lists such cases.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import time
@@ -116,7 +117,8 @@ from ._events import step_event
 from ._units import format_seconds
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument
 from .ops import get_op
-from .schedule import COPY, REDUCE, TRANSFER, Exchange, partition
+from .schedule import (CLAIM, COPY, FINAL, GET, ONE_SIDED, PUBLISH, PUT, REDUCE, REDUCE_SLOTS, RELEASE, TRANSFER,
+                       WAIT, Exchange, partition)
 
 __all__ = ["simulate", "simulate_steps", "schedule_args", "why_every_rank", "SimResult", "Waiting", "SimulationError",
            "SIMULATED"]
@@ -962,6 +964,7 @@ class _Engine:
         self.chan = {}
         self.overflow = {}
         self.mismatches = []
+        self.published = None  # the node arena's counters, once a one-sided step runs (see _one_sided)
 
     def run(self) -> None:  # one flat loop: in CPython every attribute lookup and call here costs
         p = self.p
@@ -1230,6 +1233,13 @@ class _Engine:
                             self._bad_step(r, i, step, sizes)
                         if events is not None:
                             self._event(r, i, step, t, t)
+                    elif kind in ONE_SIDED:
+                        t, lt = self._one_sided(r, i, step, t, lt, push)
+                        if t is None:  # waiting for a peer's counter
+                            msgs[r] += n_msgs
+                            sent[r] += n_sent
+                            recvd[r] += n_recvd
+                            break
                     else:
                         raise SimulationError(
                             f"rank {r} yielded a step of unknown kind {kind!r} at step {i}: {step!r}.")
@@ -1244,6 +1254,74 @@ class _Engine:
                     recvd[r] += n_recvd
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise self._not_a_step(exc, (_Engine.run.__code__,), r, i, step, buffers, p) from None
+
+    # -- the node arena's one-sided steps (commkit.algorithms.node) ----------------------------------------
+    #
+    # A copy into or out of the arena (Put, Get) costs beta per byte: on one node beta is memory
+    # bandwidth. A fold of k slots (ReduceSlots) costs (k-1) gamma per byte. A Wait is a flag crossing
+    # cores: it ends alpha after the later of its own start and the peers' publications of the
+    # counter step it waits for, and counts one round. Publish, Claim and Release take no time.
+
+    def _one_sided(self, r, i, step, t, lt, push):
+        """Run one one-sided step of rank r from time ``t``: its end ``(t, lt)``, or (None, None) while it waits."""
+        if self.published is None:
+            self.published = [([], [], []) for _ in range(self.p)]  # per rank: values, times, rounds
+            self.watchers = [[] for _ in range(self.p)]  # per rank: (waiting rank, value) not yet reached
+        kind = step.kind
+        start = t
+        if kind == PUT or kind == GET:
+            t += self.beta * self.itemsize * (step.dst[2] - step.dst[1])
+        elif kind == REDUCE_SLOTS:
+            n, k = step.dst[2] - step.dst[1], len(step.operands)
+            t += (self.gamma * (k - 1) if k > 1 else self.beta) * self.itemsize * n
+            self.reduced[r] += (k - 1) * n
+        elif kind == PUBLISH or kind == RELEASE:
+            self._publish(r, FINAL if kind == RELEASE else step.k, t, lt, push)
+        elif kind == WAIT and step.peers:
+            rdy, lrdy, short = t, lt, 0
+            for q in step.peers:
+                values, times, rounds = self.published[q]
+                j = bisect.bisect_left(values, step.k)
+                if j < len(values):
+                    rdy, lrdy = max(rdy, times[j]), max(lrdy, rounds[j])
+                else:
+                    short += 1
+                    self.watchers[q].append((r, step.k))
+            if short:
+                self.clock[r], self.lat[r], self.index[r], self.current[r] = t, lt, i, step
+                self.waiting[r] = short
+                self.kcost[r] = 1
+                self._wake(r, rdy, lrdy, block=True)
+                return None, None
+            t, lt = rdy + self.alpha, lrdy + 1
+        elif kind != CLAIM and kind != WAIT:
+            raise SimulationError(f"rank {r} yielded a step of unknown kind {kind!r} at step {i}: {step!r}.")
+        if self.events is not None:
+            self._event(r, i, step, start, t)
+        return t, lt
+
+    def _publish(self, r, value, t, lt, push) -> None:
+        values, times, rounds = self.published[r]
+        values.append(value)
+        times.append(t)
+        rounds.append(lt)
+        waiting = self.watchers[r]
+        if waiting:
+            self.watchers[r] = [(w, k) for w, k in waiting if k > value]
+            for w, k in waiting:
+                if k <= value:
+                    self._wake(w, t, lt)
+                    self.waiting[w] -= 1
+                    if not self.waiting[w]:
+                        push(w)
+
+    def _wake(self, w, t, lt, block=False) -> None:
+        """Rank w's Wait can end no sooner than alpha after ``t`` (``block``: it starts waiting now)."""
+        if block:
+            self.ready[w], self.lready[w] = t, lt
+            self.cost[w], self.overlap_end[w] = self.alpha, -1.0
+        else:
+            self.ready[w], self.lready[w] = max(self.ready[w], t), max(self.lready[w], lt)
 
     @staticmethod
     def _not_a_step(exc, loops, r, i, step, buffers, p):
@@ -1434,6 +1512,13 @@ class _LogGPEngine(_Engine):
             if queue:
                 yield (*divmod(key, p), queue[0][0])
 
+    def _wake(self, w, t, lt, block=False) -> None:
+        """Rank w's Wait ends alpha after ``t`` at the soonest: on its processor, with no message to take."""
+        if block:
+            self.cpu[w], self.sends_end[w], self.lready[w] = t + self.alpha, 0.0, lt
+        else:
+            self.cpu[w], self.lready[w] = max(self.cpu[w], t + self.alpha), max(self.lready[w], lt)
+
     def _finish(self, r) -> float:
         """When r's pending transfer ends: its receives taken in order of arrival, after its processor's work."""
         model = self.model
@@ -1580,6 +1665,10 @@ class _LogGPEngine(_Engine):
                         t += gamma_e * n
                     elif kind == COPY:
                         self._copy(r, i, step, t, sizes, events)
+                    elif kind in ONE_SIDED:
+                        t, lt = self._one_sided(r, i, step, t, lt, work.append)
+                        if t is None:  # waiting for a peer's counter
+                            break
                     else:
                         raise SimulationError(
                             f"rank {r} yielded a step of unknown kind {kind!r} at step {i}: {step!r}.")

@@ -469,7 +469,7 @@ def unregister(collective: str, name: str) -> Algorithm:
 
 
 _MODULES = ("naive", "ring", "pipelined", "recursive_halving", "tree", "bruck", "pairwise", "dissemination", "vector",
-            "chain", "binary_tree", "double_tree", "native")
+            "chain", "binary_tree", "double_tree", "node", "native")
 # Loading is guarded by one re-entrant lock: rank threads of a threads world ask the registry at
 # the same moment, and must wait for a load in progress; the thread that loads re-enters it when
 # the modules it imports register their algorithms (or a plugin asks the registry for one).

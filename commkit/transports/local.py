@@ -432,6 +432,12 @@ class LocalTransport:
     def abort(self, exc: BaseException) -> None:
         self.world.fail(self._world_rank, exc)
 
+    def arena(self, rendezvous=None):
+        """This communicator's node arena (:mod:`._arena`): one NumPy block shared by its rank threads."""
+        from ._arena import node_arena
+
+        return node_arena(self, rendezvous)
+
 
 class _RecvHandle(_Pending):
     __slots__ = ()

@@ -711,6 +711,12 @@ class MPITransport:
         except MPI.Exception:  # an MPI library older than MPI-4
             return None
 
+    def arena(self, rendezvous=None):
+        """This communicator's node arena (:mod:`._arena`): made at the first call, by every rank at once."""
+        from ._arena import node_arena
+
+        return node_arena(self, rendezvous)
+
 
 def install_abort_on_exception() -> None:
     """Make an uncaught exception on any rank end the whole job, as ``python -m mpi4py`` does.

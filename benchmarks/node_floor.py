@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""The node engine against the memory floor and MPI's own collectives, on one node.
+
+    mpiexec -n 2 python benchmarks/node_floor.py            # the full table (minutes)
+    mpiexec -n 2 python benchmarks/node_floor.py --quick    # a smoke run (seconds)
+
+Float32 sum, at 64 KiB, 1, 4 and 32 MiB per rank. Timed in one job, interleaved
+(the order of the variants rotates every sweep), each sweep ``--calls``
+back-to-back calls after a barrier, its time per call the slowest rank's; a
+cell is the median over sweeps, a ratio the median of the per-sweep ratios.
+
+allreduce, each in place (``out=x``) and not:
+
+In place, every variant first copies the input back (the same copy for each).
+
+* ``floor``: the memory work no allreduce can avoid, numpy only: every rank's
+  input and output lie in one MPI shared window; rank r adds its 1/p slice of
+  every input into its output, then (one barrier) copies every other slice of
+  the result from its owner's output;
+* ``mpi``: ``MPI_Allreduce`` on a ``Dup`` of ``COMM_WORLD``;
+* ``ring``: ``comm.allreduce(x, algorithm="ring")``;
+* ``shm``: ``comm.allreduce(x, algorithm="shm")`` (the node engine).
+
+broadcast, allgather, reduce_scatter: ``shm`` against ``mpi`` (``Bcast``,
+``Allgather``, ``Reduce_scatter_block``); alltoall: commkit's choice against
+``Alltoall`` (there is no node alltoall yet). Every result is checked against
+MPI's once per size. The load average is printed with the table: timings on a
+loaded machine say nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np
+from mpi4py import MPI
+
+import commkit as ck
+
+SIZES = (64 << 10, 1 << 20, 4 << 20, 32 << 20)
+
+
+def _parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two sizes, few sweeps: proves the script runs")
+    parser.add_argument("--sweeps", type=int, default=15, help="sweeps per size (default 15)")
+    parser.add_argument("--calls", type=int, default=0, help="calls per sweep (default: about 20 ms of work)")
+    return parser
+
+
+class Floor:
+    """Every rank's input and output of one size in one shared window (the floor's memory)."""
+
+    def __init__(self, raw, n):
+        p, r = raw.Get_size(), raw.Get_rank()
+        self.raw = raw
+        self.win = MPI.Win.Allocate_shared(2 * n * 4, 4, comm=raw)
+        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch: Win_sync is the memory barrier inside it
+        self.ins, self.outs = [], []
+        for q in range(p):
+            buf, _ = self.win.Shared_query(q)
+            both = np.frombuffer(buf, np.float32, 2 * n)
+            self.ins.append(both[:n])
+            self.outs.append(both[n:])
+        self.slices = [(q * n // p, (q + 1) * n // p) for q in range(p)]
+        self.rank = r
+
+    def run(self):
+        lo, hi = self.slices[self.rank]
+        out = self.outs[self.rank]
+        np.add(self.ins[0][lo:hi], self.ins[1][lo:hi], out=out[lo:hi])
+        for src in self.ins[2:]:
+            np.add(out[lo:hi], src[lo:hi], out=out[lo:hi])
+        self.win.Sync()
+        self.raw.Barrier()
+        self.win.Sync()
+        for q, (a, b) in enumerate(self.slices):
+            if q != self.rank:
+                out[a:b] = self.outs[q][a:b]
+        self.raw.Barrier()  # the next run may overwrite what a peer still copies
+
+    def free(self):
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+def variants(comm, raw, n, rng):
+    """``{collective: {name: callable}}`` for vectors of ``n`` float32 elements, and a check of each."""
+    p = comm.size
+    x = rng.standard_normal(n).astype(np.float32)
+    floor = Floor(raw, n)
+    floor.ins[comm.rank][:] = x
+    out, y = np.empty_like(x), x.copy()
+    xs, rs = np.tile(x, p), np.empty(n, np.float32)
+    gathered = np.empty((p, n), np.float32)
+    block = np.empty(n, np.float32)
+    a2a = rng.standard_normal((p, n // p)).astype(np.float32)
+    a2a_out = np.empty_like(a2a)
+    sum_ = MPI.SUM
+    table = {
+        "allreduce": {
+            "floor": floor.run,
+            "mpi": lambda: raw.Allreduce(x, out, sum_),
+            # In place, each call first restores the input (the same copy in every in-place variant),
+            # so that repeated sums neither overflow nor time infinities.
+            "mpi in place": lambda: (np.copyto(y, x), raw.Allreduce(MPI.IN_PLACE, y, sum_)),
+            "ring": lambda: comm.allreduce(x, out=out, algorithm="ring"),
+            "ring in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="ring")),
+            "shm": lambda: comm.allreduce(x, out=out, algorithm="shm"),
+            "shm in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="shm")),
+        },
+        "broadcast": {
+            "mpi": lambda: raw.Bcast(block, root=0),
+            "shm": lambda: comm.broadcast(x, root=0, out=block, algorithm="shm"),
+        },
+        "allgather": {
+            "mpi": lambda: raw.Allgather(x, gathered),
+            "shm": lambda: comm.allgather(x, out=gathered, algorithm="shm"),
+        },
+        "reduce_scatter": {
+            "mpi": lambda: raw.Reduce_scatter_block(xs, rs, sum_),
+            "shm": lambda: comm.reduce_scatter(xs, out=rs, algorithm="shm"),
+        },
+        "alltoall": {
+            "mpi": lambda: raw.Alltoall(a2a, a2a_out),
+            "commkit": lambda: comm.alltoall(a2a, out=a2a_out),
+        },
+    }
+    # Each commkit variant against MPI's result on the same data, once.
+    want = np.empty_like(x)
+    raw.Allreduce(x, want, sum_)
+    for name in ("ring", "shm"):
+        np.testing.assert_allclose(comm.allreduce(x, algorithm=name), want, rtol=1e-4, atol=1e-3)
+    floor.run()
+    np.testing.assert_allclose(floor.outs[comm.rank], want, rtol=1e-4, atol=1e-3)
+    mine = np.empty_like(gathered)
+    raw.Allgather(x, mine)
+    np.testing.assert_array_equal(comm.allgather(x, algorithm="shm"), mine)
+    return table, floor
+
+
+def time_sweep(raw, fns, calls, order):
+    """Seconds per call of each variant in ``order``: the slowest rank's."""
+    times = {}
+    for name in order:
+        fn = fns[name]
+        raw.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times[name] = raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX)
+    return times
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    comm = ck.init()
+    raw = MPI.COMM_WORLD.Dup()
+    sizes = SIZES[:2] if args.quick else SIZES
+    sweeps = 3 if args.quick else args.sweeps
+    rng = np.random.default_rng(comm.rank)
+    rows = []
+    loads = [os.getloadavg()[0]]
+    for nbytes in sizes:
+        n = nbytes // 4
+        table, floor = variants(comm, raw, n, rng)
+        calls = args.calls or max(1, min(200, (20 << 20) // nbytes))
+        for collective, fns in table.items():
+            names = list(fns)
+            samples = {name: [] for name in names}
+            for s in range(sweeps):
+                order = names[s % len(names):] + names[:s % len(names)]
+                for name, t in time_sweep(raw, fns, calls, order).items():
+                    samples[name].append(t)
+            base = samples["mpi"]
+            for name in names:
+                ratio = statistics.median(a / b for a, b in zip(samples[name], base))
+                rows.append((collective, nbytes, name, statistics.median(samples[name]), ratio))
+            loads.append(os.getloadavg()[0])
+        floor.free()
+    if comm.rank == 0:
+        print(f"{comm.size} ranks, float32 sum, {sweeps} sweeps; load average {min(loads):.2f}-{max(loads):.2f} "
+              f"(timings on a loaded machine say nothing)")
+        print(f"{'collective':<15} {'size':>8} {'variant':<14} {'median':>12} {'/ mpi':>7}")
+        for collective, nbytes, name, t, ratio in rows:
+            print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<14} {t * 1e6:>10.1f}us {ratio:>7.2f}")
+        floors = {nbytes: t for c, nbytes, name, t, _ in rows if c == "allreduce" and name == "floor"}
+        for collective, nbytes, name, t, _ in rows:
+            if collective == "allreduce" and name in ("shm", "ring", "mpi"):
+                print(f"allreduce {nbytes >> 10}Ki: {name} / floor = {t / floors[nbytes]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""Node algorithms: collectives through the node's shared arena, at the memory floor.
+
+Why. On one node every two-sided schedule pays the transport's copies (MPI's
+shared-memory transport copies each message twice, through its cells) and no
+rank reads a peer's data where it lies. Here each rank copies its input once
+into its own slot of the node arena (:mod:`commkit.transports._arena`), and its
+peers read it from there: an allreduce reduces a 1/p slice of every rank's
+slot and every rank copies the reduced slices out (DeepSpeed's CPU
+shared-memory allreduce), a broadcast is one copy in and p-1 copies out.
+
+The steps are the one-sided vocabulary of :mod:`commkit.schedule`: ``Put``
+into this rank's slot, ``Publish`` a counter step, ``Wait`` for peers'
+counters, ``Get`` and ``ReduceSlots`` out of any rank's slot, between a
+``Claim`` and a ``Release`` of the arena. Large messages go through the
+bounded arena in chunks of ``segment`` elements (``algorithm="shm:1M"``, else
+``COMMKIT_SEGMENT_ELEMENTS``), two chunks in flight: chunk k+1 is written
+into the other half of the slot while peers still read chunk k, and a chunk's
+half is written again only after a wait that every rank passes after it read
+that half (each algorithm says which).
+
+Every counter step a rank publishes is (call number, k), and a wait is for
+(call number, k) or later, so a rank in a later call never satisfies an
+earlier one's wait by accident; a wait that is satisfied checks its peers
+recorded this very call (the identity).
+
+Results are the same bits on every rank: each element of a reduction is
+folded once, by one rank, in rank order (or by every rank in the same order).
+Restrictions: every rank of the communicator on one node (MPI's
+``COMM_TYPE_SHARED``; ``COMMKIT_RANKS_PER_NODE`` emulates nodes for tests);
+not for persistent requests. Costs are in the simulator's node terms (see
+:mod:`commkit.sim`): a wait is one α (a flag crossing cores, plus a step of
+Python), a copy into or out of the arena β per byte, a fold of k slots
+(k-1)γ per byte.
+"""
+
+from __future__ import annotations
+
+from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, slot
+from . import algorithm
+from ._blocks import block_offsets
+from .pipelined import COST_ITEMSIZE, segment_elements
+
+SMALL = 16384
+"""Allreduces of at most this many elements fold all p slots on every rank: one wait instead of two.
+
+Small calls are latency-bound, and the flat form has one synchronisation where
+the sliced form has two; from 64 KiB of float32 up, reading p inputs per rank
+costs more memory traffic than the second wait. Not yet measured on a quiet
+machine (benchmarks/node_floor.py measures both sides).
+"""
+
+
+def _chunks(count: int, segment) -> tuple:
+    """The (lo, hi) chunks a vector of ``count`` elements goes through the arena in (none when count is 0)."""
+    if not count:
+        return ()
+    return partition(count, -(-count // segment_elements(segment)))
+
+
+def _others(rank, size):
+    return [q for q in range(size) if q != rank]
+
+
+# -- allreduce ----------------------------------------------------------------------------------------
+
+def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
+    """The simulated time of :func:`allreduce_shm`, phase by phase (ranks wait for each other every phase)."""
+    if p == 1:
+        return 0.0
+    width = segment_elements(segment)
+    if count <= min(SMALL, width):
+        return beta_e * count + alpha + (p - 1) * gamma_e * count
+    t = 0.0
+    chunks = _chunks(count, segment)
+    for c, (a, b) in enumerate(chunks):
+        m = b - a
+        big, small = -(-m // p), m // p
+        if c == 0:
+            t += beta_e * m
+        t += alpha + big * ((p - 1) * gamma_e + beta_e) + alpha
+        # The rank with the smallest slice of its own gets the most slices: it publishes the next chunk last.
+        nxt = chunks[c + 1][1] - chunks[c + 1][0] if c + 1 < len(chunks) else 0
+        t += beta_e * (m - small + nxt)
+    return t
+
+
+@algorithm("allreduce", "shm",
+           cost=lambda p, n, a, b, g: _allreduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
+                                                      g * COST_ITEMSIZE),
+           formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
+                   "+ ⌈m/p⌉((p-1)γ + β), the first chunk's copy in m β more")
+def allreduce_shm(rank, size, count, op, segment=None):
+    """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
+
+    Restrictions: one node. Small vectors (at most :data:`SMALL` elements and one
+    chunk): each rank puts its vector, waits for all, and folds all p slots in rank
+    order into its output (one wait). Larger: per chunk, each rank puts the chunk,
+    waits for all (1), folds its slice of the chunk from all p slots into its output
+    and puts that slice back into its slot, waits for all (2), and gets every other
+    slice. The half of the slot chunk k used is written again by chunk k+2, after
+    wait (1) of chunk k+1, which every rank passes only after its gets of chunk k.
+    Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌊m/p⌋)β +
+    ⌈m/p⌉((p-1)γ + β) (exact: the formula follows the slowest rank of each phase).
+    """
+    if size == 1:
+        yield Copy(("out", 0, count), ("in", 0, count))
+        return
+    others = _others(rank, size)
+    if count <= min(SMALL, segment_elements(segment)):
+        # Phase 1: every rank's vector into its slot; phase 2: every rank folds all slots.
+        yield Claim(count, size)
+        yield Put(slot(rank, 0, count), ("in", 0, count))
+        yield Publish(1)
+        yield Wait(others, 1)
+        yield ReduceSlots(("out", 0, count), [slot(q, 0, count) for q in range(size)], op)
+        yield Release()
+        return
+    chunks = _chunks(count, segment)
+    width = chunks[0][1] - chunks[0][0] if chunks else 0
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(chunks):
+        half = (c % 2) * width
+        m = b - a
+        lo, hi = partition(m, size)[rank]
+        # Copy in, and wait until every rank's chunk is in its slot.
+        yield Put(slot(rank, half, half + m), ("in", a, b))
+        yield Publish(2 * c + 1)
+        yield Wait(others, 2 * c + 1)
+        # Reduce-scatter: fold my slice of every rank's chunk, in rank order; publish the result in my slot.
+        yield ReduceSlots(("out", a + lo, a + hi), [slot(q, half + lo, half + hi) for q in range(size)], op)
+        yield Put(slot(rank, half + lo, half + hi), ("out", a + lo, a + hi))
+        yield Publish(2 * c + 2)
+        yield Wait(others, 2 * c + 2)
+        # Allgather: copy every other rank's reduced slice out of its slot.
+        for q in others:
+            qlo, qhi = partition(m, size)[q]
+            yield Get(("out", a + qlo, a + qhi), slot(q, half + qlo, half + qhi))
+    yield Release()
+
+
+# -- broadcast ----------------------------------------------------------------------------------------
+
+def _broadcast_time(p, count, alpha, beta_e, segment=None):
+    """The simulated time of :func:`broadcast_shm`: the root's chunks and the others' acknowledgements."""
+    if p == 1 or not count:
+        return 0.0
+    root_t = late = 0.0
+    acks = []
+    for c, (a, b) in enumerate(_chunks(count, segment)):
+        m = b - a
+        if c >= 2:  # the root waits until every rank read the chunk that used this half
+            root_t = max(root_t, acks[c - 2]) + alpha
+        root_t += beta_e * m
+        late = max(late, root_t) + alpha + beta_e * m
+        acks.append(late)
+    return max(root_t, late)
+
+
+@algorithm("broadcast", "shm",
+           cost=lambda p, n, a, b, g: _broadcast_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE),
+           formula="per chunk of m bytes: the root mβ, every other rank α + mβ after it; from the third chunk "
+                   "on the root first waits (α) for the chunk two before to be read; 2nβ + α for one chunk")
+def broadcast_shm(rank, size, count, root, segment=None):
+    """Shared-memory broadcast: the root puts each chunk in its slot once, every other rank gets it.
+
+    Restrictions: one node. Per chunk k, the root puts it into half k mod 2 of its slot
+    and publishes k+1; every other rank waits for that, gets the chunk, and publishes
+    k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
+    after every rank acknowledged chunk k. Cost: 2nβ + α for one chunk; in general the
+    pipeline of the root's copies in and the others' waits and copies out (exact).
+    """
+    if rank == root:
+        yield Copy(("out", 0, count), ("in", 0, count))
+    if size == 1:
+        return
+    chunks = _chunks(count, segment)
+    width = chunks[0][1] - chunks[0][0] if chunks else 0
+    others = _others(root, size)
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(chunks):
+        half = (c % 2) * width
+        if rank == root:
+            if c >= 2:
+                yield Wait(others, c - 1)  # every rank has read chunk c-2, which used this half
+            yield Put(slot(root, half, half + b - a), ("in", a, b))
+            yield Publish(c + 1)
+        else:
+            yield Wait([root], c + 1)
+            yield Get(("out", a, b), slot(root, half, half + b - a))
+            yield Publish(c + 1)
+    yield Release()
+
+
+# -- allgather ----------------------------------------------------------------------------------------
+
+@algorithm("allgather", "shm",
+           cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
+               len(_chunks(int(n) // COST_ITEMSIZE // p, None)) * a + n * b),
+           formula="Kα + nβ, K the chunks of one block, n the bytes gathered")
+def allgather_shm(rank, size, count, segment=None):
+    """Shared-memory allgather: each rank puts its block in its slot, every rank gets every other block.
+
+    Restrictions: one node. Per chunk k of the blocks: put my chunk into half k mod 2
+    of my slot, publish k+1, wait for all, get every other rank's chunk. A half is
+    written again (chunk k+2) after the wait of chunk k+1, which every rank passes
+    only after its gets of chunk k. Cost: Kα + nβ, K chunks, n the bytes gathered (exact).
+    """
+    mine = ("out", rank * count, (rank + 1) * count)
+    yield Copy(mine, ("in", 0, count))
+    if size == 1:
+        return
+    chunks = _chunks(count, segment)
+    width = chunks[0][1] - chunks[0][0] if chunks else 0
+    others = _others(rank, size)
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(chunks):
+        half = (c % 2) * width
+        yield Put(slot(rank, half, half + b - a), ("in", a, b))
+        yield Publish(c + 1)
+        yield Wait(others, c + 1)
+        for q in others:
+            yield Get(("out", q * count + a, q * count + b), slot(q, half, half + b - a))
+    yield Release()
+
+
+# -- reduce_scatter -----------------------------------------------------------------------------------
+
+def _reduce_scatter_chunks(counts, size, segment):
+    """How many chunks the blocks go through the arena in: each chunk holds one piece of every block."""
+    largest = max(counts) if counts else 0
+    if not largest:
+        return 0
+    piece = max(1, segment_elements(segment) // size)
+    return -(-largest // piece)
+
+
+def _reduce_scatter_time(p, n, alpha, beta, gamma):
+    """:func:`reduce_scatter_shm`'s simulated time for equal blocks (a lower bound otherwise)."""
+    if p == 1 or not n:
+        return 0.0
+    block = -(-(int(n) // COST_ITEMSIZE) // p)  # an average block, rounded up: the largest when all are equal
+    k = _reduce_scatter_chunks((block,) * p, p, None)
+    return k * alpha + n * beta + (p - 1) / p * n * gamma
+
+
+@algorithm("reduce_scatter", "shm", cost=lambda p, n, a, b, g: _reduce_scatter_time(p, n, a, b, g),
+           formula="Kα + nβ + ((p-1)/p)nγ, K the chunks, n the bytes of one rank's input",
+           cost_exact="even", cost_bound="lower")
+def reduce_scatter_shm(rank, size, counts, op, segment=None):
+    """Shared-memory reduce-scatter: each rank folds its own block from every rank's slot, straight into its output.
+
+    Restrictions: one node. Every block is cut into K pieces; chunk k is piece k of every
+    block, laid side by side in half k mod 2 of each rank's slot. Per chunk: put it,
+    publish k+1, wait for all, fold my piece of every rank's chunk in rank order into
+    my output. A half is written again (chunk k+2) after the wait of chunk k+1, which
+    every rank passes only after its fold of chunk k. Cost: Kα + nβ + ((p-1)/p)nγ
+    for equal blocks; otherwise the largest block sets each chunk's fold (a lower bound).
+    """
+    offsets = block_offsets(counts)
+    if size == 1:
+        yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
+        return
+    k = _reduce_scatter_chunks(counts, size, segment)
+    pieces = [partition(n, k) if k else () for n in counts]
+    width = max((sum(pieces[q][c][1] - pieces[q][c][0] for q in range(size)) for c in range(k)), default=0)
+    others = _others(rank, size)
+    yield Claim(2 * width, size)
+    for c in range(k):
+        half = (c % 2) * width
+        # Chunk c: piece c of every block, side by side.
+        at = half
+        mine = None
+        for q in range(size):
+            lo, hi = pieces[q][c]
+            if hi > lo:
+                yield Put(slot(rank, at, at + hi - lo), ("in", offsets[q] + lo, offsets[q] + hi))
+            if q == rank:
+                mine = (at, lo, hi)
+            at += hi - lo
+        yield Publish(c + 1)
+        yield Wait(others, c + 1)
+        at, lo, hi = mine
+        yield ReduceSlots(("out", lo, hi), [slot(q, at, at + hi - lo) for q in range(size)], op)
+    yield Release()
+
+
+# -- barrier ------------------------------------------------------------------------------------------
+
+@algorithm("barrier", "shm", cost=lambda p, n, a, b, g: a if p > 1 else 0.0, formula="α")
+def barrier_shm(rank, size):
+    """Shared-memory barrier: every rank publishes, then waits until every other rank has.
+
+    Restrictions: one node. Cost: α (one wait on p-1 counters).
+    """
+    if size == 1:
+        return
+    yield Claim(0, size)
+    yield Publish(1)
+    yield Wait(_others(rank, size), 1)
+    yield Release()

@@ -1,0 +1,286 @@
+"""The node arena: one block of shared memory per node communicator, and the counters that order its use.
+
+Why. Every byte a two-sided schedule moves goes through the transport: under
+MPI on one node that is two copies through the library's cells per message,
+and no rank ever reads a peer's data where it lies. The node algorithms
+(:mod:`commkit.algorithms.node`) instead copy into memory every rank of the
+node can read, and read their peers' data from there (DeepSpeed's CPU
+shared-memory allreduce, MPICH's release/gather collectives, Open MPI's xhc).
+
+Layout. Every rank of the node owns one segment::
+
+    [counter: 64 B][identity: 64 B][slot: slot_bytes]
+
+The counter and the identity each sit on a cache line of their own, so a rank
+polling a peer's counter never shares a line with data another rank writes.
+The counter is monotonic: a step of a node schedule stores ``(call number <<
+32) | k`` there (:func:`commkit.schedule.counter_value`), and a waiting peer
+waits for a value at least as large; the identity holds the call's tag, so a
+peer in another collective is told apart from one in the same call.
+
+Ordering. CPython promises no memory ordering between threads or processes,
+so every publication is explicit: data stores, a fence, then the counter
+store; a reader loads the counter, fences, then loads the data. Under MPI the
+fence is ``MPI_Win_sync`` inside a ``Lock_all`` epoch of the window (the MPI-3
+unified memory model's memory barrier; MPICH implements it as a full
+barrier). In the threads world it is one lock shared by the node's ranks,
+taken around every counter store and load (a lock's release and acquire order
+memory in CPython, free-threaded builds included).
+
+Lifetime and size. The arena is made at the first node-algorithm call on a
+communicator, by every rank at that call (collectively), with
+``COMMKIT_NODE_ARENA_BYTES`` bytes of slot per rank (default 8 MiB), and is
+never grown: a larger message goes through it in chunks. Under MPI the memory
+is an ``MPI_Win_allocate_shared`` window, so the library frees it at
+``MPI_Finalize`` or when the job ends, even when a rank dies; nothing is left in
+``/dev/shm``. (It is not freed with its communicator: freeing a window is
+collective, and a communicator may be freed by the garbage collector on one
+rank alone.)
+
+Nodes. Ranks share a node when ``MPI_Comm_split_type(COMM_TYPE_SHARED)`` puts
+them together (in the threads world, always). As a testing aid,
+``COMMKIT_RANKS_PER_NODE=k`` makes consecutive groups of k ranks of the world
+(``MPI.COMM_WORLD`` ranks; in the threads world, world ranks) separate nodes
+within that, so multi-node layouts can be tested on one machine. A node
+schedule runs only on a communicator whose ranks all share one node.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import numpy as np
+
+from ..errors import AlgorithmNotApplicable, CommError, InvalidArgument
+
+__all__ = ["Arena", "node_arena", "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES",
+           "DEFAULT_ARENA_BYTES", "LINE"]
+
+LINE = 64
+"""A cache line: the counter and the identity of each rank each have one to themselves."""
+_HEADER = 2 * LINE
+ENV_RANKS_PER_NODE = "COMMKIT_RANKS_PER_NODE"
+"""Testing aid: consecutive groups of this many world ranks count as separate nodes."""
+ENV_ARENA_BYTES = "COMMKIT_NODE_ARENA_BYTES"
+"""Bytes of slot each rank has in its node's arena."""
+DEFAULT_ARENA_BYTES = 8 << 20
+"""8 MiB per rank: room for two chunks of 4 MiB, the most a chunk of ``shm:4M`` holds."""
+
+
+def _positive_env(name: str, default: int | None) -> int | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidArgument(f"{name} must be a positive whole number, got {text!r}.")
+    return value
+
+
+def ranks_per_node() -> int | None:
+    """``COMMKIT_RANKS_PER_NODE`` (consecutive world ranks per emulated node), or None when unset."""
+    return _positive_env(ENV_RANKS_PER_NODE, None)
+
+
+def arena_bytes() -> int:
+    """The slot bytes per rank of a new arena: ``COMMKIT_NODE_ARENA_BYTES``, else 8 MiB; a multiple of 64."""
+    value = _positive_env(ENV_ARENA_BYTES, DEFAULT_ARENA_BYTES)
+    return -(-value // LINE) * LINE
+
+
+def _spans_nodes(what: str, nodes: int) -> AlgorithmNotApplicable:
+    return AlgorithmNotApplicable(
+        f"the node algorithms need every rank of the communicator on one node, but this {what} spans {nodes} "
+        f"nodes{' (COMMKIT_RANKS_PER_NODE=' + str(ranks_per_node()) + ')' if ranks_per_node() else ''}; run them "
+        "on a communicator of one node's ranks (comm.split by node), or choose a two-sided algorithm.")
+
+
+def _no_memory(nbytes: int, size: int, exc: BaseException) -> CommError:
+    return CommError(
+        f"could not allocate the node arena ({nbytes} bytes of slot for each of {size} ranks): "
+        f"{type(exc).__name__}: {exc}. Set {ENV_ARENA_BYTES} lower (large messages then go through it in more "
+        "chunks), or choose a two-sided algorithm; those do not need the arena.")
+
+
+class Arena:
+    """One rank's view of its node's arena: every rank's slot, counter and identity, and the fence.
+
+    Attributes:
+        rank: this rank (its rank in the communicator, which is its rank in the node).
+        size: ranks in the node.
+        slot_bytes: bytes in each rank's slot.
+        slots: every rank's slot, as bytes (``slots[q]``).
+        last: the call number of this rank's previous node call (-1: none yet).
+    """
+
+    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=()):
+        self._keep = keep  # what the memory belongs to (an MPI window and its communicator), kept alive
+        self.rank = rank
+        self.size = size
+        self.slot_bytes = len(segments[0]) - _HEADER
+        self.slots = [seg[_HEADER:] for seg in segments]
+        self._counters = [seg[:8].view(np.int64) for seg in segments]
+        self._idents = [seg[LINE:LINE + 8].view(np.int64) for seg in segments]
+        self._fence = fence
+        self._failed = failed  # the threads world's check for a failed rank
+        self.last = -1
+        # Turn-taking of this rank's own node calls: nonblocking ones may be in flight together,
+        # but only one at a time may use the slots, in call order (tickets are taken at the call).
+        self._tickets = 0
+        self._serving = 0
+
+    # -- ordering ------------------------------------------------------------------------------------
+
+    def publish(self, value: int) -> None:
+        """Make every store before it visible, then set this rank's counter to ``value``."""
+        self._fence(self._counters[self.rank], value)
+
+    def counter(self, peer: int) -> int:
+        """``peer``'s counter, with the fence after the load (what it published is visible after this)."""
+        return self._fence(self._counters[peer])
+
+    def set_identity(self, tag: int) -> None:
+        """Record the call this rank is in (made visible by its next :meth:`publish`)."""
+        self._idents[self.rank][0] = tag
+
+    def identity(self, peer: int) -> int:
+        """The call ``peer`` recorded last (read after a :meth:`counter` that showed its publication)."""
+        return int(self._idents[peer][0])
+
+    def check_failed(self) -> None:
+        """Raise :class:`~commkit.errors.PeerFailed` if a rank of the threads world has failed."""
+        if self._failed is not None:
+            self._failed()
+
+    # -- turns ---------------------------------------------------------------------------------------
+
+    def take_turn(self) -> int:
+        """A ticket for this rank's next node call; its turn comes when :meth:`my_turn` says so."""
+        ticket = self._tickets
+        self._tickets = ticket + 1
+        return ticket
+
+    def my_turn(self, ticket: int) -> bool:
+        """Whether every earlier node call of this rank has ended (see :meth:`end_turn`)."""
+        return self._serving == ticket
+
+    def end_turn(self, seq: int) -> None:
+        """This rank's node call ``seq`` is done with the arena: let its next one in."""
+        self.last = seq
+        self._serving += 1
+
+
+# -- MPI ---------------------------------------------------------------------------------------------
+
+def _mpi_arena(transport) -> Arena:
+    from mpi4py import MPI
+
+    comm = transport.comm
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    k = ranks_per_node()
+    if k is not None:
+        emulated = node.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
+        node.Free()
+        node = emulated
+    if node.Get_size() != comm.Get_size():
+        # Every node is then smaller than the communicator: every rank raises here, none allocates.
+        nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
+        node.Free()
+        raise _spans_nodes("communicator", nodes)
+    nbytes = arena_bytes()
+    try:
+        win = MPI.Win.Allocate_shared(_HEADER + nbytes, 1, comm=node)
+    except MPI.Exception as exc:
+        raise _no_memory(nbytes, node.Get_size(), exc) from None
+    win.Lock_all(MPI.MODE_NOCHECK)
+    segments = []
+    for q in range(node.Get_size()):
+        buf, _ = win.Shared_query(q)
+        segments.append(np.frombuffer(buf, np.uint8, _HEADER + nbytes))
+    for seg in segments:
+        assert seg.ctypes.data % LINE == 0, "MPI gave a segment not aligned to a cache line"
+    segments[node.Get_rank()][:_HEADER] = 0
+    win.Sync()
+    node.Barrier()  # every counter is zero before any rank reads one
+    sync = win.Sync
+
+    def fence(counter, value=None):
+        if value is None:
+            got = int(counter[0])
+            sync()
+            return got
+        sync()
+        counter[0] = value
+        return value
+
+    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node))  # MPI frees both at finalize
+
+
+# -- threads -------------------------------------------------------------------------------------------
+
+class _Shared:
+    """The memory of one threads-world arena, shared by the rank threads of one context."""
+
+    def __init__(self, size: int, nbytes: int):
+        self.lock = threading.Lock()
+        try:
+            self.segments = [np.zeros(_HEADER + nbytes, np.uint8) for _ in range(size)]
+        except MemoryError as exc:
+            raise _no_memory(nbytes, size, exc) from None
+
+
+_SHARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # world -> {context: _Shared}
+_SHARED_LOCK = threading.Lock()
+
+
+def _local_arena(transport) -> Arena:
+    k = ranks_per_node()
+    if k is not None:
+        nodes = len({w // k for w in transport.ranks})
+        if nodes > 1:
+            raise _spans_nodes("communicator", nodes)
+    nbytes = arena_bytes()
+    with _SHARED_LOCK:
+        contexts = _SHARED.setdefault(transport.world, {})
+        shared = contexts.get(transport.ctx)
+        if shared is None:
+            shared = contexts[transport.ctx] = _Shared(transport.size, nbytes)
+    lock = shared.lock
+
+    def fence(counter, value=None):
+        with lock:
+            if value is None:
+                return int(counter[0])
+            counter[0] = value
+            return value
+
+    return Arena(transport.rank, transport.size, shared.segments, fence, transport.world.check_failed)
+
+
+_ARENAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transport -> Arena
+
+
+def node_arena(transport, rendezvous=None) -> Arena:
+    """The node arena of ``transport``'s communicator, made at the first call (collectively under MPI).
+
+    Every rank of the communicator must make its first call at the same
+    collective call (the first node-algorithm call does). ``rendezvous()``, if
+    given, runs first when the arena is made: the caller's timed check that every
+    rank has come (making it is the library's collective, which cannot time out).
+
+    Raises:
+        AlgorithmNotApplicable: the communicator's ranks are not all on one node.
+        CommError: the memory could not be allocated.
+        InvalidArgument: ``COMMKIT_RANKS_PER_NODE`` or ``COMMKIT_NODE_ARENA_BYTES`` is malformed.
+    """
+    arena = _ARENAS.get(transport)
+    if arena is None:
+        if rendezvous is not None:
+            rendezvous()
+        arena = _ARENAS[transport] = _mpi_arena(transport) if transport.name == "mpi" else _local_arena(transport)
+    return arena

@@ -1,0 +1,331 @@
+"""The node engine: the shared arena, the one-sided steps, the node algorithms (threads and mpiexec)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import commkit as ck
+from commkit import algorithms, cost, sim
+from commkit.errors import AlgorithmNotApplicable, CollectiveMismatch, CommError, CommTimeout, InvalidArgument
+from commkit.schedule import Get, Put, ReduceSlots, Transfer, Wait, inplace_safe
+
+NODE = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+
+
+def _affine(a, b):
+    """Apply map a, then map b: each complex element is one affine map, scale + i*shift (not commutative)."""
+    return (a.real * b.real) + 1j * (a.imag * b.real + b.imag)
+
+
+AFFINE = ck.ops.Op(_affine, commutative=False, name="affine")
+
+
+def _data(rank, n, seed, dtype):
+    rng = np.random.default_rng([seed, rank])
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    return rng.integers(-1000, 1000, n).astype(dtype)
+
+
+def _expected(collective, p, n, seed, dtype, root):
+    xs = [_data(r, n * (p if collective == "reduce_scatter" else 1), seed, dtype) for r in range(p)]
+    if collective == "allreduce":
+        total = xs[0].copy()
+        for x in xs[1:]:
+            total = total + x
+        return [total] * p
+    if collective == "broadcast":
+        return [xs[root]] * p
+    if collective == "allgather":
+        return [np.concatenate(xs)] * p
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total = total + x
+    return [total[r * n:(r + 1) * n] for r in range(p)]
+
+
+def _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking=False):
+    x = _data(comm.rank, n * (comm.size if collective == "reduce_scatter" else 1), seed, dtype)
+    if collective == "broadcast":
+        return comm.broadcast(x, root=root, algorithm=algorithm)
+    forms = {"allreduce": (comm.allreduce, comm.iallreduce), "allgather": (comm.allgather, comm.iallgather),
+             "reduce_scatter": (comm.reduce_scatter, comm.ireduce_scatter)}
+    blocking, start = forms[collective]
+    return start(x, algorithm=algorithm).wait() if nonblocking else blocking(x, algorithm=algorithm)
+
+
+@settings(max_examples=40, deadline=None)
+@given(collective=st.sampled_from(NODE), p=st.integers(1, 8), n=st.integers(0, 70), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from(["float32", "float64", "int32"]), segment=st.sampled_from([None, 8, 24, 64]),
+       root=st.integers(0, 7), nonblocking=st.booleans())
+def test_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, segment, root, nonblocking):
+    # Small segments put even these counts through the arena in many chunks (both halves of every slot).
+    root %= p
+    algorithm = "shm" if segment is None else f"shm:{segment}"
+    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking), size=p)
+    want = _expected(collective, p, n, seed, dtype, root)
+    for r in range(p):
+        assert got[r].dtype == np.dtype(dtype)
+        got[r] = got[r].reshape(-1)  # allgather's result has a row per rank
+        if np.dtype(dtype).kind == "f":
+            np.testing.assert_allclose(got[r], want[r], rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(got[r], want[r])
+    if collective == "allreduce":
+        for r in range(p):  # one rank folds each element: every rank has the same bits
+            assert got[r].tobytes() == got[0].tobytes()
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("segment", [None, 16])
+def test_non_commutative_allreduce_and_reduce_scatter_fold_in_rank_order(p, segment):
+    algorithm = "shm" if segment is None else f"shm:{segment}"
+    maps = [np.random.default_rng(r).uniform(0.5, 1.5, 9) + 1j * np.random.default_rng(p + r).uniform(-1, 1, 9)
+            for r in range(p)]
+
+    def body(comm):
+        ar = comm.allreduce(maps[comm.rank], op=AFFINE, algorithm=algorithm)
+        rs = comm.reduce_scatter(np.tile(maps[comm.rank], p), op=AFFINE, algorithm=algorithm)
+        return ar, rs
+
+    got = ck.run_local(body, size=p)
+    want = maps[0]
+    for m in maps[1:]:
+        want = _affine(want, m)
+    for r in range(p):
+        np.testing.assert_allclose(got[r][0], want, rtol=1e-12)
+        np.testing.assert_allclose(got[r][1], want, rtol=1e-12)
+
+
+def test_barrier_waits_for_every_rank():
+    import time
+
+    def body(comm):
+        if comm.rank == 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        comm.barrier(algorithm="shm")
+        return time.monotonic() - t0
+
+    waited = ck.run_local(body, size=3)
+    assert waited[0] > 0.2 and waited[2] > 0.2
+
+
+def test_allreduce_schedule_shape():
+    # Small: one wait, every rank folds all p slots. Large: per chunk two waits, one fold of a 1/p
+    # slice, p-1 gets; never a two-sided transfer.
+    p, width = 4, 1000
+    small = list(algorithms.get("allreduce", "shm").schedule(1, p, 100, ck.ops.SUM))
+    assert [type(s).__name__ for s in small] == ["Claim", "Put", "Publish", "Wait", "ReduceSlots", "Release"]
+    assert len(small[4].operands) == p
+    large = list(algorithms.get("allreduce", "shm").schedule(1, p, 5 * width, ck.ops.SUM, segment=width))
+    assert not any(isinstance(s, Transfer) for s in large)
+    assert sum(isinstance(s, Wait) for s in large) == 2 * 5
+    assert sum(isinstance(s, Get) for s in large) == (p - 1) * 5
+    folds = [s for s in large if isinstance(s, ReduceSlots)]
+    assert [s.dst[2] - s.dst[1] for s in folds] == [width // p] * 5
+    assert large[0].elements == 2 * width  # two chunks in flight
+    assert inplace_safe(large) and inplace_safe(small)
+
+
+def test_simulator_and_formulas_agree_on_large_calls():
+    for coll, count in (("allreduce", 3_000_001), ("broadcast", 1_000_003), ("allgather", 400_000),
+                        ("reduce_scatter", (300_000,) * 3)):
+        for p in (2, 3, 5):
+            c = count if coll != "reduce_scatter" else (count[0],) * p
+            res = sim.simulate(coll, "shm", p, count=c)
+            assert res.ok and res.messages == [0] * p, coll
+            want = cost.predict(coll, "shm", p, res.nbytes)
+            assert res.time == pytest.approx(want, rel=1e-9), (coll, p)
+            assert res.rounds == cost.predict(coll, "shm", p, res.nbytes, alpha=1, beta=0, gamma=0)
+
+
+def test_a_rank_that_never_arrives_times_out_naming_the_step_and_the_peer():
+    # At the first node call the arena is made, after every rank has checked in (Claim); at a later
+    # call the others wait for the missing rank's counter (Wait). Either way the error names both.
+    def body(comm):
+        first, later = comm.dup(), comm.dup()  # a timeout leaves its communicator broken: one per case
+        later.allreduce(np.ones(10), algorithm="shm")  # its arena is made: rank 2 skips only the next call
+        if comm.rank == 2:
+            return None
+        texts = []
+        for c in (first, later):
+            try:
+                c.allreduce(np.ones(10), algorithm="shm", timeout=0.5)
+            except CommTimeout as exc:
+                texts.append(str(exc))
+        return texts
+
+    got = ck.run_local(body, size=3)
+    for first, later in got[:2]:
+        assert "(Claim(10 elements per slot))" in first and "waiting for rank(s) 2" in first, first
+        assert "(Wait(ranks" in later and "waiting for rank(s) 2" in later, later
+
+
+def test_ranks_in_different_collectives_are_told_apart():
+    def body(comm):
+        comm.barrier(algorithm="shm")  # the arena is made (a first call that disagrees waits at the check-in)
+        try:
+            if comm.rank == 0:
+                comm.allreduce(np.ones(4), algorithm="shm", timeout=1)
+            else:
+                comm.broadcast(np.ones(4), root=0, algorithm="shm", timeout=1)
+        except (CommTimeout, CollectiveMismatch) as exc:
+            return type(exc).__name__, str(exc)
+        return None, ""
+
+    got = ck.run_local(body, size=2)
+    assert got[1][0] == "CollectiveMismatch" and "rank 0" in got[1][1], got
+    assert got[0][0] == "CommTimeout"
+
+
+def test_arena_failures_are_clear_and_two_sided_algorithms_keep_working(monkeypatch):
+    def body(comm, big):
+        try:
+            comm.allreduce(np.ones(50_000), algorithm="shm")
+        except (CommError, InvalidArgument) as exc:
+            error = str(exc)
+        else:
+            error = ""
+        return error, comm.allreduce(np.full(5, comm.rank + 1.0), algorithm="ring")
+
+    monkeypatch.setenv("COMMKIT_NODE_ARENA_BYTES", str(1 << 62))
+    for error, result in ck.run_local(body, size=2, big=True):
+        assert "could not allocate the node arena" in error and "COMMKIT_NODE_ARENA_BYTES" in error, error
+        np.testing.assert_array_equal(result, np.full(5, 3.0))
+    monkeypatch.setenv("COMMKIT_NODE_ARENA_BYTES", "1024")
+    for error, result in ck.run_local(body, size=2, big=False):
+        assert "bytes of slot per rank, but the node arena has 1024" in error, error
+        np.testing.assert_array_equal(result, np.full(5, 3.0))
+
+
+def test_repeated_and_nonblocking_calls_keep_the_interpreter():
+    def body(comm):
+        x = np.arange(40.0) + comm.rank
+        out = np.empty_like(x)
+        runs = [comm.allreduce(x, out=out, algorithm="shm").copy() for _ in range(4)]  # plans would compile here
+        first = comm.iallreduce(x, algorithm="shm:64")
+        second = comm.iallreduce(2 * x, algorithm="shm:64")
+        late = second.wait(), first.wait()  # in the other order
+        with pytest.raises(AlgorithmNotApplicable, match="one-sided"):
+            comm.allreduce_init(x, algorithm="shm")
+        return runs, late
+
+    p = 3
+    want = sum(np.arange(40.0) + r for r in range(p))
+    for runs, (second, first) in ck.run_local(body, size=p):
+        for run in runs:
+            np.testing.assert_array_equal(run, want)
+        np.testing.assert_array_equal(first, want)
+        np.testing.assert_array_equal(second, 2 * want)
+
+
+def test_emulated_nodes_on_threads(monkeypatch):
+    monkeypatch.setenv("COMMKIT_RANKS_PER_NODE", "2")
+
+    def body(comm):
+        with pytest.raises(AlgorithmNotApplicable, match="spans 2 nodes"):
+            comm.allreduce(np.ones(3), algorithm="shm")
+        node = comm.split(comm.rank // 2)
+        return node.allreduce(np.full(3, comm.rank + 1.0), algorithm="shm")
+
+    got = ck.run_local(body, size=4)
+    for r in range(4):
+        np.testing.assert_array_equal(got[r], np.full(3, 3.0 if r < 2 else 7.0))
+
+
+MPI_SCRIPT = """
+import os, sys
+import numpy as np
+import commkit as ck
+from commkit.errors import AlgorithmNotApplicable
+
+from mpi4py import MPI as M
+
+comm = ck.init()
+raw = M.COMM_WORLD.Dup()
+per_node = int(os.environ.get("COMMKIT_RANKS_PER_NODE", "0")) or comm.size
+if per_node < comm.size:
+    try:
+        comm.allreduce(np.ones(3), algorithm="shm")
+    except AlgorithmNotApplicable as exc:
+        assert "spans" in str(exc)
+    else:
+        raise AssertionError("shm ran on a communicator that spans nodes")
+    comm = comm.split(comm.rank // per_node)
+    raw = raw.Split(raw.Get_rank() // per_node, raw.Get_rank())
+for n in (0, 1, 7, 5000, 70_001):
+    for segment in ("shm", "shm:4K"):
+        rng = np.random.default_rng([n, comm.rank, M.COMM_WORLD.Get_rank()])
+        x = rng.standard_normal(n).astype(np.float32)
+        y = comm.allreduce(x, algorithm=segment)
+        ref = np.empty_like(x)
+        raw.Allreduce(x, ref)
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4)
+        # The same bits on every rank of the node.
+        every = raw.allgather(y.tobytes())
+        assert all(b == every[0] for b in every)
+        g = comm.allgather(x, algorithm=segment)
+        gref = np.empty(comm.size * n, np.float32)
+        raw.Allgather(x, gref)
+        np.testing.assert_array_equal(g.reshape(-1), gref)
+        b = comm.broadcast(x, root=comm.size - 1, algorithm=segment)
+        bref = x.copy()
+        raw.Bcast(bref, root=comm.size - 1)
+        np.testing.assert_array_equal(b, bref)
+        xs = np.tile(x, comm.size)
+        rs = comm.reduce_scatter(xs, algorithm=segment)
+        rref = np.empty(n, np.float32)
+        raw.Reduce_scatter_block(xs, rref)
+        np.testing.assert_allclose(rs, rref, rtol=1e-5, atol=1e-4)
+        comm.barrier(algorithm="shm")
+        inplace = x.copy()
+        comm.allreduce(inplace, out=inplace, algorithm=segment)
+        np.testing.assert_array_equal(inplace, y)
+print("ok", comm.rank, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nprocs,per_node", [(2, None), (3, None), (4, None), (4, 2)])
+def test_node_algorithms_under_mpiexec_agree_with_mpi(mpi, nprocs, per_node):
+    env = {"COMMKIT_RANKS_PER_NODE": str(per_node)} if per_node else {}
+    result = mpi(nprocs, MPI_SCRIPT, env=env, timeout=300)
+    assert result.stdout.count("ok") == nprocs
+
+
+def test_a_missing_rank_times_out_under_mpiexec(mpi):
+    code = """
+    import time
+    import numpy as np
+    import commkit as ck
+    from commkit.errors import CommTimeout
+
+    comm = ck.init()
+    first, later = comm.dup(), comm.dup()
+    later.allreduce(np.ones(8), algorithm="shm")  # its arena is made: rank 1 skips only the next call
+    if comm.rank == 1:
+        time.sleep(4)
+    else:
+        for c in (first, later):
+            try:
+                c.allreduce(np.ones(8), algorithm="shm", timeout=1)
+            except CommTimeout as exc:
+                print("TIMEOUT", exc, flush=True)
+    """
+    result = mpi(2, code, timeout=120)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("TIMEOUT")]
+    assert len(lines) == 2, result.stdout
+    assert "(Claim(8 elements per slot))" in lines[0] and "waiting for rank(s) 1" in lines[0]
+    assert "(Wait(ranks [1] reach 1))" in lines[1] and "waiting for rank(s) 1" in lines[1]
+
+
+def test_traced_node_calls_record_every_step():
+    steps = list(algorithms.get("allreduce", "shm").schedule(0, 2, 100, ck.ops.SUM, segment=8))
+    with ck.trace() as tracer:
+        ck.run_local(lambda comm: comm.allreduce(np.ones(100), algorithm="shm:64"), size=2)
+    events = [e for e in tracer.events if e["rank"] == 0]
+    assert [e["step"] for e in events] == list(range(len(steps)))
+    puts = [e for e, s in zip(events, steps) if isinstance(s, Put)]
+    assert puts and all(e["range"][0] == "slot0" for e in puts)  # the ranges each step touches
