@@ -243,7 +243,7 @@ def wrap(comm, *, timeout: float | None = None, check: bool | None = None) -> Co
     Raises:
         InvalidArgument: ``comm`` is not an mpi4py communicator, or is ``MPI.COMM_NULL``.
     """
-    if isinstance(comm, Comm):
+    if isinstance(comm, (Comm, _Intercomm)):
         return comm
     face = Comm(comm, timeout=timeout, check=check)
     install_abort_on_exception()
@@ -284,19 +284,33 @@ def _announced(what: str | None):
     return wrap
 
 
-class Comm:
-    """An mpi4py communicator whose buffer collectives run commkit's algorithms.
+class Comm(MPI.Intracomm):
+    """An mpi4py intracommunicator whose buffer collectives run commkit's algorithms.
+
+    It *is* an ``MPI.Intracomm`` (a subclass sharing the wrapped communicator's
+    handle, as mpi4py's ``util.pkl5.Intracomm`` is), so every mpi4py function
+    that takes a communicator takes it -- ``MPI.Comm(face)``,
+    ``MPI.Comm.Compare``, ``MPI.Message.Iprobe(face)``, ``MPI.Win.Allocate_shared``,
+    ``MPI.File.Open``, ``mpi4py.util.pkl5`` -- and every method this class does
+    not define is mpi4py's own on the same handle. Communicators made from it
+    (``Dup``, ``Clone``, ``Idup``, ``Split``, ``Create``, ``Create_group`` ...)
+    are faces too; topologies and intercommunicators made from it are mpi4py's.
 
     Attributes:
-        mpi: the wrapped ``mpi4py.MPI.Comm``.
+        mpi: a plain mpi4py communicator with the same handle (the one given to
+            :func:`wrap`, where it made this face).
         comm: the :class:`commkit.Communicator` running the collectives
-            (``comm.comm.last_algorithm`` tells which algorithm ran); None on an
-            intercommunicator.
+            (``comm.comm.last_algorithm`` tells which algorithm ran).
     """
 
-    def __new__(cls, comm=None, **kwargs):
-        inter = cls is Comm and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and comm.Is_inter()
-        return super().__new__(_Intercomm if inter else cls)
+    def __new__(cls, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        if cls is Comm and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL:
+            if comm.Is_inter():
+                return _Intercomm(comm)
+            cls = _TOPOLOGIES.get(comm.Get_topology(), cls)
+        # With no communicator this is mpi4py's own New(type(self)) in Dup, Clone and Idup:
+        # a null handle that MPI then fills, and the face's method sets up (see _derived).
+        return MPI.Intracomm.__new__(cls, comm if isinstance(comm, MPI.Comm) else None)
 
     def __init__(self, comm, *, timeout: float | None = None, check: bool | None = None):
         if not isinstance(comm, MPI.Comm):
@@ -305,30 +319,46 @@ class Comm:
             )
         if comm == MPI.COMM_NULL:
             raise InvalidArgument("cannot wrap MPI.COMM_NULL; wrap a communicator this rank belongs to.")
-        self.mpi = comm
-        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        self._attach(comm, timeout, check)
+        self._connect()
+
+    def _attach(self, mpi, timeout, check) -> None:
+        """The face's local state; nothing here calls MPI (an ``Idup``'s handle is not usable yet)."""
+        self.mpi = mpi
         self._timeout, self._check = timeout, check
         self._self = None  # MPI.COMM_SELF duplicate that packs what the face cannot view, made on first use
         self._views: dict = {}  # parsed specs over plain NumPy arrays: see _keep
-        self.comm = None if comm.Is_inter() else Communicator(MPITransport(comm), timeout=timeout, check=check)
-        # The communicator's blocking methods, bound once for the per-call path.
-        self._blocking = {} if self.comm is None else {name: getattr(self.comm, name) for name in (
-            "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
-            "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
-        self._allreduce = self._blocking.get("allreduce")
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
 
+    def _connect(self) -> None:
+        """Make the commkit communicator (collective: it duplicates the handle twice)."""
+        # A plain twin of the handle: the transport duplicates it with mpi4py's own Dup, never the face's.
+        self.comm = Communicator(MPITransport(MPI.Intracomm(self)), timeout=self._timeout, check=self._check)
+        # The communicator's blocking methods, bound once for the per-call path.
+        self._blocking = {name: getattr(self.comm, name) for name in (
+            "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
+            "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
+        self._allreduce = self._blocking["allreduce"]
+
     def __getattr__(self, name):
-        if name in ("mpi", "comm"):  # not set yet (during unpickling or a failed __init__)
-            raise AttributeError(name)
-        return getattr(self.mpi, name)
+        # Only for what a face made by Idup sets up late: its rank and size once MPI has
+        # completed the duplicate, its commkit communicator at its first collective that
+        # runs commkit (every rank makes that same call, so it is made collectively).
+        if name in ("_rank", "_size"):
+            self._rank, self._size = MPI.Intracomm.Get_rank(self), MPI.Intracomm.Get_size(self)
+            return self.__dict__[name]
+        if name in ("comm", "_blocking", "_allreduce") and "mpi" in self.__dict__ and self:
+            self._connect()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
-        kind = "intercommunicator (MPI's collectives)" if self.comm is None else "commkit's collectives"
-        return f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, {kind}: rank {self._rank} of {self._size}>"
+        if not self:
+            return "<commkit.compat.mpi4py.Comm: freed>"
+        return f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, commkit's collectives: rank {self._rank} of {self._size}>"
 
     # -- basics ----------------------------------------------------------------
 
@@ -337,7 +367,7 @@ class Comm:
         return self._rank
 
     def Get_size(self) -> int:
-        """The number of processes (of the local group, on an intercommunicator)."""
+        """The number of processes."""
         return self._size
 
     @property
@@ -350,49 +380,75 @@ class Comm:
         """The number of processes."""
         return self._size
 
-    def Split(self, color: int = 0, key: int = 0):
-        """Like ``MPI.Comm.Split``: a wrapped new communicator, or ``MPI.COMM_NULL`` for ``MPI.UNDEFINED``."""
-        new = self.mpi.Split(color, key)
+    # -- communicators made from this one: faces too --------------------------------
+
+    def _derived(self, new, connect: bool = True):
+        """``new`` (a communicator mpi4py just made from this one) as a face with this face's settings."""
         if new == MPI.COMM_NULL:
             return new
-        return Comm(new, timeout=self._timeout, check=self._check)
+        if not isinstance(new, Comm):
+            return Comm(new, timeout=self._timeout, check=self._check)
+        new._attach(_plain(new), self._timeout, self._check)
+        if connect:
+            new._connect()
+        return new
 
-    def Dup(self) -> Comm:
-        """A wrapped duplicate (collective)."""
-        return Comm(self.mpi.Dup(), timeout=self._timeout, check=self._check)
+    def Dup(self, info=None) -> Comm:
+        """A face over a duplicate (collective; ``info`` as for ``MPI.Comm.Dup``)."""
+        return self._derived(MPI.Intracomm.Dup(self, info))
+
+    def Dup_with_info(self, info) -> Comm:
+        """A face over a duplicate with hints (collective)."""
+        return self._derived(MPI.Intracomm.Dup_with_info(self, info))
+
+    def Clone(self) -> Comm:
+        """A face over a duplicate (collective)."""
+        return self._derived(MPI.Intracomm.Clone(self))
+
+    def Idup(self, info=None):
+        """Nonblocking duplicate: ``(face, MPI.Request)``; use the face once the request has completed.
+
+        The face makes its commkit communicator at its first collective that
+        runs commkit, so completing the request stays local, as in MPI.
+        """
+        new, request = MPI.Intracomm.Idup(self, info)
+        return self._derived(new, connect=False), request
+
+    def Idup_with_info(self, info):
+        """Nonblocking duplicate with hints (as :meth:`Idup`)."""
+        new, request = MPI.Intracomm.Idup_with_info(self, info)
+        return self._derived(new, connect=False), request
+
+    def Split(self, color: int = 0, key: int = 0):
+        """Like ``MPI.Comm.Split``: a face over the new communicator, or ``MPI.COMM_NULL`` for ``MPI.UNDEFINED``."""
+        return self._derived(MPI.Intracomm.Split(self, color, key))
+
+    def Split_type(self, split_type: int, key: int = 0, info=MPI.INFO_NULL):
+        """Like ``MPI.Comm.Split_type``: a face, or ``MPI.COMM_NULL``."""
+        return self._derived(MPI.Intracomm.Split_type(self, split_type, key, info))
+
+    def Create(self, group):
+        """Like ``MPI.Comm.Create``: a face for the members of ``group``, ``MPI.COMM_NULL`` elsewhere."""
+        return self._derived(MPI.Intracomm.Create(self, group))
+
+    def Create_group(self, group, tag: int = 0):
+        """Like ``MPI.Intracomm.Create_group`` (collective over ``group`` only): a face, or ``MPI.COMM_NULL``."""
+        return self._derived(MPI.Intracomm.Create_group(self, group, tag))
 
     def Free(self) -> None:
-        """Free commkit's contexts and the MPI communicator (as ``MPI.Comm.Free``; MPI refuses COMM_WORLD)."""
+        """Free the MPI communicator, then commkit's contexts (as ``MPI.Comm.Free``; MPI refuses COMM_WORLD).
+
+        MPI frees first: where it refuses (a predefined or an already freed
+        communicator) it raises mpi4py's error and the face keeps working.
+        """
+        MPI.Intracomm.Free(self)
         self._views.clear()
-        if self.comm is not None:
-            self.comm.free()
+        comm = self.__dict__.get("comm")
+        if comm is not None:
+            comm.free()
         if self._self is not None:
             self._self.Free()
             self._self = None
-        self.mpi.Free()
-
-    # -- point to point: passed through (see the module docstring) -----------------
-
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
-        """``MPI.Comm.Send``, unchanged."""
-        self.mpi.Send(buf, dest, tag)
-
-    def Recv(self, buf, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, status=None) -> None:
-        """``MPI.Comm.Recv``, unchanged."""
-        self.mpi.Recv(buf, source, tag, status)
-
-    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = MPI.ANY_SOURCE,
-                 recvtag: int = MPI.ANY_TAG, status=None) -> None:
-        """``MPI.Comm.Sendrecv``, unchanged."""
-        self.mpi.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
-
-    def Isend(self, buf, dest: int, tag: int = 0):
-        """``MPI.Comm.Isend``, unchanged: returns an ``MPI.Request``."""
-        return self.mpi.Isend(buf, dest, tag)
-
-    def Irecv(self, buf, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG):
-        """``MPI.Comm.Irecv``, unchanged: returns an ``MPI.Request``."""
-        return self.mpi.Irecv(buf, source, tag)
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -1184,8 +1240,8 @@ class Comm:
             name = "I" + what.lower()
         else:
             name, args = what + "_init", args + (mode.info,)
-        log.debug("%s runs mpi4py's %s: %s.", self.mpi.Get_name() or "a communicator", name, why)
-        return getattr(self.mpi, name)(*args)
+        log.debug("%s runs mpi4py's %s: %s.", MPI.Intracomm.Get_name(self) or "a communicator", name, why)
+        return getattr(MPI.Intracomm, name)(self, *args)
 
     @staticmethod
     def _payload(msg, prep, shaped=False):
@@ -1371,28 +1427,52 @@ class Comm:
         return blocks
 
 
-class _MPIMethod:
-    """A class attribute that reads the wrapped communicator's method of the same name."""
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, face, owner=None):
-        if face is None:
-            return self
-        return getattr(face.mpi, self.name)  # AttributeError where mpi4py has none (Scan on an intercommunicator)
+def _plain(comm):
+    """A plain mpi4py communicator (of the face's mpi4py class) with the same handle."""
+    return next(c for c in type(comm).__mro__ if c.__module__ == "mpi4py.MPI")(comm)
 
 
-class _Intercomm(Comm):
-    """A wrapped intercommunicator: every collective is MPI's own (commkit's algorithms are intra-group)."""
+class _Cartcomm(Comm, MPI.Cartcomm):
+    """A face over a Cartesian topology: the topology's methods and neighborhood collectives are mpi4py's."""
 
-    for _name in ("Barrier", "Bcast", "Reduce", "Allreduce", "Scan", "Exscan", "Gather", "Scatter", "Allgather",
-                  "Alltoall", "Reduce_scatter_block", "Reduce_scatter", "Allgatherv", "Gatherv", "Scatterv",
-                  "Alltoallv"):
-        locals()[_name] = _MPIMethod()
-        locals()["I" + _name.lower()] = _MPIMethod()
-        locals()[_name + "_init"] = _MPIMethod()
-    del _name
+
+class _Graphcomm(Comm, MPI.Graphcomm):
+    """A face over a graph topology: the topology's methods and neighborhood collectives are mpi4py's."""
+
+
+class _Distgraphcomm(Comm, MPI.Distgraphcomm):
+    """A face over a distributed graph topology: its own methods are mpi4py's."""
+
+
+_TOPOLOGIES = {MPI.CART: _Cartcomm, MPI.GRAPH: _Graphcomm, MPI.DIST_GRAPH: _Distgraphcomm}
+
+
+class _Intercomm(MPI.Intercomm):
+    """A wrapped intercommunicator: an ``MPI.Intercomm`` whose every method is mpi4py's own.
+
+    commkit's algorithms work within one group, so every collective runs MPI's,
+    on every rank. Communicators mpi4py makes from it (``Dup``, ``Merge`` ...)
+    are mpi4py's, a duplicate of this same class.
+    """
+
+    comm = None  # no commkit communicator: nothing here runs commkit
+
+    def __new__(cls, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        return super().__new__(cls, comm)
+
+    def __init__(self, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        pass
+
+    @property
+    def mpi(self):
+        """A plain ``MPI.Intercomm`` with the same handle."""
+        return MPI.Intercomm(self)
+
+    def __repr__(self) -> str:
+        if not self:
+            return "<commkit.compat.mpi4py.Comm: freed intercommunicator>"
+        return (f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, intercommunicator (MPI's collectives): "
+                f"rank {self.Get_rank()} of {self.Get_size()}>")
 
 
 class Request:
