@@ -139,8 +139,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import threading
 from functools import partial
 
+import mpi4py
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
@@ -221,6 +223,25 @@ _OP_DTYPES: dict[int, tuple[Op, frozenset]] = {
     mpi_op.handle: (get_op(name), _dtypes_for(get_op(name), kinds)) for mpi_op, name, kinds in _BUILTIN_OPS
 }
 _FAST_OPS: dict[int, tuple[Op, frozenset]] = {id(mpi_op): _OP_DTYPES[mpi_op.handle] for mpi_op, _, _ in _BUILTIN_OPS}
+
+# The lowercase (pickle) methods: what one rank's object becomes in a fixed record of four
+# int64s -- [kind, pickle size, 16 bytes of value] -- that every rank can read. A Python
+# int (within int64), bool, float or complex, or a NumPy scalar of a numeric type up to
+# 16 bytes, travels as its value; anything else (a larger int included) as mpi4py's pickle.
+_INT, _BOOL, _FLOAT, _COMPLEX, _PICKLED = 1, 2, 3, 4, 5
+_SCALAR_DTYPES: dict[int, np.dtype] = {}
+for _code in "?bhilqpBHILQPefdgFD":
+    _d = np.dtype(_code)
+    if _d.itemsize <= 16 and _d.type not in {d.type for d in _SCALAR_DTYPES.values()}:
+        _SCALAR_DTYPES[6 + len(_SCALAR_DTYPES)] = _d
+del _code, _d
+_SCALAR_KINDS = {d.type: kind for kind, d in _SCALAR_DTYPES.items()}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+# Pickles a reduction gathers to every rank (allreduce) or the root (reduce) before reducing
+# them there in mpi4py's own order, at most this many bytes in all: beyond it, mpi4py's own
+# tree moves less (each rank sends its partial result once).
+_GATHERED_PICKLES = 64 << 10
+_FAST_REDUCE = bool(getattr(mpi4py.rc, "fast_reduce", True))  # read by mpi4py when MPI is imported, as here
 
 
 def wrap(comm, *, timeout: float | None = None, check: bool | None = None) -> Comm:
@@ -449,6 +470,103 @@ class Comm(MPI.Intracomm):
         if self._self is not None:
             self._self.Free()
             self._self = None
+
+    # -- the pickle-based lowercase methods ----------------------------------------------
+    #
+    # mpi4py pickles every object; for a scalar the face sends its value instead. Ranks may
+    # pass objects of different types to one call (an int here, a float there, a list
+    # elsewhere), so no rank can choose the road alone: every rank first shares a fixed
+    # record of its object (its value, or the size of its pickle), and the records decide
+    # for all. Reductions then apply mpi4py's own op to the objects, in the order mpi4py's
+    # tree would (_mpi4py_order), so the result -- its type, a bool sum, a float's last bit
+    # -- is the one mpi4py returns.
+
+    def bcast(self, obj=None, root: int = 0):
+        """mpi4py's ``bcast``: ``root``'s object on every rank (a scalar travels as its value, not pickled)."""
+        if root.__class__ is not int or not 0 <= root < self._size:
+            return MPI.Intracomm.bcast(self, obj, root)  # mpi4py's own error
+        rec, _, locks = self._object_records()
+        with locks[0]:
+            data = _encode(obj, rec) if self._rank == root else None
+            self._blocking["broadcast"](rec, root, out=rec)
+            if rec[0] != _PICKLED:
+                return _decode(rec)
+            blob = np.frombuffer(data, np.uint8) if data is not None else np.empty(int(rec[1]), np.uint8)
+            self._blocking["broadcast"](blob, root, out=None if data is not None else blob)
+        return MPI.pickle.loads(blob)
+
+    def allgather(self, sendobj):
+        """mpi4py's ``allgather``: every rank's object, in rank order (scalars travel as their values)."""
+        return self._gathered(sendobj, None)
+
+    def allreduce(self, sendobj, op=MPI.SUM):
+        """mpi4py's ``allreduce``: ``op`` over every rank's object, the very result mpi4py gives (scalars unpickled).
+
+        ``op`` (an ``MPI.Op`` or a function of two objects) is applied as mpi4py
+        applies it, in the same order. Objects whose pickles are large run
+        mpi4py's own method.
+        """
+        if not callable(op):
+            return MPI.Intracomm.allreduce(self, sendobj, op)
+        objects = self._gathered(sendobj, None, _GATHERED_PICKLES)
+        if objects is None:
+            return MPI.Intracomm.allreduce(self, sendobj, op)
+        return _mpi4py_order(objects, op)
+
+    def reduce(self, sendobj, op=MPI.SUM, root: int = 0):
+        """mpi4py's ``reduce``: ``op`` over every rank's object at ``root`` (None elsewhere), as :meth:`allreduce`."""
+        if not callable(op) or root.__class__ is not int or not 0 <= root < self._size:
+            return MPI.Intracomm.reduce(self, sendobj, op, root)
+        objects = self._gathered(sendobj, root, _GATHERED_PICKLES)
+        if objects is None:
+            return MPI.Intracomm.reduce(self, sendobj, op, root)
+        return _mpi4py_order(objects, op) if self._rank == root else None
+
+    def _object_records(self):
+        """This rank's record, every rank's, and the locks of ``bcast`` and ``allgather``.
+
+        The records are kept, so the communicator replays its plan for them. A
+        call is two collectives (the records, then any pickles) that another
+        thread's call must not come between: mpi4py's own lowercase methods
+        take a lock of the communicator's (``MPI._comm_lock_table``) for that,
+        and the face takes the same ones.
+        """
+        records = self.__dict__.get("_records")
+        if records is None:
+            table = MPI._comm_lock_table(self)
+            locks = tuple(table.setdefault(key, threading.Lock()) for key in ("bcast", "allgather"))
+            records = self._records = (np.zeros(4, np.int64), np.zeros((self._size, 4), np.int64), locks)
+        return records
+
+    def _gathered(self, sendobj, root, limit=None):
+        """Every rank's object, as mpi4py's pickle would give it back, on every rank (``root`` None) or at ``root``.
+
+        Returns an empty list off the root, and None (on every rank) where the
+        pickles come to more than ``limit`` bytes: the caller runs mpi4py's own.
+        """
+        rec, records, locks = self._object_records()
+        with locks[1]:
+            data = _encode(sendobj, rec)
+            self._blocking["allgather"](rec, out=records)
+            pickled = records[:, 0] == _PICKLED
+            if not pickled.any():
+                return [_decode(r) for r in records] if root is None or self._rank == root else []
+            counts = np.where(pickled, records[:, 1], 0).tolist()
+            if limit is not None and sum(counts) > limit:
+                return None
+            mine = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+            if root is None:
+                blob = self.comm.allgatherv(mine, counts)
+            else:
+                blob = self.comm.gatherv(mine, root, counts)
+                if self._rank != root:
+                    return []
+            kinds = records[:, 0].tolist()
+        objects, offset = [], 0
+        for r, kind, n in zip(records, kinds, counts):
+            objects.append(MPI.pickle.loads(blob[offset:offset + n]) if kind == _PICKLED else _decode(r))
+            offset += n
+        return objects
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -1425,6 +1543,74 @@ class Comm(MPI.Intracomm):
                     f"{name}: its blocks span bytes {lower} to {lower + span} but the buffer holds {raw.size}."
                 )
         return blocks
+
+
+def _encode(obj, rec):
+    """Write ``obj`` into ``rec`` (int64[4]) as a value; returns None, or for anything else its pickle."""
+    t = obj.__class__
+    if t is int and _INT64[0] <= obj <= _INT64[1]:
+        rec[0], rec[2] = _INT, obj
+        return None
+    if t is float:
+        rec[0] = _FLOAT
+        rec.view(np.float64)[2] = obj
+        return None
+    if t is bool:
+        rec[0], rec[2] = _BOOL, obj
+        return None
+    if t is complex:
+        rec[0] = _COMPLEX
+        rec.view(np.float64)[2:] = obj.real, obj.imag
+        return None
+    kind = _SCALAR_KINDS.get(t)
+    if kind is not None:
+        rec[0] = kind
+        dtype = _SCALAR_DTYPES[kind]
+        rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0] = obj
+        return None
+    data = MPI.pickle.dumps(obj)
+    rec[0], rec[1] = _PICKLED, len(data)
+    return data
+
+
+def _decode(rec):
+    """The object a value record holds, of the type it was sent as (a fresh copy, as unpickling gives)."""
+    kind = rec[0]
+    if kind == _INT:
+        return int(rec[2])
+    if kind == _FLOAT:
+        return float(rec.view(np.float64)[2])
+    if kind == _BOOL:
+        return bool(rec[2])
+    if kind == _COMPLEX:
+        f = rec.view(np.float64)
+        return complex(f[2], f[3])
+    dtype = _SCALAR_DTYPES[int(kind)]
+    return rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0]
+
+
+def _mpi4py_order(objects, op):
+    """``op`` over every rank's object in the order mpi4py's ``reduce``/``allreduce`` apply it."""
+    if not _FAST_REDUCE:  # mpi4py.rc.fast_reduce = False: mpi4py gathers and folds left to right
+        return functools.reduce(op, objects)
+    return _binomial(objects, op)
+
+
+def _binomial(objects, op):
+    """``op`` over ``objects`` as mpi4py's reduce applies it: a binomial tree onto rank 0, lower ranks on the left.
+
+    mpi4py's ``reduce`` and ``allreduce`` combine, at step k, the partial result
+    of rank r (r a multiple of 2^(k+1)) with the one of rank r + 2^k as
+    ``op(mine, theirs)``; doing the same here gives its result to the bit, and
+    to the type (``MPI.MAX(1, True)`` is 1, ``MPI.MAX(True, 1)`` is True).
+    """
+    acc = list(objects)
+    n, step = len(acc), 1
+    while step < n:
+        for r in range(0, n - step, 2 * step):
+            acc[r] = op(acc[r], acc[r + step])
+        step *= 2
+    return acc[0]
 
 
 def _plain(comm):
