@@ -1574,3 +1574,24 @@ def test_reductions_apply_the_op_in_mpi4py_binomial_order():
     assert _binomial(list("abcdefg"), pairs) == "(((ab)(cd))((ef)g))"
     assert _binomial(list("abc"), pairs) == "((ab)c)"
     assert _binomial(["a"], pairs) == "a"
+
+
+class HostInterface:
+    """Host memory behind ``__cuda_array_interface__`` (as mpi4py's test-suite's fake GPU arrays): MPI reads it."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {"version": 0, "data": (a.ctypes.data, False),
+                                         "typestr": a.dtype.str, "shape": a.shape}
+
+
+def test_vector_buffers_only_mpi_can_read_take_their_datatype_and_size_from_mpi4py(face):
+    MPI, comm = face
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("with CuPy the face views such memory itself")
+    except ImportError:
+        pass
+    send, recv = np.arange(3, dtype=np.int32), np.full(3, -1, np.int32)
+    comm.Allgatherv(HostInterface(send), [HostInterface(recv), 3])  # counts inferred, datatype from the interface
+    assert recv.tolist() == [0, 1, 2]

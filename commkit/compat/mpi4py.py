@@ -1527,12 +1527,14 @@ class Comm(MPI.Intracomm):
                     )
             return _Blocks([c * itemsize for c in counts], raw, [d * itemsize for d in displs])
         if datatype is None:
+            datatype = _interface_datatype(buf)
+        if datatype is None:
             raise InvalidBuffer(f"{name}: {opaque}, and has no datatype in its spec; pass [buf, counts, displs, "
                                 "datatype] so that MPI can pack it.")
         log.debug("%s; MPI packs its blocks for commkit's algorithm.", opaque)
         base = datatype if isinstance(datatype, _MPI_DATATYPE) else MPI.Datatype.fromcode(datatype)
         extent, tsize = base.Get_extent()[1], base.Get_size()
-        counts = _vcounts(counts, 0 if raw is None else raw.size, extent, size, name)
+        counts = _vcounts(counts, _nbytes(buf) if raw is None else raw.size, extent, size, name)
         displs = _vdispls(displs, counts, name)
         blocks = _Blocks([c * tsize for c in counts], None, None,
                          (buf, base, counts, [d * extent for d in displs], self._local()))
@@ -2223,6 +2225,32 @@ class _Blocks:
             sending.Wait()
         finally:
             datatype.Free()
+
+
+def _nbytes(buf) -> int:
+    """The bytes of a buffer the face cannot view, as mpi4py's own reader counts them (0 where it has none)."""
+    if buf is None or buf is _BOTTOM:
+        return 0
+    try:
+        return len(MPI.buffer(buf))
+    except (TypeError, ValueError, BufferError, MPI.Exception):
+        return 0
+
+
+def _interface_datatype(buf):
+    """The MPI datatype of a ``__cuda_array_interface__`` object's elements (as mpi4py reads it), or None.
+
+    Without CuPy the face cannot view such memory, but MPI can pack it, as mpi4py
+    hands it to MPI: by its address (host memory behind the interface, or
+    device memory with a CUDA-aware MPI).
+    """
+    interface = getattr(buf, "__cuda_array_interface__", None)
+    if not isinstance(interface, dict) or "typestr" not in interface:
+        return None
+    try:
+        return MPI._typedict.get(np.dtype(interface["typestr"]).char)
+    except TypeError:
+        return None
 
 
 def _vsplit(spec, name: str):
