@@ -25,10 +25,23 @@ What goes where:
   ``bytearray``, ``memoryview``, DLPack producers), and run commkit's
   algorithms on a :class:`commkit.Communicator` over duplicated contexts of the
   same MPI communicator, so its traffic never meets the program's own messages.
-* Point-to-point, ``Alltoallw``, the neighborhood collectives, the
-  pickle-based lowercase methods and every other attribute go to the wrapped
-  mpi4py communicator untouched: they run MPI's own implementation with every
-  detail of mpi4py (``Status`` counts, ``MPI.Request`` objects, buffer forms).
+* The face *is* an ``MPI.Intracomm``: a subclass sharing the wrapped
+  communicator's handle (as mpi4py's own ``util.pkl5`` and ``reductions``
+  demo extend it), so every function of mpi4py that takes a communicator
+  takes the face (``MPI.Comm(face)``, ``MPI.Comm.Compare``,
+  ``MPI.Message.Iprobe``, ``MPI.Win.Allocate_shared``, ``MPI.File.Open``,
+  ``mpi4py.util.pkl5``), and point-to-point, ``Alltoallw``, the neighborhood
+  collectives and every method this module does not define are mpi4py's own,
+  on the same handle, with every detail of mpi4py. Communicators made from it
+  (``Dup`` with or without info, ``Clone``, ``Idup``, ``Split``,
+  ``Split_type``, ``Create``, ``Create_group``) are faces; topologies and
+  intercommunicators made from it are mpi4py's (wrapped, they are faces of
+  mpi4py's topology classes, and an ``MPI.Intercomm`` whose every method is
+  mpi4py's).
+* The pickle-based ``bcast``, ``allgather``, ``reduce`` and ``allreduce``
+  send a Python or NumPy scalar as its value through commkit's collectives
+  (see "Lowercase methods" below); any other object travels as mpi4py's
+  pickle, and gives what mpi4py gives.
 * What commkit cannot compute goes to the wrapped communicator's own method
   for that call, in the same form (blocking, ``I`` or ``_init``; logged at
   debug level on the ``commkit.compat.mpi4py`` logger, with the reason): ops
@@ -116,6 +129,26 @@ for data movement, the same byte views of them, kept per array) on every call,
 so that it replays the plan it compiled for them. A persistent request parses
 nothing at all after its init. ``benchmarks/face_overhead.py`` measures what
 is left.
+
+Lowercase methods
+-----------------
+
+Ranks may pass objects of different types to one ``allreduce`` (an int on
+one rank, a float or a list on another), so no rank can decide alone whether
+its object travels as a value. Every rank first shares a record of 32 bytes:
+its value (an int within int64, a bool, float or complex, or a NumPy scalar
+of a numeric type up to 16 bytes), or the size of its pickle. ``bcast``
+broadcasts the root's record, the others allgather them. If every object was
+a scalar, that was the whole call; otherwise the pickles follow, as in mpi4py
+(a second broadcast, or an allgatherv of the pickles), and a reduction whose
+pickles come to more than 64 KiB in all runs mpi4py's own method instead, whose
+tree moves less. A reduction applies mpi4py's own op to the objects in the
+order mpi4py applies it (a binomial tree onto rank 0, lower ranks on the left;
+a left fold with ``mpi4py.rc.fast_reduce = False``), so the result is
+mpi4py's to the bit and to the type (``MPI.SUM`` of bools is an int,
+``MPI.MAX(1, True)`` is 1). These calls take the communicator's locks that
+mpi4py's own take (``MPI._comm_lock_table``), since each is two collectives
+that another thread's call must not come between.
 
 Requests
 --------
