@@ -40,8 +40,8 @@ What goes where:
   mpi4py's).
 * The pickle-based ``bcast``, ``allgather``, ``reduce`` and ``allreduce``
   send a Python or NumPy scalar as its value through commkit's collectives
-  (see "Lowercase methods" below); any other object travels as mpi4py's
-  pickle, and gives what mpi4py gives.
+  (see "Lowercase methods" below); any other object runs mpi4py's own
+  method.
 * What commkit cannot compute goes to the wrapped communicator's own method
   for that call, in the same form (blocking, ``I`` or ``_init``; logged at
   debug level on the ``commkit.compat.mpi4py`` logger, with the reason): ops
@@ -137,18 +137,16 @@ Ranks may pass objects of different types to one ``allreduce`` (an int on
 one rank, a float or a list on another), so no rank can decide alone whether
 its object travels as a value. Every rank first shares a record of 32 bytes:
 its value (an int within int64, a bool, float or complex, or a NumPy scalar
-of a numeric type up to 16 bytes), or the size of its pickle. ``bcast``
-broadcasts the root's record, the others allgather them. If every object was
-a scalar, that was the whole call; otherwise the pickles follow, as in mpi4py
-(a second broadcast, or an allgatherv of the pickles), and a reduction whose
-pickles come to more than 64 KiB in all runs mpi4py's own method instead, whose
-tree moves less. A reduction applies mpi4py's own op to the objects in the
+of a numeric type up to 16 bytes), or a mark that it is none of these.
+``bcast`` broadcasts the root's record, the others allgather them. If every
+object was a scalar, that was the whole call; otherwise every rank runs
+mpi4py's own method, which pickles (one small collective more than mpi4py's
+alone). A reduction applies mpi4py's own op to the objects in the
 order mpi4py applies it (a binomial tree onto rank 0, lower ranks on the left;
 a left fold with ``mpi4py.rc.fast_reduce = False``), so the result is
 mpi4py's to the bit and to the type (``MPI.SUM`` of bools is an int,
 ``MPI.MAX(1, True)`` is 1). These calls take the communicator's locks that
-mpi4py's own take (``MPI._comm_lock_table``), since each is two collectives
-that another thread's call must not come between.
+mpi4py's own take (``MPI._comm_lock_table``).
 
 Requests
 --------
@@ -258,9 +256,10 @@ _OP_DTYPES: dict[int, tuple[Op, frozenset]] = {
 _FAST_OPS: dict[int, tuple[Op, frozenset]] = {id(mpi_op): _OP_DTYPES[mpi_op.handle] for mpi_op, _, _ in _BUILTIN_OPS}
 
 # The lowercase (pickle) methods: what one rank's object becomes in a fixed record of four
-# int64s -- [kind, pickle size, 16 bytes of value] -- that every rank can read. A Python
-# int (within int64), bool, float or complex, or a NumPy scalar of a numeric type up to
-# 16 bytes, travels as its value; anything else (a larger int included) as mpi4py's pickle.
+# int64s -- [kind, unused, 16 bytes of value] -- that every rank can read. A Python int
+# (within int64), bool, float or complex, or a NumPy scalar of a numeric type up to 16
+# bytes, travels as its value; anything else (a larger int included) marks the call as
+# one for mpi4py's own method, which pickles.
 _INT, _BOOL, _FLOAT, _COMPLEX, _PICKLED = 1, 2, 3, 4, 5
 _SCALAR_DTYPES: dict[int, np.dtype] = {}
 for _code in "?bhilqpBHILQPefdgFD":
@@ -270,10 +269,6 @@ for _code in "?bhilqpBHILQPefdgFD":
 del _code, _d
 _SCALAR_KINDS = {d.type: kind for kind, d in _SCALAR_DTYPES.items()}
 _INT64 = (-(1 << 63), (1 << 63) - 1)
-# Pickles a reduction gathers to every rank (allreduce) or the root (reduce) before reducing
-# them there in mpi4py's own order, at most this many bytes in all: beyond it, mpi4py's own
-# tree moves less (each rank sends its partial result once).
-_GATHERED_PICKLES = 64 << 10
 _FAST_REDUCE = bool(getattr(mpi4py.rc, "fast_reduce", True))  # read by mpi4py when MPI is imported, as here
 
 
@@ -509,8 +504,8 @@ class Comm(MPI.Intracomm):
     # mpi4py pickles every object; for a scalar the face sends its value instead. Ranks may
     # pass objects of different types to one call (an int here, a float there, a list
     # elsewhere), so no rank can choose the road alone: every rank first shares a fixed
-    # record of its object (its value, or the size of its pickle), and the records decide
-    # for all. Reductions then apply mpi4py's own op to the objects, in the order mpi4py's
+    # record of its object (its value, or a mark that it is no scalar), and the records
+    # decide for all: values, or mpi4py's own method for everyone. Reductions then apply mpi4py's own op to the objects, in the order mpi4py's
     # tree would (_mpi4py_order), so the result -- its type, a bool sum, a float's last bit
     # -- is the one mpi4py returns.
 
@@ -520,28 +515,28 @@ class Comm(MPI.Intracomm):
             return MPI.Intracomm.bcast(self, obj, root)  # mpi4py's own error
         rec, _, locks = self._object_records()
         with locks[0]:
-            data = _encode(obj, rec) if self._rank == root else None
+            if self._rank == root:
+                _encode(obj, rec)
             self._blocking["broadcast"](rec, root, out=rec)
             if rec[0] != _PICKLED:
                 return _decode(rec)
-            blob = np.frombuffer(data, np.uint8) if data is not None else np.empty(int(rec[1]), np.uint8)
-            self._blocking["broadcast"](blob, root, out=None if data is not None else blob)
-        return MPI.pickle.loads(blob)
+        return MPI.Intracomm.bcast(self, obj, root)
 
     def allgather(self, sendobj):
         """mpi4py's ``allgather``: every rank's object, in rank order (scalars travel as their values)."""
-        return self._gathered(sendobj, None)
+        objects = self._gathered(sendobj, None)
+        return MPI.Intracomm.allgather(self, sendobj) if objects is None else objects
 
     def allreduce(self, sendobj, op=MPI.SUM):
         """mpi4py's ``allreduce``: ``op`` over every rank's object, the very result mpi4py gives (scalars unpickled).
 
         ``op`` (an ``MPI.Op`` or a function of two objects) is applied as mpi4py
-        applies it, in the same order. Objects whose pickles are large run
-        mpi4py's own method.
+        applies it, in the same order. Where any rank's object is not a scalar,
+        every rank runs mpi4py's own method.
         """
         if not callable(op):
             return MPI.Intracomm.allreduce(self, sendobj, op)
-        objects = self._gathered(sendobj, None, _GATHERED_PICKLES)
+        objects = self._gathered(sendobj, None)
         if objects is None:
             return MPI.Intracomm.allreduce(self, sendobj, op)
         return _mpi4py_order(objects, op)
@@ -550,7 +545,7 @@ class Comm(MPI.Intracomm):
         """mpi4py's ``reduce``: ``op`` over every rank's object at ``root`` (None elsewhere), as :meth:`allreduce`."""
         if not callable(op) or root.__class__ is not int or not 0 <= root < self._size:
             return MPI.Intracomm.reduce(self, sendobj, op, root)
-        objects = self._gathered(sendobj, root, _GATHERED_PICKLES)
+        objects = self._gathered(sendobj, root)
         if objects is None:
             return MPI.Intracomm.reduce(self, sendobj, op, root)
         return _mpi4py_order(objects, op) if self._rank == root else None
@@ -558,11 +553,11 @@ class Comm(MPI.Intracomm):
     def _object_records(self):
         """This rank's record, every rank's, and the locks of ``bcast`` and ``allgather``.
 
-        The records are kept, so the communicator replays its plan for them. A
-        call is two collectives (the records, then any pickles) that another
-        thread's call must not come between: mpi4py's own lowercase methods
-        take a lock of the communicator's (``MPI._comm_lock_table``) for that,
-        and the face takes the same ones.
+        The records are kept, so the communicator replays its plan for them, and
+        another thread's call must not write them before this one has read
+        them: the face takes the locks of the communicator that mpi4py's own
+        lowercase methods take (``MPI._comm_lock_table``), released before it
+        runs one of those.
         """
         records = self.__dict__.get("_records")
         if records is None:
@@ -571,35 +566,19 @@ class Comm(MPI.Intracomm):
             records = self._records = (np.zeros(4, np.int64), np.zeros((self._size, 4), np.int64), locks)
         return records
 
-    def _gathered(self, sendobj, root, limit=None):
-        """Every rank's object, as mpi4py's pickle would give it back, on every rank (``root`` None) or at ``root``.
+    def _gathered(self, sendobj, root):
+        """Every rank's object, on every rank (``root`` None) or at ``root`` (an empty list elsewhere).
 
-        Returns an empty list off the root, and None (on every rank) where the
-        pickles come to more than ``limit`` bytes: the caller runs mpi4py's own.
+        None, on every rank, where some rank's object is not a scalar: the
+        caller then runs mpi4py's own method, which pickles.
         """
         rec, records, locks = self._object_records()
         with locks[1]:
-            data = _encode(sendobj, rec)
+            _encode(sendobj, rec)
             self._blocking["allgather"](rec, out=records)
-            pickled = records[:, 0] == _PICKLED
-            if not pickled.any():
-                return [_decode(r) for r in records] if root is None or self._rank == root else []
-            counts = np.where(pickled, records[:, 1], 0).tolist()
-            if limit is not None and sum(counts) > limit:
+            if (records[:, 0] == _PICKLED).any():
                 return None
-            mine = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
-            if root is None:
-                blob = self.comm.allgatherv(mine, counts)
-            else:
-                blob = self.comm.gatherv(mine, root, counts)
-                if self._rank != root:
-                    return []
-            kinds = records[:, 0].tolist()
-        objects, offset = [], 0
-        for r, kind, n in zip(records, kinds, counts):
-            objects.append(MPI.pickle.loads(blob[offset:offset + n]) if kind == _PICKLED else _decode(r))
-            offset += n
-        return objects
+            return [_decode(r) for r in records] if root is None or self._rank == root else []
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -1580,32 +1559,30 @@ class Comm(MPI.Intracomm):
         return blocks
 
 
-def _encode(obj, rec):
-    """Write ``obj`` into ``rec`` (int64[4]) as a value; returns None, or for anything else its pickle."""
+def _encode(obj, rec) -> None:
+    """Write ``obj`` into ``rec`` (int64[4]) as a value, or mark it as one that only a pickle carries."""
     t = obj.__class__
     if t is int and _INT64[0] <= obj <= _INT64[1]:
         rec[0], rec[2] = _INT, obj
-        return None
+        return
     if t is float:
         rec[0] = _FLOAT
         rec.view(np.float64)[2] = obj
-        return None
+        return
     if t is bool:
         rec[0], rec[2] = _BOOL, obj
-        return None
+        return
     if t is complex:
         rec[0] = _COMPLEX
         rec.view(np.float64)[2:] = obj.real, obj.imag
-        return None
+        return
     kind = _SCALAR_KINDS.get(t)
     if kind is not None:
         rec[0] = kind
         dtype = _SCALAR_DTYPES[kind]
         rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0] = obj
-        return None
-    data = MPI.pickle.dumps(obj)
-    rec[0], rec[1] = _PICKLED, len(data)
-    return data
+        return
+    rec[0] = _PICKLED
 
 
 def _decode(rec):
