@@ -1385,3 +1385,214 @@ def test_vector_count_mismatch_raises_the_same_error_on_every_rank(mpi):
     result = mpi(3, VECTOR_MISMATCH, timeout=60)
     assert "Gatherv: rank 1 sends 24 bytes but the root's recvcounts give its block 16 bytes" in result.stdout
     assert "Alltoallv: rank 0 expects 8 bytes from rank 0, which sends it 16" in result.stdout
+
+
+# -- the face is an mpi4py communicator ------------------------------------------------------------
+
+IS_A_COMMUNICATOR = r'''
+import threading
+import numpy as np
+from mpi4py import MPI
+from mpi4py.util import pkl5
+from commkit.compat.mpi4py import Comm, wrap
+
+world = MPI.COMM_WORLD
+face = wrap(world)
+rank, size = face.Get_rank(), face.Get_size()
+assert isinstance(face, MPI.Intracomm) and isinstance(face, Comm)
+assert MPI.Comm(face) == world and type(MPI.Comm(face)) is MPI.Comm  # mpi4py's C-level constructor takes it
+assert MPI.Comm.Compare(face, world) == MPI.IDENT
+
+# Matched probes and mpi4py's lock table take it (C functions typed to MPI.Comm).
+if size > 1:
+    if rank == 0:
+        face.Send(np.arange(3, dtype=np.int64), 1, tag=7)
+    elif rank == 1:
+        status = MPI.Status()
+        message = None
+        while message is None:
+            message = MPI.Message.Iprobe(face, 0, 7, status)
+        got = np.zeros(3, np.int64)
+        message.Recv(got)
+        assert got.tolist() == [0, 1, 2] and status.Get_count(MPI.INT64_T) == 3
+    face.Barrier()
+    if rank == 0:
+        face.send({"a": 1}, 1, tag=8)
+    elif rank == 1:
+        assert MPI.Message.probe(face, 0, 8).recv() == {"a": 1}
+assert isinstance(MPI._comm_lock_table(face), dict)
+face.bcast(None, root=0)
+assert isinstance(MPI._comm_lock_table(face)["bcast"], type(threading.Lock()))
+
+# mpi4py.util.pkl5 and one-sided windows over it.
+big = pkl5.Intracomm(face)
+assert big.bcast(["x" * 10, rank] if rank == 0 else None, root=0) == ["x" * 10, 0]
+shared = MPI.Win.Allocate_shared(8 if rank == 0 else 0, 8, comm=face)
+shared.Free()
+
+# Communicators made from the face are faces, running commkit; Free releases both sides once.
+def check_face(comm, expected_size):
+    assert isinstance(comm, Comm) and comm.Get_size() == expected_size
+    x = np.full(2, comm.Get_rank() + 1, np.int64)
+    comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+    assert x.tolist() == [expected_size * (expected_size + 1) // 2] * 2
+    assert comm.comm.last_algorithm != "native", comm.comm.last_algorithm
+
+dup = face.Dup(MPI.INFO_NULL)
+assert MPI.Comm.Compare(face, dup) == MPI.CONGRUENT
+check_face(dup, size)
+inner = dup.comm
+dup.Free()
+assert dup == MPI.COMM_NULL and inner.broken is None and repr(inner).endswith("freed>")
+try:
+    dup.Free()
+except MPI.Exception:
+    pass
+else:
+    raise AssertionError("a second Free must raise mpi4py's error")
+check_face(face.Dup(), size)
+check_face(face.Clone(), size)
+new, request = face.Idup()
+request.Wait()
+assert MPI.Comm.Compare(face, new) == MPI.CONGRUENT
+check_face(new, size)
+new.Free()
+group = face.Get_group()
+check_face(face.Create_group(group), size)
+check_face(face.Create(group), size)
+half = group.Incl([r for r in range(size) if r % 2 == 0])
+made = face.Create_group(half) if rank % 2 == 0 else None
+if rank % 2 == 0:
+    check_face(made, (size + 1) // 2)
+    made.Free()
+check_face(face.Split(rank % 2, rank), len(range(rank % 2, size, 2)))
+try:
+    face.Free()  # MPI refuses COMM_WORLD, and the face keeps working
+except MPI.Exception:
+    pass
+check_face(face, size)
+print(f"rank {rank}: the face is an mpi4py communicator")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_the_face_is_an_mpi4py_intracomm_every_mpi4py_function_takes(mpi, nprocs):
+    result = mpi(nprocs, IS_A_COMMUNICATOR, timeout=120)
+    assert result.stdout.count("the face is an mpi4py communicator") == nprocs, result.stdout
+
+
+LOWERCASE = r'''
+import functools
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+
+raw = MPI.COMM_WORLD
+face = wrap(raw)
+rank, size = raw.Get_rank(), raw.Get_size()
+VALUES = {
+    "int": lambda r: 3 * r - 4, "int near int64": lambda r: (1 << 62) * (r + 1) - r,
+    "int past int64": lambda r: (1 << 70) + r, "bool": lambda r: r % 2 == 0,
+    "float": lambda r: 0.1 * (r + 1) + 1e-17 * r, "complex": lambda r: complex(r, -0.3 * r),
+    "mixed types": lambda r: [1, 2.5, True, 1 + 1j][r % 4], "np.float32": lambda r: np.float32(0.1 * (r + 1)),
+    "np.int8": lambda r: np.int8(100 + r), "np.bool_": lambda r: np.bool_(r % 2),
+    "np.uint64": lambda r: np.uint64(2**63 + r), "np.complex64": lambda r: np.complex64(r + 0.5j),
+    "np.float16": lambda r: np.float16(r / 3), "nan": lambda r: float("nan") if r == 1 else -0.0,
+    "list": lambda r: [r, "x" * r], "scalar or tuple": lambda r: r if r % 2 else (r,),
+}
+OPS = {"SUM": MPI.SUM, "PROD": MPI.PROD, "MAX": MPI.MAX, "MIN": MPI.MIN, "LAND": MPI.LAND, "LOR": MPI.LOR,
+       "LXOR": MPI.LXOR, "BAND": MPI.BAND, "BOR": MPI.BOR, "BXOR": MPI.BXOR, "last": lambda a, b: b}
+
+
+def same(a, b):
+    return type(a) is type(b) and repr(a) == repr(b)
+
+
+compared, differ = 0, []
+np.seterr(all="ignore")
+for name, value in VALUES.items():
+    x = value(rank)
+    for opname, op in OPS.items():
+        try:  # an op that raises on these objects raises on one rank in mpi4py while the others wait
+            functools.reduce(op, [value(r) for r in range(size)])
+        except Exception:
+            continue
+        calls = [("allreduce", lambda c: c.allreduce(x, op))]
+        calls += [(f"reduce root {root}", lambda c, root=root: c.reduce(x, op, root)) for root in range(size)]
+        for what, call in calls:
+            theirs, ours = call(raw), call(face)
+            compared += 1
+            if not same(theirs, ours):
+                differ.append(f"{what} {name} {opname}: mpi4py {theirs!r} face {ours!r}")
+    for root in range(size):
+        theirs = raw.bcast(x if rank == root else None, root)
+        ours = face.bcast(x if rank == root else None, root)
+        compared += 1
+        if not same(theirs, ours):
+            differ.append(f"bcast {name}: mpi4py {theirs!r} face {ours!r}")
+    theirs, ours = raw.allgather(x), face.allgather(x)
+    compared += 1
+    if not (len(theirs) == len(ours) and all(same(a, b) for a, b in zip(theirs, ours))):
+        differ.append(f"allgather {name}: mpi4py {theirs!r} face {ours!r}")
+# A scalar takes commkit's buffer path: the last collective was commkit's allgather of the records.
+face.allreduce(rank + 0.5, MPI.SUM)
+assert face.comm.last_choice is not None and face.comm.last_algorithm is not None
+for line in differ:
+    print(f"rank {rank} DIFFERS {line}")
+print(f"rank {rank}: {compared - len(differ)} of {compared} identical")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_lowercase_methods_return_what_mpi4py_returns_for_every_scalar_type_and_op(mpi, nprocs):
+    result = mpi(nprocs, LOWERCASE, timeout=240)
+    counts = re.findall(r"rank \d+: (\d+) of (\d+) identical", result.stdout)
+    assert len(counts) == nprocs and all(a == b and int(b) > 100 for a, b in counts), result.stdout
+
+
+def test_lowercase_scalars_travel_as_values_and_the_rest_as_pickles():
+    from commkit.compat import mpi4py as face_module
+
+    np_ = np
+    rec = np_.zeros(4, np_.int64)
+    for value in (7, -(1 << 63), (1 << 63) - 1, True, 2.5, float("-inf"), 1 - 2j, np_.float32(1.5), np_.uint64(2**64 - 1),
+                  np_.bool_(True), np_.longdouble(1) / 3):
+        face_module._encode(value, rec)
+        assert rec[0] != face_module._PICKLED, value
+        back = face_module._decode(rec)
+        assert type(back) is type(value) and repr(back) == repr(value), (value, back)
+    for value in (1 << 63, -(1 << 63) - 1, [1], "s", np_.clongdouble(1), np_.datetime64(1, "s")):
+        face_module._encode(value, rec)
+        assert rec[0] == face_module._PICKLED, value
+
+
+def test_reductions_apply_the_op_in_mpi4py_binomial_order():
+    from commkit.compat.mpi4py import _binomial
+
+    pairs = lambda a, b: f"({a}{b})"  # noqa: E731
+    assert _binomial(list("abcdefg"), pairs) == "(((ab)(cd))((ef)g))"
+    assert _binomial(list("abc"), pairs) == "((ab)c)"
+    assert _binomial(["a"], pairs) == "a"
+
+
+class HostInterface:
+    """Host memory behind ``__cuda_array_interface__`` (as mpi4py's test-suite's fake GPU arrays): MPI reads it."""
+
+    def __init__(self, a):
+        self.a = a
+        self.__cuda_array_interface__ = {"version": 0, "data": (a.ctypes.data, False),
+                                         "typestr": a.dtype.str, "shape": a.shape}
+
+
+def test_vector_buffers_only_mpi_can_read_take_their_datatype_and_size_from_mpi4py(face):
+    MPI, comm = face
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("with CuPy the face views such memory itself")
+    except ImportError:
+        pass
+    send, recv = np.arange(3, dtype=np.int32), np.full(3, -1, np.int32)
+    comm.Allgatherv(HostInterface(send), [HostInterface(recv), 3])  # counts inferred, datatype from the interface
+    assert recv.tolist() == [0, 1, 2]

@@ -25,10 +25,23 @@ What goes where:
   ``bytearray``, ``memoryview``, DLPack producers), and run commkit's
   algorithms on a :class:`commkit.Communicator` over duplicated contexts of the
   same MPI communicator, so its traffic never meets the program's own messages.
-* Point-to-point, ``Alltoallw``, the neighborhood collectives, the
-  pickle-based lowercase methods and every other attribute go to the wrapped
-  mpi4py communicator untouched: they run MPI's own implementation with every
-  detail of mpi4py (``Status`` counts, ``MPI.Request`` objects, buffer forms).
+* The face *is* an ``MPI.Intracomm``: a subclass sharing the wrapped
+  communicator's handle (as mpi4py's own ``util.pkl5`` and ``reductions``
+  demo extend it), so every function of mpi4py that takes a communicator
+  takes the face (``MPI.Comm(face)``, ``MPI.Comm.Compare``,
+  ``MPI.Message.Iprobe``, ``MPI.Win.Allocate_shared``, ``MPI.File.Open``,
+  ``mpi4py.util.pkl5``), and point-to-point, ``Alltoallw``, the neighborhood
+  collectives and every method this module does not define are mpi4py's own,
+  on the same handle, with every detail of mpi4py. Communicators made from it
+  (``Dup`` with or without info, ``Clone``, ``Idup``, ``Split``,
+  ``Split_type``, ``Create``, ``Create_group``) are faces; topologies and
+  intercommunicators made from it are mpi4py's (wrapped, they are faces of
+  mpi4py's topology classes, and an ``MPI.Intercomm`` whose every method is
+  mpi4py's).
+* The pickle-based ``bcast``, ``allgather``, ``reduce`` and ``allreduce``
+  send a Python or NumPy scalar as its value through commkit's collectives
+  (see "Lowercase methods" below); any other object runs mpi4py's own
+  method.
 * What commkit cannot compute goes to the wrapped communicator's own method
   for that call, in the same form (blocking, ``I`` or ``_init``; logged at
   debug level on the ``commkit.compat.mpi4py`` logger, with the reason): ops
@@ -117,6 +130,24 @@ so that it replays the plan it compiled for them. A persistent request parses
 nothing at all after its init. ``benchmarks/face_overhead.py`` measures what
 is left.
 
+Lowercase methods
+-----------------
+
+Ranks may pass objects of different types to one ``allreduce`` (an int on
+one rank, a float or a list on another), so no rank can decide alone whether
+its object travels as a value. Every rank first shares a record of 32 bytes:
+its value (an int within int64, a bool, float or complex, or a NumPy scalar
+of a numeric type up to 16 bytes), or a mark that it is none of these.
+``bcast`` broadcasts the root's record, the others allgather them. If every
+object was a scalar, that was the whole call; otherwise every rank runs
+mpi4py's own method, which pickles (one small collective more than mpi4py's
+alone). A reduction applies mpi4py's own op to the objects in the
+order mpi4py applies it (a binomial tree onto rank 0, lower ranks on the left;
+a left fold with ``mpi4py.rc.fast_reduce = False``), so the result is
+mpi4py's to the bit and to the type (``MPI.SUM`` of bools is an int,
+``MPI.MAX(1, True)`` is 1). These calls take the communicator's locks that
+mpi4py's own take (``MPI._comm_lock_table``).
+
 Requests
 --------
 
@@ -139,8 +170,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import threading
 from functools import partial
 
+import mpi4py
 import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
@@ -222,6 +255,22 @@ _OP_DTYPES: dict[int, tuple[Op, frozenset]] = {
 }
 _FAST_OPS: dict[int, tuple[Op, frozenset]] = {id(mpi_op): _OP_DTYPES[mpi_op.handle] for mpi_op, _, _ in _BUILTIN_OPS}
 
+# The lowercase (pickle) methods: what one rank's object becomes in a fixed record of four
+# int64s -- [kind, unused, 16 bytes of value] -- that every rank can read. A Python int
+# (within int64), bool, float or complex, or a NumPy scalar of a numeric type up to 16
+# bytes, travels as its value; anything else (a larger int included) marks the call as
+# one for mpi4py's own method, which pickles.
+_INT, _BOOL, _FLOAT, _COMPLEX, _PICKLED = 1, 2, 3, 4, 5
+_SCALAR_DTYPES: dict[int, np.dtype] = {}
+for _code in "?bhilqpBHILQPefdgFD":
+    _d = np.dtype(_code)
+    if _d.itemsize <= 16 and _d.type not in {d.type for d in _SCALAR_DTYPES.values()}:
+        _SCALAR_DTYPES[6 + len(_SCALAR_DTYPES)] = _d
+del _code, _d
+_SCALAR_KINDS = {d.type: kind for kind, d in _SCALAR_DTYPES.items()}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_FAST_REDUCE = bool(getattr(mpi4py.rc, "fast_reduce", True))  # read by mpi4py when MPI is imported, as here
+
 
 def wrap(comm, *, timeout: float | None = None, check: bool | None = None) -> Comm:
     """Wrap an mpi4py communicator so its buffer collectives run commkit's algorithms.
@@ -243,7 +292,7 @@ def wrap(comm, *, timeout: float | None = None, check: bool | None = None) -> Co
     Raises:
         InvalidArgument: ``comm`` is not an mpi4py communicator, or is ``MPI.COMM_NULL``.
     """
-    if isinstance(comm, Comm):
+    if isinstance(comm, (Comm, _Intercomm)):
         return comm
     face = Comm(comm, timeout=timeout, check=check)
     install_abort_on_exception()
@@ -284,19 +333,33 @@ def _announced(what: str | None):
     return wrap
 
 
-class Comm:
-    """An mpi4py communicator whose buffer collectives run commkit's algorithms.
+class Comm(MPI.Intracomm):
+    """An mpi4py intracommunicator whose buffer collectives run commkit's algorithms.
+
+    It *is* an ``MPI.Intracomm`` (a subclass sharing the wrapped communicator's
+    handle, as mpi4py's ``util.pkl5.Intracomm`` is), so every mpi4py function
+    that takes a communicator takes it -- ``MPI.Comm(face)``,
+    ``MPI.Comm.Compare``, ``MPI.Message.Iprobe(face)``, ``MPI.Win.Allocate_shared``,
+    ``MPI.File.Open``, ``mpi4py.util.pkl5`` -- and every method this class does
+    not define is mpi4py's own on the same handle. Communicators made from it
+    (``Dup``, ``Clone``, ``Idup``, ``Split``, ``Create``, ``Create_group`` ...)
+    are faces too; topologies and intercommunicators made from it are mpi4py's.
 
     Attributes:
-        mpi: the wrapped ``mpi4py.MPI.Comm``.
+        mpi: a plain mpi4py communicator with the same handle (the one given to
+            :func:`wrap`, where it made this face).
         comm: the :class:`commkit.Communicator` running the collectives
-            (``comm.comm.last_algorithm`` tells which algorithm ran); None on an
-            intercommunicator.
+            (``comm.comm.last_algorithm`` tells which algorithm ran).
     """
 
-    def __new__(cls, comm=None, **kwargs):
-        inter = cls is Comm and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL and comm.Is_inter()
-        return super().__new__(_Intercomm if inter else cls)
+    def __new__(cls, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        if cls is Comm and isinstance(comm, MPI.Comm) and comm != MPI.COMM_NULL:
+            if comm.Is_inter():
+                return _Intercomm(comm)
+            cls = _TOPOLOGIES.get(comm.Get_topology(), cls)
+        # With no communicator this is mpi4py's own New(type(self)) in Dup, Clone and Idup:
+        # a null handle that MPI then fills, and the face's method sets up (see _derived).
+        return MPI.Intracomm.__new__(cls, comm if isinstance(comm, MPI.Comm) else None)
 
     def __init__(self, comm, *, timeout: float | None = None, check: bool | None = None):
         if not isinstance(comm, MPI.Comm):
@@ -305,30 +368,46 @@ class Comm:
             )
         if comm == MPI.COMM_NULL:
             raise InvalidArgument("cannot wrap MPI.COMM_NULL; wrap a communicator this rank belongs to.")
-        self.mpi = comm
-        self._rank, self._size = comm.Get_rank(), comm.Get_size()
+        self._attach(comm, timeout, check)
+        self._connect()
+
+    def _attach(self, mpi, timeout, check) -> None:
+        """The face's local state; nothing here calls MPI (an ``Idup``'s handle is not usable yet)."""
+        self.mpi = mpi
         self._timeout, self._check = timeout, check
         self._self = None  # MPI.COMM_SELF duplicate that packs what the face cannot view, made on first use
         self._views: dict = {}  # parsed specs over plain NumPy arrays: see _keep
-        self.comm = None if comm.Is_inter() else Communicator(MPITransport(comm), timeout=timeout, check=check)
-        # The communicator's blocking methods, bound once for the per-call path.
-        self._blocking = {} if self.comm is None else {name: getattr(self.comm, name) for name in (
-            "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
-            "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
-        self._allreduce = self._blocking.get("allreduce")
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
 
+    def _connect(self) -> None:
+        """Make the commkit communicator (collective: it duplicates the handle twice)."""
+        # A plain twin of the handle: the transport duplicates it with mpi4py's own Dup, never the face's.
+        self.comm = Communicator(MPITransport(MPI.Intracomm(self)), timeout=self._timeout, check=self._check)
+        # The communicator's blocking methods, bound once for the per-call path.
+        self._blocking = {name: getattr(self.comm, name) for name in (
+            "broadcast", "reduce", "allreduce", "scan", "exscan", "gather", "scatter", "allgather", "alltoall",
+            "reduce_scatter", "allgatherv", "gatherv", "scatterv", "alltoallv")}
+        self._allreduce = self._blocking["allreduce"]
+
     def __getattr__(self, name):
-        if name in ("mpi", "comm"):  # not set yet (during unpickling or a failed __init__)
-            raise AttributeError(name)
-        return getattr(self.mpi, name)
+        # Only for what a face made by Idup sets up late: its rank and size once MPI has
+        # completed the duplicate, its commkit communicator at its first collective that
+        # runs commkit (every rank makes that same call, so it is made collectively).
+        if name in ("_rank", "_size"):
+            self._rank, self._size = MPI.Intracomm.Get_rank(self), MPI.Intracomm.Get_size(self)
+            return self.__dict__[name]
+        if name in ("comm", "_blocking", "_allreduce") and "mpi" in self.__dict__ and self:
+            self._connect()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
-        kind = "intercommunicator (MPI's collectives)" if self.comm is None else "commkit's collectives"
-        return f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, {kind}: rank {self._rank} of {self._size}>"
+        if not self:
+            return "<commkit.compat.mpi4py.Comm: freed>"
+        return f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, commkit's collectives: rank {self._rank} of {self._size}>"
 
     # -- basics ----------------------------------------------------------------
 
@@ -337,7 +416,7 @@ class Comm:
         return self._rank
 
     def Get_size(self) -> int:
-        """The number of processes (of the local group, on an intercommunicator)."""
+        """The number of processes."""
         return self._size
 
     @property
@@ -350,49 +429,156 @@ class Comm:
         """The number of processes."""
         return self._size
 
-    def Split(self, color: int = 0, key: int = 0):
-        """Like ``MPI.Comm.Split``: a wrapped new communicator, or ``MPI.COMM_NULL`` for ``MPI.UNDEFINED``."""
-        new = self.mpi.Split(color, key)
+    # -- communicators made from this one: faces too --------------------------------
+
+    def _derived(self, new, connect: bool = True):
+        """``new`` (a communicator mpi4py just made from this one) as a face with this face's settings."""
         if new == MPI.COMM_NULL:
             return new
-        return Comm(new, timeout=self._timeout, check=self._check)
+        if not isinstance(new, Comm):
+            return Comm(new, timeout=self._timeout, check=self._check)
+        new._attach(_plain(new), self._timeout, self._check)
+        if connect:
+            new._connect()
+        return new
 
-    def Dup(self) -> Comm:
-        """A wrapped duplicate (collective)."""
-        return Comm(self.mpi.Dup(), timeout=self._timeout, check=self._check)
+    def Dup(self, info=None) -> Comm:
+        """A face over a duplicate (collective; ``info`` as for ``MPI.Comm.Dup``)."""
+        return self._derived(MPI.Intracomm.Dup(self, info))
+
+    def Dup_with_info(self, info) -> Comm:
+        """A face over a duplicate with hints (collective)."""
+        return self._derived(MPI.Intracomm.Dup_with_info(self, info))
+
+    def Clone(self) -> Comm:
+        """A face over a duplicate (collective)."""
+        return self._derived(MPI.Intracomm.Clone(self))
+
+    def Idup(self, info=None):
+        """Nonblocking duplicate: ``(face, MPI.Request)``; use the face once the request has completed.
+
+        The face makes its commkit communicator at its first collective that
+        runs commkit, so completing the request stays local, as in MPI.
+        """
+        new, request = MPI.Intracomm.Idup(self, info)
+        return self._derived(new, connect=False), request
+
+    def Idup_with_info(self, info):
+        """Nonblocking duplicate with hints (as :meth:`Idup`)."""
+        new, request = MPI.Intracomm.Idup_with_info(self, info)
+        return self._derived(new, connect=False), request
+
+    def Split(self, color: int = 0, key: int = 0):
+        """Like ``MPI.Comm.Split``: a face over the new communicator, or ``MPI.COMM_NULL`` for ``MPI.UNDEFINED``."""
+        return self._derived(MPI.Intracomm.Split(self, color, key))
+
+    def Split_type(self, split_type: int, key: int = 0, info=MPI.INFO_NULL):
+        """Like ``MPI.Comm.Split_type``: a face, or ``MPI.COMM_NULL``."""
+        return self._derived(MPI.Intracomm.Split_type(self, split_type, key, info))
+
+    def Create(self, group):
+        """Like ``MPI.Comm.Create``: a face for the members of ``group``, ``MPI.COMM_NULL`` elsewhere."""
+        return self._derived(MPI.Intracomm.Create(self, group))
+
+    def Create_group(self, group, tag: int = 0):
+        """Like ``MPI.Intracomm.Create_group`` (collective over ``group`` only): a face, or ``MPI.COMM_NULL``."""
+        return self._derived(MPI.Intracomm.Create_group(self, group, tag))
 
     def Free(self) -> None:
-        """Free commkit's contexts and the MPI communicator (as ``MPI.Comm.Free``; MPI refuses COMM_WORLD)."""
+        """Free the MPI communicator, then commkit's contexts (as ``MPI.Comm.Free``; MPI refuses COMM_WORLD).
+
+        MPI frees first: where it refuses (a predefined or an already freed
+        communicator) it raises mpi4py's error and the face keeps working.
+        """
+        MPI.Intracomm.Free(self)
         self._views.clear()
-        if self.comm is not None:
-            self.comm.free()
+        comm = self.__dict__.get("comm")
+        if comm is not None:
+            comm.free()
         if self._self is not None:
             self._self.Free()
             self._self = None
-        self.mpi.Free()
 
-    # -- point to point: passed through (see the module docstring) -----------------
+    # -- the pickle-based lowercase methods ----------------------------------------------
+    #
+    # mpi4py pickles every object; for a scalar the face sends its value instead. Ranks may
+    # pass objects of different types to one call (an int here, a float there, a list
+    # elsewhere), so no rank can choose the road alone: every rank first shares a fixed
+    # record of its object (its value, or a mark that it is no scalar), and the records
+    # decide for all: values, or mpi4py's own method for everyone. Reductions then apply mpi4py's own op to the objects, in the order mpi4py's
+    # tree would (_mpi4py_order), so the result -- its type, a bool sum, a float's last bit
+    # -- is the one mpi4py returns.
 
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
-        """``MPI.Comm.Send``, unchanged."""
-        self.mpi.Send(buf, dest, tag)
+    def bcast(self, obj=None, root: int = 0):
+        """mpi4py's ``bcast``: ``root``'s object on every rank (a scalar travels as its value, not pickled)."""
+        if root.__class__ is not int or not 0 <= root < self._size:
+            return MPI.Intracomm.bcast(self, obj, root)  # mpi4py's own error
+        rec, _, locks = self._object_records()
+        with locks[0]:
+            if self._rank == root:
+                _encode(obj, rec)
+            self._blocking["broadcast"](rec, root, out=rec)
+            if rec[0] != _PICKLED:
+                return _decode(rec)
+        return MPI.Intracomm.bcast(self, obj, root)
 
-    def Recv(self, buf, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG, status=None) -> None:
-        """``MPI.Comm.Recv``, unchanged."""
-        self.mpi.Recv(buf, source, tag, status)
+    def allgather(self, sendobj):
+        """mpi4py's ``allgather``: every rank's object, in rank order (scalars travel as their values)."""
+        objects = self._gathered(sendobj, None)
+        return MPI.Intracomm.allgather(self, sendobj) if objects is None else objects
 
-    def Sendrecv(self, sendbuf, dest: int, sendtag: int = 0, recvbuf=None, source: int = MPI.ANY_SOURCE,
-                 recvtag: int = MPI.ANY_TAG, status=None) -> None:
-        """``MPI.Comm.Sendrecv``, unchanged."""
-        self.mpi.Sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+    def allreduce(self, sendobj, op=MPI.SUM):
+        """mpi4py's ``allreduce``: ``op`` over every rank's object, the very result mpi4py gives (scalars unpickled).
 
-    def Isend(self, buf, dest: int, tag: int = 0):
-        """``MPI.Comm.Isend``, unchanged: returns an ``MPI.Request``."""
-        return self.mpi.Isend(buf, dest, tag)
+        ``op`` (an ``MPI.Op`` or a function of two objects) is applied as mpi4py
+        applies it, in the same order. Where any rank's object is not a scalar,
+        every rank runs mpi4py's own method.
+        """
+        if not callable(op):
+            return MPI.Intracomm.allreduce(self, sendobj, op)
+        objects = self._gathered(sendobj, None)
+        if objects is None:
+            return MPI.Intracomm.allreduce(self, sendobj, op)
+        return _mpi4py_order(objects, op)
 
-    def Irecv(self, buf, source: int = MPI.ANY_SOURCE, tag: int = MPI.ANY_TAG):
-        """``MPI.Comm.Irecv``, unchanged: returns an ``MPI.Request``."""
-        return self.mpi.Irecv(buf, source, tag)
+    def reduce(self, sendobj, op=MPI.SUM, root: int = 0):
+        """mpi4py's ``reduce``: ``op`` over every rank's object at ``root`` (None elsewhere), as :meth:`allreduce`."""
+        if not callable(op) or root.__class__ is not int or not 0 <= root < self._size:
+            return MPI.Intracomm.reduce(self, sendobj, op, root)
+        objects = self._gathered(sendobj, root)
+        if objects is None:
+            return MPI.Intracomm.reduce(self, sendobj, op, root)
+        return _mpi4py_order(objects, op) if self._rank == root else None
+
+    def _object_records(self):
+        """This rank's record, every rank's, and the locks of ``bcast`` and ``allgather``.
+
+        The records are kept, so the communicator replays its plan for them, and
+        another thread's call must not write them before this one has read
+        them: the face takes the locks of the communicator that mpi4py's own
+        lowercase methods take (``MPI._comm_lock_table``), released before it
+        runs one of those.
+        """
+        records = self.__dict__.get("_records")
+        if records is None:
+            table = MPI._comm_lock_table(self)
+            locks = tuple(table.setdefault(key, threading.Lock()) for key in ("bcast", "allgather"))
+            records = self._records = (np.zeros(4, np.int64), np.zeros((self._size, 4), np.int64), locks)
+        return records
+
+    def _gathered(self, sendobj, root):
+        """Every rank's object, on every rank (``root`` None) or at ``root`` (an empty list elsewhere).
+
+        None, on every rank, where some rank's object is not a scalar: the
+        caller then runs mpi4py's own method, which pickles.
+        """
+        rec, records, locks = self._object_records()
+        with locks[1]:
+            _encode(sendobj, rec)
+            self._blocking["allgather"](rec, out=records)
+            if (records[:, 0] == _PICKLED).any():
+                return None
+            return [_decode(r) for r in records] if root is None or self._rank == root else []
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -1184,8 +1370,8 @@ class Comm:
             name = "I" + what.lower()
         else:
             name, args = what + "_init", args + (mode.info,)
-        log.debug("%s runs mpi4py's %s: %s.", self.mpi.Get_name() or "a communicator", name, why)
-        return getattr(self.mpi, name)(*args)
+        log.debug("%s runs mpi4py's %s: %s.", MPI.Intracomm.Get_name(self) or "a communicator", name, why)
+        return getattr(MPI.Intracomm, name)(self, *args)
 
     @staticmethod
     def _payload(msg, prep, shaped=False):
@@ -1353,12 +1539,14 @@ class Comm:
                     )
             return _Blocks([c * itemsize for c in counts], raw, [d * itemsize for d in displs])
         if datatype is None:
+            datatype = _interface_datatype(buf)
+        if datatype is None:
             raise InvalidBuffer(f"{name}: {opaque}, and has no datatype in its spec; pass [buf, counts, displs, "
                                 "datatype] so that MPI can pack it.")
         log.debug("%s; MPI packs its blocks for commkit's algorithm.", opaque)
         base = datatype if isinstance(datatype, _MPI_DATATYPE) else MPI.Datatype.fromcode(datatype)
         extent, tsize = base.Get_extent()[1], base.Get_size()
-        counts = _vcounts(counts, 0 if raw is None else raw.size, extent, size, name)
+        counts = _vcounts(counts, _nbytes(buf) if raw is None else raw.size, extent, size, name)
         displs = _vdispls(displs, counts, name)
         blocks = _Blocks([c * tsize for c in counts], None, None,
                          (buf, base, counts, [d * extent for d in displs], self._local()))
@@ -1371,28 +1559,118 @@ class Comm:
         return blocks
 
 
-class _MPIMethod:
-    """A class attribute that reads the wrapped communicator's method of the same name."""
+def _encode(obj, rec) -> None:
+    """Write ``obj`` into ``rec`` (int64[4]) as a value, or mark it as one that only a pickle carries."""
+    t = obj.__class__
+    if t is int and _INT64[0] <= obj <= _INT64[1]:
+        rec[0], rec[2] = _INT, obj
+        return
+    if t is float:
+        rec[0] = _FLOAT
+        rec.view(np.float64)[2] = obj
+        return
+    if t is bool:
+        rec[0], rec[2] = _BOOL, obj
+        return
+    if t is complex:
+        rec[0] = _COMPLEX
+        rec.view(np.float64)[2:] = obj.real, obj.imag
+        return
+    kind = _SCALAR_KINDS.get(t)
+    if kind is not None:
+        rec[0] = kind
+        dtype = _SCALAR_DTYPES[kind]
+        rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0] = obj
+        return
+    rec[0] = _PICKLED
 
-    def __set_name__(self, owner, name):
-        self.name = name
 
-    def __get__(self, face, owner=None):
-        if face is None:
-            return self
-        return getattr(face.mpi, self.name)  # AttributeError where mpi4py has none (Scan on an intercommunicator)
+def _decode(rec):
+    """The object a value record holds, of the type it was sent as (a fresh copy, as unpickling gives)."""
+    kind = rec[0]
+    if kind == _INT:
+        return int(rec[2])
+    if kind == _FLOAT:
+        return float(rec.view(np.float64)[2])
+    if kind == _BOOL:
+        return bool(rec[2])
+    if kind == _COMPLEX:
+        f = rec.view(np.float64)
+        return complex(f[2], f[3])
+    dtype = _SCALAR_DTYPES[int(kind)]
+    return rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0]
 
 
-class _Intercomm(Comm):
-    """A wrapped intercommunicator: every collective is MPI's own (commkit's algorithms are intra-group)."""
+def _mpi4py_order(objects, op):
+    """``op`` over every rank's object in the order mpi4py's ``reduce``/``allreduce`` apply it."""
+    if not _FAST_REDUCE:  # mpi4py.rc.fast_reduce = False: mpi4py gathers and folds left to right
+        return functools.reduce(op, objects)
+    return _binomial(objects, op)
 
-    for _name in ("Barrier", "Bcast", "Reduce", "Allreduce", "Scan", "Exscan", "Gather", "Scatter", "Allgather",
-                  "Alltoall", "Reduce_scatter_block", "Reduce_scatter", "Allgatherv", "Gatherv", "Scatterv",
-                  "Alltoallv"):
-        locals()[_name] = _MPIMethod()
-        locals()["I" + _name.lower()] = _MPIMethod()
-        locals()[_name + "_init"] = _MPIMethod()
-    del _name
+
+def _binomial(objects, op):
+    """``op`` over ``objects`` as mpi4py's reduce applies it: a binomial tree onto rank 0, lower ranks on the left.
+
+    mpi4py's ``reduce`` and ``allreduce`` combine, at step k, the partial result
+    of rank r (r a multiple of 2^(k+1)) with the one of rank r + 2^k as
+    ``op(mine, theirs)``; doing the same here gives its result to the bit, and
+    to the type (``MPI.MAX(1, True)`` is 1, ``MPI.MAX(True, 1)`` is True).
+    """
+    acc = list(objects)
+    n, step = len(acc), 1
+    while step < n:
+        for r in range(0, n - step, 2 * step):
+            acc[r] = op(acc[r], acc[r + step])
+        step *= 2
+    return acc[0]
+
+
+def _plain(comm):
+    """A plain mpi4py communicator (of the face's mpi4py class) with the same handle."""
+    return next(c for c in type(comm).__mro__ if c.__module__ == "mpi4py.MPI")(comm)
+
+
+class _Cartcomm(Comm, MPI.Cartcomm):
+    """A face over a Cartesian topology: the topology's methods and neighborhood collectives are mpi4py's."""
+
+
+class _Graphcomm(Comm, MPI.Graphcomm):
+    """A face over a graph topology: the topology's methods and neighborhood collectives are mpi4py's."""
+
+
+class _Distgraphcomm(Comm, MPI.Distgraphcomm):
+    """A face over a distributed graph topology: its own methods are mpi4py's."""
+
+
+_TOPOLOGIES = {MPI.CART: _Cartcomm, MPI.GRAPH: _Graphcomm, MPI.DIST_GRAPH: _Distgraphcomm}
+
+
+class _Intercomm(MPI.Intercomm):
+    """A wrapped intercommunicator: an ``MPI.Intercomm`` whose every method is mpi4py's own.
+
+    commkit's algorithms work within one group, so every collective runs MPI's,
+    on every rank. Communicators mpi4py makes from it (``Dup``, ``Merge`` ...)
+    are mpi4py's, a duplicate of this same class.
+    """
+
+    comm = None  # no commkit communicator: nothing here runs commkit
+
+    def __new__(cls, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        return super().__new__(cls, comm)
+
+    def __init__(self, comm=None, *, timeout: float | None = None, check: bool | None = None):
+        pass
+
+    @property
+    def mpi(self):
+        """A plain ``MPI.Intercomm`` with the same handle."""
+        return MPI.Intercomm(self)
+
+    def __repr__(self) -> str:
+        if not self:
+            return "<commkit.compat.mpi4py.Comm: freed intercommunicator>"
+        return (f"<commkit.compat.mpi4py.Comm over {self.mpi!r}, intercommunicator (MPI's collectives): "
+                f"rank {self.Get_rank()} of {self.Get_size()}>")
 
 
 class Request:
@@ -1957,6 +2235,32 @@ class _Blocks:
             sending.Wait()
         finally:
             datatype.Free()
+
+
+def _nbytes(buf) -> int:
+    """The bytes of a buffer the face cannot view, as mpi4py's own reader counts them (0 where it has none)."""
+    if buf is None or buf is _BOTTOM:
+        return 0
+    try:
+        return len(MPI.buffer(buf))
+    except (TypeError, ValueError, BufferError, MPI.Exception):
+        return 0
+
+
+def _interface_datatype(buf):
+    """The MPI datatype of a ``__cuda_array_interface__`` object's elements (as mpi4py reads it), or None.
+
+    Without CuPy the face cannot view such memory, but MPI can pack it, as mpi4py
+    hands it to MPI: by its address (host memory behind the interface, or
+    device memory with a CUDA-aware MPI).
+    """
+    interface = getattr(buf, "__cuda_array_interface__", None)
+    if not isinstance(interface, dict) or "typestr" not in interface:
+        return None
+    try:
+        return MPI._typedict.get(np.dtype(interface["typestr"]).char)
+    except TypeError:
+        return None
 
 
 def _vsplit(spec, name: str):
