@@ -9,8 +9,13 @@ This module evaluates those formulas, ranks the algorithms and finds the sizes
 at which the winner changes::
 
     >>> from commkit import cost
-    >>> [w.algorithm for w in cost.best("allreduce", 64, 1 << 20)][:2]   # who wins at p=64 for 1 MiB?
-    ['rabenseifner', 'ring']
+    >>> [w.algorithm for w in cost.best("allreduce", 64, 1 << 20)][:3]   # who wins at p=64 for 1 MiB?
+    ['rabenseifner', 'rabenseifner_textbook', 'ring']
+
+(The textbook form of an algorithm sends the same messages and costs the same.)
+
+::
+
     >>> cost.crossovers("allreduce", 64, itemsize=4)           # where does the winner change? (float32)
     [Regime('recursive_doubling', 0, 35103), Regime('rabenseifner', 35104, 16777219),
      Regime('ring_pipelined', 16777220, None)]
@@ -157,11 +162,16 @@ def _op(commutative: bool):
 
 
 def applicable(collective: str, p: int, commutative: bool = True) -> list[str]:
-    """Names of the algorithms (with a cost formula) that can run ``collective`` on ``p`` ranks."""
+    """Names of the algorithms (with a cost formula) that can run ``collective`` on ``p`` ranks.
+
+    The node engine's one-sided algorithms (``shm``) run only among ranks that
+    share memory, where α is a flag's latency rather than a message's: this
+    model of p ranks on a network leaves them out (the simulator prices them).
+    """
     op = _op(commutative)
     names = []
     for name, alg in algorithms.for_collective(collective).items():
-        if alg.cost is None:
+        if alg.cost is None or algorithms.is_node_only(alg):
             continue
         if alg.why_not(p, op if collective in collectives.REDUCING else None):
             continue

@@ -436,6 +436,11 @@ def _changed(collective: str, name: str) -> None:
         listener(collective, name)
 
 
+def is_node_only(alg: "Algorithm") -> bool:
+    """Whether ``alg`` runs only among ranks that share memory (the node engine's one-sided algorithms)."""
+    return getattr(alg.schedule, "__module__", None) == __name__ + ".node"
+
+
 def is_builtin(alg: "Algorithm") -> bool:
     """Whether ``alg``'s schedule is one of commkit's own (not registered by a user or a plugin)."""
     return _is_builtin(alg.schedule)
