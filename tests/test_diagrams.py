@@ -216,3 +216,13 @@ def test_write_redraws_stale_pictures_in_the_source(tmp_path):
         algorithms.unregister("allgather", "picture_one_line")
         algorithms.unregister("allgather", "picture_stale")
         sys.modules.pop("picture_module", None)
+
+
+def test_a_node_picture_counts_waits_and_copies_not_messages():
+    alg = algorithms.for_collective("allgather")["shm"]
+    lines = _diagram.picture(alg)
+    assert not any(line.startswith(("msgs sent", "elems sent")) for line in lines)
+    rows = {line.split()[0] + (" " + line.split()[1] if line.startswith("elems") else ""): line.split()[-4:]
+            for line in lines[1:-1]}
+    assert rows["waits"] == ["1"] * 4 and rows["elems got"] == ["3"] * 4
+    assert lines[-1].endswith("1 waits, 4 elements copied")

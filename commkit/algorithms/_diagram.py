@@ -15,7 +15,14 @@ symbols, and a reduction unites the contributions of its two operands. A
 transfer completes one round after the later of its own rank's previous
 transfer and the posting of the messages it receives (sends are buffered, as
 the transports' small messages are), so a round is one message on the longest
-chain. After every round, each rank's cell shows, for every block of the
+chain. One-sided (node) steps run with their meaning: a Put copies symbols
+into the rank's slot of a shared arena, a Get copies a slot's out, a
+ReduceSlots unites several slots' symbols; a Publish records the rank's
+round and what it has heard, and a Wait, which blocks until every peer it
+names has published that step, ends a round: it completes one round after the
+later of its own rank's round and the peers' publishes (Claim only sizes the
+slots, as a single call finds the arena free; Release publishes the last
+step). So a node algorithm's round is one wait on the longest chain. After every round, each rank's cell shows, for every block of the
 result (p blocks, or a rank's own block for the per-rank collectives), the
 ranks whose input the rank holds for all of that block, anywhere in its
 buffers (a partial sum in scratch counts; for scans, whose partial sums in
@@ -25,6 +32,9 @@ no data: its cells show the ranks a rank has heard from, directly or not.
 Below the rounds, the messages and elements each rank sent and the elements
 it reduced, and the critical path that :mod:`commkit.sim` finds for α, β and
 γ, each alone (element counts: the simulation runs with 1-byte elements).
+A node algorithm sends no messages: its rows count each rank's waits and the
+elements it put, got and folded, and its critical path is in waits, elements
+copied and elements folded.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ from pathlib import Path
 
 from .. import collectives
 from ..ops import get_op
-from ..schedule import REDUCE, TRANSFER, partition
+from ..schedule import (CLAIM, FINAL, GET, PUBLISH, PUT, REDUCE, REDUCE_SLOTS, RELEASE, TRANSFER, WAIT, partition,
+                        slot, slot_rank)
 from . import for_collective
 from ._blocks import block_offsets
 
@@ -110,6 +121,9 @@ class _Rank:
         self.pending = None  # the receives of the transfer it waits on
         self.done = False
         self.cells = []  # (round, what it holds) every time that changes
+        self.published = []  # one-sided: (counter step, round, ranks heard) per Publish or Release, in order
+        self.blocked = None  # the Wait it waits on
+        self.moved = {"waits": 0, "put": 0, "got": 0, "folded": 0}  # what its one-sided steps did
 
 
 def _unite(a, b):
@@ -118,9 +132,29 @@ def _unite(a, b):
     return a[0], a[1] | b[1]
 
 
-def _local(rank, step):
+def _fold(values):
+    folded = None
+    for v in values:
+        folded = _unite(folded, v)
+    return folded
+
+
+def _local(rank, step, arena):
+    """Run a step that waits for nobody: a copy, a reduction, a Put, a Get or a ReduceSlots."""
     bufs = rank.bufs
-    if step.kind == REDUCE:
+
+    def buf(name):
+        return bufs[name] if slot_rank((name,)) is None else arena[name]
+
+    if step.kind in (PUT, GET):
+        (name, lo, hi), (sname, slo, _) = step.dst, step.src
+        buf(name)[lo:hi] = buf(sname)[slo:slo + hi - lo]
+        rank.moved["put" if step.kind == PUT else "got"] += hi - lo
+    elif step.kind == REDUCE_SLOTS:
+        name, lo, hi = step.dst
+        bufs[name][lo:hi] = [_fold(arena[sname][slo + k] for sname, slo, _ in step.operands) for k in range(hi - lo)]
+        rank.moved["folded"] += (len(step.operands) - 1) * (hi - lo)
+    elif step.kind == REDUCE:
         (name, lo, hi), (oname, olo, _), (sname, slo, _) = step.into, step.operand, step.src
         bufs[name][lo:hi] = [_unite(bufs[sname][slo + k], bufs[oname][olo + k]) for k in range(hi - lo)]
     else:
@@ -159,7 +193,7 @@ def _run(alg, p, count, root, segment):
     coll = alg.collective
     position, blocks = _layout(coll, p, count)
     op = get_op("sum")
-    ranks, wire = [], {}
+    ranks, wire, arena = [], {}, {}
     for r in range(p):
         n_in, n_out = collectives.buffer_sizes(coll, r, p, count, root)
         # A broadcast's input means something at the root only.
@@ -187,10 +221,39 @@ def _run(alg, p, count, root, segment):
             else:
                 rank.cells.append((rank.clock, now))
 
+    def _sync(rank, step):
+        """Run a one-sided synchronisation step; False while its Wait is not yet satisfied (it stays blocked)."""
+        if step.kind == CLAIM:
+            # One call: no earlier call holds the arena, so the claim only sizes the slots.
+            for q in range(step.size):
+                name = slot(q, 0, 0)[0]
+                arena.setdefault(name, [])
+                arena[name] += [None] * (step.elements - len(arena[name]))
+        elif step.kind in (PUBLISH, RELEASE):
+            # What the rank stored is visible from now; peers that wait for it see its round and what it heard.
+            rank.published.append((FINAL if step.kind == RELEASE else step.k, rank.clock, frozenset(rank.heard)))
+        elif step.peers:
+            first = [next((entry for entry in ranks[q].published if entry[0] >= step.k), None) for q in step.peers]
+            if None in first:
+                rank.blocked = step
+                return False
+            rank.blocked = None
+            note(rank)  # what it holds before the wait, as of its clock
+            rank.clock = max(rank.clock, *(stamp for _, stamp, _ in first)) + 1
+            for _, _, heard in first:
+                rank.heard |= heard
+            rank.moved["waits"] += 1
+            note(rank)
+        return True
+
     def advance(rank):
         """Run rank's steps until it waits for a message or ends; whether it moved."""
         moved = False
         while True:
+            if rank.blocked is not None:
+                if not _sync(rank, rank.blocked):
+                    return moved
+                moved = True
             if rank.pending is not None:
                 wanted = {}
                 for peer, _ in rank.pending:
@@ -217,15 +280,19 @@ def _run(alg, p, count, root, segment):
                 rank.cells.append((rank.clock, None))  # the end (dropped by trace)
                 return True
             moved = True
+            if step.kind in (CLAIM, PUBLISH, RELEASE, WAIT):
+                if not _sync(rank, step):
+                    return moved
+                continue
             if step.kind != TRANSFER:
-                _local(rank, step)
+                _local(rank, step, arena)
                 continue
             note(rank)  # what it holds before this transfer, as of its clock
             for peer, (name, lo, hi) in step.sends:
                 wire.setdefault((rank.rank, peer), deque()).append(
                     (rank.clock, rank.bufs[name][lo:hi], frozenset(rank.heard)))
             for local in step.overlap:
-                _local(rank, local)
+                _local(rank, local, arena)
             # A transfer of sends alone still takes its round: its messages are on the wire.
             rank.pending = step.recvs
             if not step.recvs:
@@ -259,8 +326,9 @@ def picture(alg) -> list[str]:
 
     count, segment = _example(alg)
     p = PROCS
-    cells = trace(alg, p, count, 0, segment)
-    last = max(c[-1][0] for c in cells)
+    ranks = _run(alg, p, count, 0, segment)
+    last = max(rank.clock for rank in ranks)
+    cells = [_until(rank.cells[:-1], last) for rank in ranks]
     columns = []
     for history in cells:
         held, k, rows = history[0][1], 0, []
@@ -281,13 +349,26 @@ def picture(alg) -> list[str]:
             for term in "abg"}
     run = unit["a"]
     rows = [[str(t), *(col[t] for col in columns)] for t in range(last + 1)]
-    rows += [["msgs sent", *map(str, run.messages)], ["elems sent", *map(str, run.bytes_sent)]]
-    if any(run.bytes_reduced):
-        rows.append(["elems reduced", *map(str, run.bytes_reduced)])
+    one_sided = any(any(rank.moved.values()) for rank in ranks)
+    if one_sided:
+        # No messages: what a rank does is wait for peers and copy into, out of and across slots.
+        for key, label in (("waits", "waits"), ("put", "elems put"), ("got", "elems got"),
+                           ("folded", "elems folded")):
+            if key == "waits" or any(rank.moved[key] for rank in ranks):
+                rows.append([label, *(str(rank.moved[key]) for rank in ranks)])
+    else:
+        rows += [["msgs sent", *map(str, run.messages)], ["elems sent", *map(str, run.bytes_sent)]]
+        if any(run.bytes_reduced):
+            rows.append(["elems reduced", *map(str, run.bytes_reduced)])
     lines = _table(["round", *(f"rank {r}" for r in range(p))], rows)
-    critical = f"{unit['a'].rounds} messages, {unit['b'].time:g} elements sent"
-    if any(run.bytes_reduced):
-        critical += f", {unit['g'].time:g} reduced"
+    if one_sided:
+        critical = f"{unit['a'].rounds} waits, {unit['b'].time:g} elements copied"
+        if any(run.bytes_reduced):
+            critical += f", {unit['g'].time:g} folded"
+    else:
+        critical = f"{unit['a'].rounds} messages, {unit['b'].time:g} elements sent"
+        if any(run.bytes_reduced):
+            critical += f", {unit['g'].time:g} reduced"
     return lines + [f"critical path (commkit.sim, each term alone): {critical}"]
 
 

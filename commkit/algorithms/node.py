@@ -101,6 +101,26 @@ def allreduce_shm(rank, size, count, op, segment=None):
     wait (1) of chunk k+1, which every rank passes only after its gets of chunk k.
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌊m/p⌋)β +
     ⌈m/p⌉((p-1)γ + β) (exact: the formula follows the slowest rank of each phase).
+
+    Picture, generated from the schedule (p = 4, count = 8, segment = 2): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round         rank 0               rank 1               rank 2               rank 3
+        0             0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        1             0    0    0    0     1    1    1    1     2    2    2    2     3    3    3    3
+        2             0123 0    0    0     0123 1    1    1     0123 2    2    2     0123 3    3    3
+        3             0123 0    0    0     0123 1    1    1     0123 2    2    2     0123 3    3    3
+        4             0123 0123 0    0     0123 0123 1    1     0123 0123 2    2     0123 0123 3    3
+        5             0123 0123 0    0     0123 0123 1    1     0123 0123 2    2     0123 0123 3    3
+        6             0123 0123 0123 0     0123 0123 0123 1     0123 0123 0123 2     0123 0123 0123 3
+        7             0123 0123 0123 0     0123 0123 0123 1     0123 0123 0123 2     0123 0123 0123 3
+        8             0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123  0123 0123 0123 0123
+        waits         8                    8                    8                    8
+        elems put     12                   12                   8                    8
+        elems got     4                    4                    8                    8
+        elems folded  12                   12                   0                    0
+        critical path (commkit.sim, each term alone): 8 waits, 20 elements copied, 12 folded
     """
     if size == 1:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -168,6 +188,21 @@ def broadcast_shm(rank, size, count, root, segment=None):
     k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
     after every rank acknowledged chunk k. Cost: 2nβ + α for one chunk; in general the
     pipeline of the root's copies in and the others' waits and copies out (exact).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round      rank 0   rank 1   rank 2   rank 3
+        0          0 0 0 0  - - - -  - - - -  - - - -
+        1          0 0 0 0  0 - - -  0 - - -  0 - - -
+        2          0 0 0 0  0 0 - -  0 0 - -  0 0 - -
+        3          0 0 0 0  0 0 0 -  0 0 0 -  0 0 0 -
+        4          0 0 0 0  0 0 0 0  0 0 0 0  0 0 0 0
+        waits      2        4        4        4
+        elems put  8        0        0        0
+        elems got  0        8        8        8
+        critical path (commkit.sim, each term alone): 4 waits, 10 elements copied
     """
     if rank == root:
         yield Copy(("out", 0, count), ("in", 0, count))
@@ -204,6 +239,18 @@ def allgather_shm(rank, size, count, segment=None):
     of my slot, publish k+1, wait for all, get every other rank's chunk. A half is
     written again (chunk k+2) after the wait of chunk k+1, which every rank passes
     only after its gets of chunk k. Cost: Kα + nβ, K chunks, n the bytes gathered (exact).
+
+    Picture, generated from the schedule (p = 4, count = 1, segment = 2): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round      rank 0   rank 1   rank 2   rank 3
+        0          0 - - -  - 1 - -  - - 2 -  - - - 3
+        1          0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        waits      1        1        1        1
+        elems put  1        1        1        1
+        elems got  3        3        3        3
+        critical path (commkit.sim, each term alone): 1 waits, 4 elements copied
     """
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
@@ -255,6 +302,19 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
     my output. A half is written again (chunk k+2) after the wait of chunk k+1, which
     every rank passes only after its fold of chunk k. Cost: Kα + nβ + ((p-1)/p)nγ
     for equal blocks; otherwise the largest block sets each chunk's fold (a lower bound).
+
+    Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2), segment = 2): each cell lists,
+    for every block of the result, the ranks whose input that rank holds for the whole block (- for
+    none), after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round         rank 0      rank 1      rank 2      rank 3
+        0             0    0 0 0  1 1    1 1  2 2 2    2  3 3 3 3
+        1             0    0 0 0  1 1    1 1  2 2 2    2  3 3 3 3
+        2             0123 0 0 0  1 0123 1 1  2 2 0123 2  3 3 3 0123
+        waits         2           2           2           2
+        elems put     8           8           8           8
+        elems folded  6           6           6           6
+        critical path (commkit.sim, each term alone): 2 waits, 8 elements copied, 6 folded
     """
     offsets = block_offsets(counts)
     if size == 1:
@@ -291,6 +351,16 @@ def barrier_shm(rank, size):
     """Shared-memory barrier: every rank publishes, then waits until every other rank has.
 
     Restrictions: one node. Cost: α (one wait on p-1 counters).
+
+    Picture, generated from the schedule (p = 4, count = 0): each cell lists the ranks a rank has heard
+    from, directly or not, after each round. Redrawn by ``python -m commkit.algorithms._diagram
+    --write``::
+
+        round  rank 0  rank 1  rank 2  rank 3
+        0      0       1       2       3
+        1      0123    0123    0123    0123
+        waits  1       1       1       1
+        critical path (commkit.sim, each term alone): 1 waits, 0 elements copied
     """
     if size == 1:
         return
