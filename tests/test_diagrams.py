@@ -225,4 +225,4 @@ def test_a_node_picture_counts_waits_and_copies_not_messages():
     rows = {line.split()[0] + (" " + line.split()[1] if line.startswith("elems") else ""): line.split()[-4:]
             for line in lines[1:-1]}
     assert rows["waits"] == ["1"] * 4 and rows["elems got"] == ["3"] * 4
-    assert lines[-1].endswith("1 waits, 4 elements copied")
+    assert lines[-1].endswith("1 wait, 4 elements copied")

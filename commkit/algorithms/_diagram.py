@@ -362,7 +362,8 @@ def picture(alg) -> list[str]:
             rows.append(["elems reduced", *map(str, run.bytes_reduced)])
     lines = _table(["round", *(f"rank {r}" for r in range(p))], rows)
     if one_sided:
-        critical = f"{unit['a'].rounds} waits, {unit['b'].time:g} elements copied"
+        waits = unit['a'].rounds
+        critical = f"{waits} wait{'' if waits == 1 else 's'}, {unit['b'].time:g} elements copied"
         if any(run.bytes_reduced):
             critical += f", {unit['g'].time:g} folded"
     else:

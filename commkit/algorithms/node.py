@@ -250,7 +250,7 @@ def allgather_shm(rank, size, count, segment=None):
         waits      1        1        1        1
         elems put  1        1        1        1
         elems got  3        3        3        3
-        critical path (commkit.sim, each term alone): 1 waits, 4 elements copied
+        critical path (commkit.sim, each term alone): 1 wait, 4 elements copied
     """
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
@@ -360,7 +360,7 @@ def barrier_shm(rank, size):
         0      0       1       2       3
         1      0123    0123    0123    0123
         waits  1       1       1       1
-        critical path (commkit.sim, each term alone): 1 waits, 0 elements copied
+        critical path (commkit.sim, each term alone): 1 wait, 0 elements copied
     """
     if size == 1:
         return
