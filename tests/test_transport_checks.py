@@ -425,11 +425,16 @@ int8 = np.dtype(np.int8)
 x = np.full(1000, 100, np.int8)
 want = (x.astype(np.int64) * 2).astype(np.int8)  # NumPy's sum wraps: 100 + 100 = -56
 
-assert t.native_supports("reduce", int8, SUM)
-got = c.reduce(x, root=0, algorithm="native")  # MPICH's own reduce, asked for (the default never picks it)
-assert c.last_algorithm == "native", c.last_algorithm
-if c.rank == 0:
-    assert np.array_equal(got, want)
+from mpi4py import MPI
+if "Open MPI" in MPI.Get_library_version():
+    # Open MPI's own int8 sum does saturate (from 16 elements up): the probe refuses it for real.
+    assert not t.native_supports("reduce", int8, SUM)
+else:
+    assert t.native_supports("reduce", int8, SUM)
+    got = c.reduce(x, root=0, algorithm="native")  # MPICH's own reduce, asked for (the default never picks it)
+    assert c.last_algorithm == "native", c.last_algorithm
+    if c.rank == 0:
+        assert np.array_equal(got, want)
 
 real = mpi._library_reduce
 
@@ -445,7 +450,8 @@ def saturating(op_name, inbuf, inoutbuf):
 mpi._library_reduce = saturating
 mpi._ARITHMETIC.clear()
 assert not t.native_supports("reduce", int8, SUM)
-assert t.native_supports("reduce", np.dtype(np.int16), SUM)
+if "Open MPI" not in MPI.Get_library_version():  # Open MPI's int16 sum saturates too; MPICH's wraps
+    assert t.native_supports("reduce", np.dtype(np.int16), SUM)
 x, want = x[:999].copy(), want[:999]  # a new shape: no plan of the call above applies
 got = c.reduce(x, root=0)
 assert c.last_algorithm != "native", c.last_algorithm
@@ -506,7 +512,9 @@ for code in "?bBhHiIlLqQfdgFDG":
         got = c.allreduce(inputs[c.rank].astype(dtype), op, algorithm="native")
         assert c.last_algorithm == "native"
         assert _same_values(got, want), (name, dtype, got[:5], want[:5])
-assert ("sum", "|i1") in passed and ("prod", "<i8") in passed and ("sum", "<f8") in passed, passed
+from mpi4py import MPI
+saturates = "Open MPI" in MPI.Get_library_version()  # its vectorised int8 sum saturates: the probe refuses it
+assert (("sum", "|i1") in passed) != saturates and ("prod", "<i8") in passed and ("sum", "<f8") in passed, passed
 print(f"every op ok {c.rank} {len(passed)}", flush=True)
 """
 
