@@ -289,7 +289,8 @@ class Communicator(VectorCollectives):
         self._recorder = _watchdog.FlightRecorder(self.rank, self.size, label)
         _watchdog.register(self._recorder)
         chans = (self._p2p, self._coll) + ((self._base,) if owns_transport and self._base is not self._p2p else ())
-        self._persistent_channels = _PersistentChannels(self._coll, self._layout.seq_mask + 1)
+        self._seq_span = self._layout.seq_mask + 1  # call numbers are kept modulo this (see identity.py)
+        self._persistent_channels = _PersistentChannels(self._coll, self._seq_span)
         # Communicators dropped without free() release their contexts when collected, so a
         # program that makes many never runs the MPI library out of communicators.
         self._finalizer = weakref.finalize(self, _free_channels, chans, self._persistent_channels)
@@ -661,7 +662,7 @@ class Communicator(VectorCollectives):
         seq = self._seq
         self._seq = seq + 1
         if self._progress.requests:
-            self._progress.settle(seq, self._layout.seq_mask + 1, self.timeout)
+            self._progress.settle(seq, self._seq_span, self.timeout)
         return seq
 
     def _scratch_buffer(self, xp, dtype, n, nonblocking, role="tmp"):
@@ -905,7 +906,7 @@ class Communicator(VectorCollectives):
         seq = self._seq
         self._seq = seq + 1
         if self._progress.requests and steps is not None:
-            self._progress.settle(seq, self._layout.seq_mask + 1, timeout)
+            self._progress.settle(seq, self._seq_span, timeout)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s)", self.rank, call.collective, seq,
                       call.nbytes, self.size, name, choice.reason)

@@ -522,8 +522,7 @@ class Plan:
                  finish=None, prologue=None, slots=None, fresh=None, timed=False):
         # The communicator keeps its plans, so a plan refers to it weakly: a communicator the program
         # drops is released at once (its contexts freed), not when the cyclic collector runs.
-        comm = weakref.proxy(comm) if type(comm) is not weakref.ProxyType else comm
-        self.comm = comm
+        comm = self.comm = weakref.proxy(comm)
         self.tagbase = tagbase
         self.seq_mask = comm._layout.seq_mask
         self.seq_shift = comm._layout.seq_shift
@@ -603,8 +602,7 @@ class PersistentRequest(Request):
         if self._freed:
             raise InvalidArgument(f"this persistent {self._collective} was freed; create a new one.")
         if self._active:
-            raise InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
-                                  "test() that returns True) before starting it again.")
+            raise self._still_active("starting it again")
         comm = self._comm
         if comm._closed:
             comm._check_open()
@@ -626,6 +624,10 @@ class PersistentRequest(Request):
             comm._progress.add(self)
         self._advance()
         return self
+
+    def _still_active(self, before: str) -> InvalidArgument:
+        return InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
+                               f"test() that returns True) before {before}.")
 
     def _advance(self) -> bool:
         """Run local ops and start transfers until one is in flight or the run is complete."""
@@ -778,8 +780,7 @@ class PersistentRequest(Request):
         if self._freed:
             return
         if self._active:
-            raise InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
-                                  "test() that returns True) before free().")
+            raise self._still_active("free()")
         self._freed = True
         if self._release is not None:
             self._release()

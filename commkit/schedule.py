@@ -192,10 +192,8 @@ def writes_input(steps):
                                                     for local in step.overlap]
         elif kind == REDUCE:
             targets = [step.into]
-        elif kind == COPY:
-            targets = [step.dst]
-        else:  # steps of other kinds say what they write themselves
-            targets = list(getattr(step, "writes", ()))
+        else:  # Copy and the one-sided steps name what they write as dst (NO_RANGE where nothing)
+            targets = [getattr(step, "dst", None)]
         if any(t is not None and t[0] == "in" and t[2] > t[1] for t in targets):
             return index, step
     return None
@@ -1037,8 +1035,7 @@ class ScheduleRequest(Request):
             self._progress.held -= 1
 
     def __del__(self) -> None:
-        if self._held:
-            self._let_go()
+        self._let_go()
 
     def _fail(self, state: str, error: BaseException) -> None:
         """End the run early: it never completes, and every later test() or wait() raises ``error``."""
