@@ -46,7 +46,7 @@ from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in, timed_native
 from .requests import Request, wait_all, wait_any
-from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, inplace_safe, native_timeout_error,
+from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -934,11 +934,10 @@ class Communicator(VectorCollectives):
         if nonblocking or self._progress.requests:
             # With requests outstanding, a blocking call runs as one more request and waits
             # for it, driving the others meanwhile (see schedule.Progress).
-            request = ScheduleRequest(iter(steps), bufs, self._coll, tag, timeout, info,
-                                      finish=lambda: self._finish(call), progress=self._progress,
-                                      recorder=recorder, rec=rec, on_timeout=self._collective_timed_out,
-                                      held=bool(nonblocking))
-            return request if nonblocking else request.wait()
+            run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,
+                              finish=lambda: self._finish(call), progress=self._progress,
+                              recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
+            return ScheduleRequest(run, self._progress) if nonblocking else run.wait()
         recorder.active = rec
         try:
             run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)

@@ -75,6 +75,7 @@ __all__ = [
     "partition_sizes",
     "execute",
     "run_schedule",
+    "ScheduleRun",
     "ScheduleRequest",
     "CallInfo",
 ]
@@ -879,10 +880,9 @@ class Progress:
     def __init__(self, relax: Callable[[], None] | None = None, on_change: Callable[[], None] | None = None):
         self.requests: list = []
         self.relax = relax or (lambda: None)
-        # Nonblocking collectives the program started and has not yet seen complete (by wait(), a test()
-        # that returned True, or dropping the request): what the outstanding-request limit counts. It
-        # follows the program's own calls, so every rank running the same program decides the limit
-        # alike, however far each rank's requests got on their own.
+        # Nonblocking collectives the program started and has not yet seen end (ScheduleRequest): what
+        # the outstanding-request limit counts. It follows the program's own calls, so every rank running
+        # the same program decides the limit alike, however far each rank's requests got on their own.
         self.held = 0
         self.on_change = on_change  # called when the list becomes empty or stops being empty
 
@@ -940,21 +940,20 @@ class Progress:
                 self.relax()  # the pause does not sleep yet: let the threads of other ranks run
 
 
-class ScheduleRequest(Request):
-    """A nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
+class ScheduleRun:
+    """The engine side of a nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
 
-    Returned by the ``i``-forms (``iallreduce`` ...). ``wait()`` returns the
-    result the blocking form would have returned. While it is outstanding,
-    every blocking call, ``wait()`` or ``test()`` on its communicator also
-    advances it (see :class:`Progress`).
+    :class:`Progress` drives it from every call on its communicator. A blocking
+    call made while requests are outstanding runs as one of these and waits for
+    it; an ``i``-form hands the program a :class:`ScheduleRequest` that wraps
+    one, so that the program dropping its request is seen at once while the run
+    goes on being driven.
     """
 
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
-                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
-                 held: bool = False):
+                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None):
         self.tag_seq = info.seq  # the call number in its tag (Progress.settle)
-        self._held = False
         self._bufs = bufs
         self._chan = chan
         self._tag = tag
@@ -974,9 +973,6 @@ class ScheduleRequest(Request):
         self._run = execute(steps, bufs, chan, tag, timeout, info, self._rec, info.tracer, blocking=False)
         if progress is not None:
             progress.add(self)
-            if held:  # a request the program holds (an i-form), until it sees it complete
-                self._held = True
-                progress.held += 1
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.
@@ -1028,18 +1024,8 @@ class ScheduleRequest(Request):
         self._fail("failed", error)
         return error
 
-    def _let_go(self) -> None:
-        """The program has seen this request end (or dropped it): it no longer counts as held."""
-        if self._held:
-            self._held = False
-            self._progress.held -= 1
-
-    def __del__(self) -> None:
-        self._let_go()
-
     def _fail(self, state: str, error: BaseException) -> None:
         """End the run early: it never completes, and every later test() or wait() raises ``error``."""
-        self._let_go()
         self._error = error
         self._run = self._pending = None
         if self._progress is not None:
@@ -1050,7 +1036,6 @@ class ScheduleRequest(Request):
         """Make progress without blocking; return True once the collective is complete."""
         if self._done or self._advance() or (self._progress is not None and self._progress.drive(skip=self)
                                              and self._advance()):
-            self._let_go()
             return True
         self._chan_relax()
         return False
@@ -1063,7 +1048,6 @@ class ScheduleRequest(Request):
     def wait(self, timeout: float | None = None):
         """Block until complete and return the result (``timeout`` in seconds without progress)."""
         if self._done:
-            self._let_go()
             return self._result
         timeout = self._timeout if timeout is None else timeout
         recorder = self._recorder
@@ -1088,7 +1072,6 @@ class ScheduleRequest(Request):
         finally:
             if recorder is not None:
                 recorder.active = None
-        self._let_go()
         return self._result
 
     def _test_pending(self) -> bool:
@@ -1113,6 +1096,65 @@ class ScheduleRequest(Request):
     def done(self) -> bool:
         """Whether the collective has completed (without making progress)."""
         return self._done
+
+
+class ScheduleRequest(Request):
+    """A nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
+
+    Returned by the ``i``-forms (``iallreduce`` ...). ``wait()`` returns the
+    result the blocking form would have returned. While it is outstanding,
+    every blocking call, ``wait()`` or ``test()`` on its communicator also
+    advances it (see :class:`Progress`), dropped or not.
+
+    It counts as held, towards the outstanding-request limit, from the call
+    until the program sees it end: ``wait()`` returns or raises, ``test()``
+    returns True or raises, or the program drops it. Those are points in the
+    program's own order, so every rank running the same program counts alike,
+    however far each rank's messages got on their own.
+    """
+
+    __slots__ = ("_run", "_progress")
+
+    def __init__(self, run: ScheduleRun, progress: Progress):
+        self._run = run
+        self._progress = progress
+        progress.held += 1
+
+    def _let_go(self) -> None:
+        if self._progress is not None:
+            self._progress.held -= 1
+            self._progress = None
+
+    def __del__(self) -> None:
+        self._let_go()
+
+    def test(self) -> bool:
+        """Make progress without blocking; return True once the collective is complete."""
+        try:
+            if not self._run.test():
+                return False
+        except BaseException:
+            self._let_go()
+            raise
+        self._let_go()
+        return True
+
+    def wait(self, timeout: float | None = None):
+        """Block until complete and return the result (``timeout`` in seconds without progress)."""
+        try:
+            return self._run.wait(timeout)
+        finally:
+            self._let_go()
+
+    @property
+    def done(self) -> bool:
+        """Whether the collective has completed (without making progress)."""
+        return self._run._done
+
+    @property
+    def result(self):
+        """The result :meth:`wait` returns, once the collective is done (None before)."""
+        return self._run._result if self._run._done else None
 
 
 def _peers_of(step) -> list:

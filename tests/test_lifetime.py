@@ -164,8 +164,13 @@ def test_outstanding_limit_counts_what_the_program_holds_not_what_happened_to_fi
 
 
 def test_a_request_dropped_unwaited_no_longer_counts():
+    # Rank 1 starts late, so rank 0's requests are all still pending when it drops them: they stop
+    # counting at the drop (the program's own order), not when they happen to finish.
     def body(comm):
         limit = comm._layout.max_in_flight
+        if comm.rank == 1:
+            import time
+            time.sleep(0.3)
         for _ in range(limit + 5):
             comm.ibarrier()  # dropped: once it has finished on its own, it no longer counts
         for _ in range(limit + 5):

@@ -402,7 +402,7 @@ def test_allgather_object_of_large_objects_completes(nprocs):
 def test_a_failed_nonblocking_request_raises_again_and_never_completes():
     """A transport error ends a nonblocking run; waiting again must not return a half-computed result."""
     from commkit.errors import InvalidBuffer
-    from commkit.schedule import CallInfo, Exchange, ScheduleRequest
+    from commkit.schedule import CallInfo, Exchange, ScheduleRun
 
     class Pending:
         def __init__(self):
@@ -430,7 +430,7 @@ def test_a_failed_nonblocking_request_raises_again_and_never_completes():
     steps = [Exchange(0, ("out", 0, 2), 0, ("tmp", 0, 2)), Exchange(0, ("out", 2, 4), 0, ("tmp", 2, 4))]
     bufs = {"out": np.zeros(4), "tmp": np.zeros(4)}
     finished = []
-    req = ScheduleRequest(iter(steps), bufs, RefusesTheSecondPost(), 0, None, CallInfo("allreduce", "test", 0, 0),
+    req = ScheduleRun(iter(steps), bufs, RefusesTheSecondPost(), 0, None, CallInfo("allreduce", "test", 0, 0),
                           finish=lambda: finished.append(True) or "a result")
     with pytest.raises(InvalidBuffer, match="refused") as first:
         req.test()
@@ -469,10 +469,10 @@ class _Chan:
 
 
 def _request(chan, steps, **kwargs):
-    from commkit.schedule import CallInfo, ScheduleRequest
+    from commkit.schedule import CallInfo, ScheduleRun
 
     bufs = {"out": np.zeros(4), "tmp": np.zeros(4)}
-    return ScheduleRequest(iter(steps), bufs, chan, 0, None, CallInfo("allreduce", "test", 0, 0), **kwargs)
+    return ScheduleRun(iter(steps), bufs, chan, 0, None, CallInfo("allreduce", "test", 0, 0), **kwargs)
 
 
 def test_a_nonblocking_request_whose_reduction_raised_never_completes():
