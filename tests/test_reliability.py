@@ -578,3 +578,56 @@ def test_check_mode_names_ranks_that_disagree_on_a_library_collectives_form():
     """
     result = run_mpi(2, code, timeout=60, env={"COMMKIT_TIMEOUT": ""})
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+# -- an argument error that only some ranks can see ----------------------------------------------------------
+
+# Only the non-roots can tell that scatterv lacks out=; the root has everything it needs and goes on.
+SCATTERV_WITHOUT_OUT = """
+import numpy as np
+import commkit as ck
+comm = ck.init()
+x = np.arange(6.0) if comm.rank == 0 else None
+comm.scatterv(x, [2] * comm.size, root=0, out=np.empty(2) if comm.rank == 0 else None)
+comm.barrier()   # the root would wait here for the others forever
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_an_argument_error_on_some_ranks_only_ends_the_job_with_its_cause(tmp_path):
+    import os
+    import sys
+
+    from commkit._mpiexec import run_job
+
+    script = tmp_path / "scatterv.py"
+    script.write_text(SCATTERV_WITHOUT_OUT)
+    env = {**os.environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])}
+    env.pop("COMMKIT_TIMEOUT", None)  # no timeout to rescue the root: only the job ending can
+    start = time.monotonic()
+    result = run_job(3, [sys.executable, str(script)], timeout=60, env=env)
+    assert time.monotonic() - start < 30
+    assert result.returncode != 0
+    assert "scatterv on non-root rank" in result.stderr and "needs out=" in result.stderr, result.stderr
+    assert "aborting the MPI job" in result.stderr
+
+
+def test_an_argument_error_on_some_ranks_only_wakes_the_others_on_threads():
+    seen = {}
+
+    def body(comm):
+        x = np.arange(2.0 * comm.size) if comm.rank == 0 else None
+        comm.scatterv(x, [2] * comm.size, root=0, out=np.empty(2) if comm.rank == 0 else None)
+        try:
+            comm.barrier()
+        except ck.PeerFailed as exc:
+            seen[comm.rank] = str(exc)
+            raise
+
+    start = time.monotonic()
+    with pytest.raises(ck.RankError, match="needs out=") as info:
+        ck.run_local(body, 3)  # no timeout: only the failing rank's error can free the root
+    assert time.monotonic() - start < 10
+    assert info.value.rank in (1, 2)
+    assert "failed with InvalidBuffer" in seen.get(0, "failed with InvalidBuffer")
