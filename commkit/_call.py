@@ -13,7 +13,7 @@ class Call:
     """One prepared collective call: flat buffers, sizes, and how to shape the result."""
 
     __slots__ = ("collective", "arg", "src", "dst", "op", "root", "nbytes", "dtype", "xp", "aliased",
-                 "shape", "has_result", "signature_count", "result", "key", "keep")
+                 "shape", "has_result", "signature_count", "result", "key", "keep", "fresh")
 
     def __init__(self, collective, arg, src, dst, op=None, root=0, nbytes=0, dtype=None, xp=np,
                  aliased=False, shape=None, has_result=True, signature_count=None):
@@ -33,3 +33,4 @@ class Call:
         self.result = None  # the array handed back to the caller (``out`` itself when given)
         self.key = None     # the blocking call's plan-cache key, when its arrays may be bound (see plan.py)
         self.keep = None    # the caller's arrays that key names by identity
+        self.fresh = None   # the call's key by its arguments' kinds, for new arrays of this shape (Communicator._fresh)

@@ -59,6 +59,8 @@ _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (
 # transport's feet) for as long as this process runs. Only timeouts add to it.
 _ABANDONED: list = []
 _SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
+_GENERAL = object()  # Communicator._fresh's answer when the call must take the general path
+_FRESH = frozenset(("allreduce", "scan"))  # the collectives _fresh runs: a result of x's shape on every rank
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -267,10 +269,13 @@ class Communicator(VectorCollectives):
         self._check = _env_check() if check is None else bool(check)
         self._plans_on = _env_plans() if plans is None else bool(plans)
         self._plain = False  # no timeout, no check mode, usable: compiled plans may run (see _update_plain)
+        self._shapes_on = False  # the same but for the timeout: shape plans may run (see _fresh)
         self._fast: dict = {}  # plans of recent blocking calls, keyed by call shape and the arrays' identity
         self._forget_hot()
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
         self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased, timed) -> Plan, _SEEN_ONCE or False
+        self._by_shape: dict = {}  # the same shape plans by the arguments' kinds, for new arrays (see _fresh)
+        self._fresh_x = self._fresh_out = None  # the arrays of the last call _fresh ran (see there)
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
@@ -300,8 +305,8 @@ class Communicator(VectorCollectives):
     def _update_plain(self) -> None:
         # Compiled plans run only when nothing needs the general path: plans on, no timeout to poll
         # for, no check mode, no outstanding request to drive, a usable communicator.
-        self._plain = (self._plans_on and self._timeout is None and not self._check and not self._closed
-                       and not self._progress.requests)
+        self._shapes_on = (self._plans_on and not self._check and not self._closed and not self._progress.requests)
+        self._plain = self._shapes_on and self._timeout is None
 
     @property
     def plans(self) -> bool:
@@ -329,7 +334,7 @@ class Communicator(VectorCollectives):
         again or unregistered, so an edited algorithm runs at its next call.
         """
         self._plans.clear()
-        self._shaped.clear()
+        self._forget_shapes()
         self._fast.clear()
         self._seen.clear()
         self._forget_hot()
@@ -411,7 +416,7 @@ class Communicator(VectorCollectives):
 
     def _break(self, reason: str) -> None:
         """Mark this communicator unusable: messages of an interrupted call may still arrive."""
-        self._plain = False
+        self._plain = self._shapes_on = False
         if not self._closed:
             self._closed = (
                 f"this communicator is broken: {reason} Messages of that call may still arrive, so every later "
@@ -429,9 +434,9 @@ class Communicator(VectorCollectives):
         if self._closed is _FREED:
             return
         self._closed = _FREED
-        self._plain = False
+        self._plain = self._shapes_on = False
         self._fast.clear()
-        self._shaped.clear()
+        self._forget_shapes()
         self._forget_hot()
         self._finalizer()
         if self._progress.requests:
@@ -818,7 +823,7 @@ class Communicator(VectorCollectives):
                     _inplace_safe(steps), alg.name, tagbase, signature)
         if len(self._plans) >= 512:
             self._plans.clear()
-            self._shaped.clear()
+            self._forget_shapes()
         self._plans[key] = plan
         return plan
 
@@ -884,6 +889,8 @@ class Communicator(VectorCollectives):
                 if shaped is None or shaped is _SEEN_ONCE:
                     shaped = self._shape_plan(call, plan, key, shaped, timed)
                 if shaped:
+                    if call.fresh is not None and not call.aliased:  # later calls of this shape: _fresh
+                        self._by_shape[call.fresh] = (shaped, steps is None)
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
                                   call.collective, self._seq, call.nbytes, self.size, name, choice.reason)
@@ -1098,6 +1105,66 @@ class Communicator(VectorCollectives):
         shaped[key] = compiled = compiled if compiled is not None and compiled.run is not None else False
         return compiled
 
+    def _forget_shapes(self) -> None:
+        self._shaped.clear()
+        self._by_shape.clear()
+        self._fresh_x = self._fresh_out = None
+
+    def _fresh(self, collective, x, out, op, algorithm, timeout):
+        """A call on new arrays of a shape already run: checked here and run by its shape plan; else _GENERAL.
+
+        The arrays are not those of a plan, but their kinds are those of a call
+        the general path has checked and run twice (``_by_shape``, filled by
+        ``_run_locked`` under ``call.fresh``): same collective, op and algorithm
+        arguments, element type, shape, ``out`` given or not, timed or not. What
+        can differ per array is checked here as the general path checks it: ``x``
+        contiguous; ``out`` a writeable contiguous NumPy array of ``x``'s type and
+        shape that shares no memory with ``x``. Anything else (in place, a list,
+        a strided view, a concurrent call) takes the general path, which names
+        the problem. An untimed call repeating the arrays of the last call run
+        here takes the general path too, so that a loop on the same arrays gets
+        its own compiled plan (``_remember``); a timed call has none, and runs
+        here whatever its arrays. ``collective`` has a result the shape of ``x``
+        on every rank (allreduce, scan).
+        """
+        if type(x) is not np.ndarray or not self._shapes_on or _trace_active or log.isEnabledFor(logging.DEBUG):
+            return _GENERAL  # (the general path logs each call)
+        if timeout is None:
+            timeout = self._timeout
+        try:
+            entry = self._by_shape.get((collective, op, algorithm, x.dtype, x.shape, out is None, timeout is None))
+        except TypeError:  # an unhashable argument: the general path names it
+            return _GENERAL
+        if entry is None or not x.flags.c_contiguous or (x is self._fresh_x and out is self._fresh_out
+                                                         and timeout is None):
+            return _GENERAL
+        given_out = out
+        if out is None:
+            out = np.empty(x.shape, x.dtype)
+        elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == x.shape
+                  and out.flags.c_contiguous and out.flags.writeable and not np.may_share_memory(x, out)):
+            return _GENERAL
+        if timeout is not None:
+            timeout = check_timeout(timeout)
+        if not self._entry.acquire(False):
+            return _GENERAL
+        try:
+            # Held until the next call here, so that no new array can take these arrays' identities.
+            self._fresh_x, self._fresh_out = x, given_out
+            shaped, native = entry
+            src, dst = (x, out) if x.ndim == 1 else (x.reshape(-1), out.reshape(-1))
+            if timeout is None:
+                shaped.run(src, dst)
+            else:
+                seq = self._seq
+                try:
+                    shaped.run(src, dst, timeout)
+                except CommTimeout as exc:  # the plan marked the call timed out in the flight record
+                    raise self._gave_up(collective, seq, exc, native) from None
+        finally:
+            self._entry.release()
+        return out
+
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
@@ -1250,7 +1317,7 @@ class Communicator(VectorCollectives):
     @_announced(None)
     def _reduction(self, collective, x, op, out, algorithm, timeout, nonblocking, root=0, rooted=False, key=None):
         self._check_open()
-        given, given_out = x, out
+        given, given_out, given_op = x, out, op
         x = input_for(x, nonblocking, collective)
         if rooted:
             root = check_rank(root, self.size, "root")
@@ -1278,6 +1345,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
+            if collective in _FRESH and given_out is not given:
+                call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, given_out is None,
+                              (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
@@ -1309,6 +1379,9 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_allreduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("allreduce", x, out, op, algorithm, timeout)
+        if result is not _GENERAL:
+            return result
         return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
 
     def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
@@ -1371,6 +1444,9 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_scan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("scan", x, out, op, algorithm, timeout)
+        if result is not _GENERAL:
+            return result
         return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
 
     def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:

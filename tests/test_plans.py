@@ -503,6 +503,116 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
         assert shaped == ["False", "False"], shaped  # neither shape got a plan; the calls stayed right
 
 
+# -- new arrays of a shape already run: checked in the method, run by the shape plan (Communicator._fresh) ----
+
+
+def _counting_general_path(comm):
+    """Count the calls that reach the general path (``_reduction``) on this communicator."""
+    general = comm._reduction
+    seen = []
+
+    def counted(*args, **kwargs):
+        seen.append(args[0])
+        return general(*args, **kwargs)
+    comm._reduction = counted
+    return seen
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+@pytest.mark.parametrize("name", ["allreduce", "scan"])
+def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, size):
+    forms = [("float64", (7,), "sum", False, None), ("int32", (2, 3), "max", True, None),
+             ("float32", (5,), "sum", False, 30.0), ("int64", (4, 2), "prod", True, 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for dtype, shape, op, with_out, timeout in forms:
+            for k in range(6):
+                x = (np.arange(np.prod(shape)).reshape(shape) % 5 + comm.rank + k).astype(dtype)
+                given = x.copy()
+                out = np.full(shape, -1, dtype) if with_out else None
+                result = getattr(comm, name)(x, op, out=out, timeout=timeout)
+                assert with_out is False or result is out
+                np.testing.assert_array_equal(x, given)  # the input is never touched
+                got.append((given, result.copy()))
+        return got, general
+
+    per_rank = ck.run_local(body, size)
+    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
+    for r in range(size):
+        got, general = per_rank[r]
+        case = 0
+        for dtype, shape, op, _, _ in forms:
+            for k in range(6):
+                inputs = [per_rank[q][0][case][0] for q in range(size)]
+                upto = inputs[:r + 1] if name == "scan" else inputs
+                want = upto[0].copy()
+                for more in upto[1:]:
+                    want = fold[op](want, more).astype(dtype)
+                np.testing.assert_array_equal(got[case][1], want, err_msg=f"{dtype} {shape} {op} call {k}")
+                case += 1
+        # Two calls of each form take the general path (the second compiles the shape plan); the rest do not.
+        assert len(general) == 2 * len(forms), (r, general)
+
+
+def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_too():
+    def body(comm):
+        for _ in range(3):  # the shape is known: calls on new arrays now take the fast path
+            comm.allreduce(np.ones(6), out=np.empty(6))
+            comm.allreduce(np.ones(6))
+        errors = []
+        read_only = np.empty(6)
+        read_only.flags.writeable = False
+        buf = np.ones(12)
+        for out, why in [(read_only, "read-only"), (np.empty(6, np.float32), "dtype float64"),
+                         (np.empty(5), r"shape \(6,\)"), (np.empty(12)[::2], "C-contiguous")]:
+            with pytest.raises(ck.InvalidBuffer, match=why):
+                comm.allreduce(np.ones(6), out=out)
+            errors.append(why)
+        with pytest.raises(ck.InvalidBuffer, match="overlaps its input"):
+            comm.allreduce(buf[:6], out=buf[3:9])
+        x = np.full(6, 2.0)
+        in_place = comm.allreduce(x, out=x)  # in place: its own plan, through the general path
+        strided = comm.allreduce(np.arange(12.0)[::2])  # copied to a contiguous array first
+        listed = comm.allreduce([1.0] * 6)
+        assert in_place is x
+        return errors, x.tolist(), strided.tolist(), listed.tolist()
+
+    for errors, in_place, strided, listed in ck.run_local(body, 3):
+        assert len(errors) == 4
+        assert in_place == [6.0] * 6
+        assert strided == [3.0 * v for v in range(0, 12, 2)]
+        assert listed == [3.0] * 6
+
+
+def test_the_same_arrays_after_new_ones_still_get_their_own_plan():
+    def body(comm):
+        for _ in range(3):
+            comm.allreduce(np.ones(4))
+        x, out = np.ones(4), np.empty(4)
+        for _ in range(4):
+            comm.allreduce(x, out=out)
+        return any(plan is not None and plan.keep == (x, out) for plan in comm._fast.values())
+
+    assert ck.run_local(body, 2) == [True, True]
+
+
+def test_a_timed_call_on_new_arrays_still_gives_up_and_breaks_the_communicator():
+    def body(comm):
+        for k in range(3):
+            comm.allreduce(np.full(3, float(k)), timeout=30)
+        if comm.rank == 1:
+            return None
+        with pytest.raises(ck.CommTimeout, match=r"allreduce #3"):
+            comm.allreduce(np.ones(3), timeout=0.3)
+        with pytest.raises(ck.CommBroken):
+            comm.allreduce(np.ones(3), timeout=30)
+        return comm.flight_recorder.calls[-1][8]
+
+    assert ck.run_local(body, 2)[0] == "timed out"
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling"])
 def test_a_call_with_a_timeout_runs_a_timed_shape_plan_that_still_gives_up(algorithm):
     """Calls with a timeout run a plan too; when a peer stops coming, it times out as the interpreter does."""
