@@ -9,8 +9,10 @@ plan (``commkit.plan``); a call with a timeout and a nonblocking call run the
 step interpreter (``commkit.schedule.execute``). This script times those forms
 of a float32 sum allreduce (``recursive_doubling``, the algorithm the shipped
 table picks at these sizes on 2 ranks) next to the raw mpi4py call on a
-``Dup`` of COMM_WORLD (with the same output, and with a new output each call,
-which is what a caller who wants a fresh result writes), on the same input, in
+``Dup`` of COMM_WORLD (with the same output, with a new output each call,
+which is what a caller who wants a fresh result writes, with a new input and
+output as ``y = comm.allreduce(x.copy())`` has, and ``Iallreduce(...).Wait()``
+for the i-form), on the same input, in
 CPU time of rank 0
 (``time.process_time``: a busy machine disturbs it less than wall time). The
 variants rotate from sweep to sweep; each cell is the best sweep's time per
@@ -51,7 +53,7 @@ def main(argv=None) -> int:
         print(f"# float32 sum allreduce ({alg}), {comm.size} ranks, {args.sweeps} sweeps x {args.calls} calls, "
               f"best sweep, CPU us per call on rank 0; load average {os.getloadavg()[0]:.2f}")
         print(f"{'bytes':>6}  {'raw mpi4py':>10}  {'raw, new out':>12}  {'plan':>8}  {'no out':>8}  "
-              f"{'new out':>8}  {'new x, out':>10}  {'timeout':>8}  {'i-form':>8}")
+              f"{'new out':>8}  {'raw, new x':>10}  {'new x':>8}  {'new x, out':>10}  {'timeout':>8}  {'raw i-form':>10}  {'i-form':>8}")
     for size in (int(s) for s in args.sizes.split(",")):
         x = np.ones(max(size // 4, 1), np.float32)
         out = np.empty_like(x)
@@ -60,14 +62,22 @@ def main(argv=None) -> int:
             raw.Allreduce(x, result, MPI.SUM)
             return result
 
+        def raw_new_x():  # what `y = comm.allreduce(x.copy())` does, written for mpi4py
+            result = np.empty_like(x)
+            raw.Allreduce(x.copy(), result, MPI.SUM)
+            return result
+
         variants = {
             "raw mpi4py": lambda: raw.Allreduce(x, out, MPI.SUM),
             "raw, new out": raw_new_out,
             "plan": lambda: comm.allreduce(x, out=out, algorithm=alg),
             "no out": lambda: comm.allreduce(x, algorithm=alg),
             "new out": lambda: comm.allreduce(x, out=np.empty_like(x), algorithm=alg),
+            "raw, new x": raw_new_x,
+            "new x": lambda: comm.allreduce(x.copy(), algorithm=alg),
             "new x, out": lambda: comm.allreduce(x.copy(), out=np.empty_like(x), algorithm=alg),
             "timeout": lambda: comm.allreduce(x, out=out, algorithm=alg, timeout=60.0),
+            "raw i-form": lambda: raw.Iallreduce(x, out, MPI.SUM).Wait(),
             "i-form": lambda: comm.iallreduce(x, out=out, algorithm=alg).wait(),
         }
         names = list(variants)

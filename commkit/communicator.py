@@ -60,7 +60,8 @@ _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (
 _ABANDONED: list = []
 _SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
 _GENERAL = object()  # Communicator._fresh's answer when the call must take the general path
-_FRESH = frozenset(("allreduce", "scan"))  # the collectives _fresh runs: a result of x's shape on every rank
+_weakref = weakref.ref
+_FRESH = frozenset(("allreduce", "scan"))  # the reductions _fresh runs (and broadcast): a result of x's shape
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -275,7 +276,7 @@ class Communicator(VectorCollectives):
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
         self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased, timed) -> Plan, _SEEN_ONCE or False
         self._by_shape: dict = {}  # the same shape plans by the arguments' kinds, for new arrays (see _fresh)
-        self._fresh_x = self._fresh_out = None  # the arrays of the last call _fresh ran (see there)
+        self._fresh_x = self._fresh_out = None  # weak references to the arrays of the last call _fresh ran
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
@@ -1110,7 +1111,7 @@ class Communicator(VectorCollectives):
         self._by_shape.clear()
         self._fresh_x = self._fresh_out = None
 
-    def _fresh(self, collective, x, out, op, algorithm, timeout):
+    def _fresh(self, collective, x, out, op, algorithm, timeout):  # op: broadcast's root
         """A call on new arrays of a shape already run: checked here and run by its shape plan; else _GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
@@ -1125,7 +1126,8 @@ class Communicator(VectorCollectives):
         here takes the general path too, so that a loop on the same arrays gets
         its own compiled plan (``_remember``); a timed call has none, and runs
         here whatever its arrays. ``collective`` has a result the shape of ``x``
-        on every rank (allreduce, scan).
+        on every rank (allreduce, scan, and broadcast, whose root stands in for
+        ``op``).
         """
         if type(x) is not np.ndarray or not self._shapes_on or _trace_active or log.isEnabledFor(logging.DEBUG):
             return _GENERAL  # (the general path logs each call)
@@ -1135,8 +1137,11 @@ class Communicator(VectorCollectives):
             entry = self._by_shape.get((collective, op, algorithm, x.dtype, x.shape, out is None, timeout is None))
         except TypeError:  # an unhashable argument: the general path names it
             return _GENERAL
-        if entry is None or not x.flags.c_contiguous or (x is self._fresh_x and out is self._fresh_out
-                                                         and timeout is None):
+        if entry is None or not x.flags.c_contiguous:
+            return _GENERAL
+        last = self._fresh_x
+        if (timeout is None and last is not None and last() is x
+                and (out is None if self._fresh_out is None else self._fresh_out() is out)):
             return _GENERAL
         given_out = out
         if out is None:
@@ -1149,8 +1154,9 @@ class Communicator(VectorCollectives):
         if not self._entry.acquire(False):
             return _GENERAL
         try:
-            # Held until the next call here, so that no new array can take these arrays' identities.
-            self._fresh_x, self._fresh_out = x, given_out
+            # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id, never a
+            # weak reference's answer).
+            self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
             shaped, native = entry
             src, dst = (x, out) if x.ndim == 1 else (x.reshape(-1), out.reshape(-1))
             if timeout is None:
@@ -1503,6 +1509,9 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("broadcast", x, out, root, algorithm, timeout)
+        if result is not _GENERAL:
+            return result
         return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
@@ -1516,7 +1525,7 @@ class Communicator(VectorCollectives):
     @_announced("broadcast")
     def _broadcast(self, x, root, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
-        given, given_out = x, out
+        given, given_out, root_given = x, out, root
         root = check_rank(root, self.size, "root")
         if x is None and self.rank != root:
             if out is None:
@@ -1532,6 +1541,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and (x is given or x is given_out) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
+            if x is given and given_out is not given:
+                call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, given_out is None,
+                              (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):

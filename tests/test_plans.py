@@ -507,19 +507,18 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 
 
 def _counting_general_path(comm):
-    """Count the calls that reach the general path (``_reduction``) on this communicator."""
-    general = comm._reduction
+    """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
     seen = []
-
-    def counted(*args, **kwargs):
-        seen.append(args[0])
-        return general(*args, **kwargs)
-    comm._reduction = counted
+    for entry in ("_reduction", "_broadcast"):
+        def counted(*args, _general=getattr(comm, entry), **kwargs):
+            seen.append(args[0])
+            return _general(*args, **kwargs)
+        setattr(comm, entry, counted)
     return seen
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
-@pytest.mark.parametrize("name", ["allreduce", "scan"])
+@pytest.mark.parametrize("name", ["allreduce", "scan", "broadcast"])
 def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, size):
     forms = [("float64", (7,), "sum", False, None), ("int32", (2, 3), "max", True, None),
              ("float32", (5,), "sum", False, 30.0), ("int64", (4, 2), "prod", True, 30.0)]
@@ -532,7 +531,10 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
                 x = (np.arange(np.prod(shape)).reshape(shape) % 5 + comm.rank + k).astype(dtype)
                 given = x.copy()
                 out = np.full(shape, -1, dtype) if with_out else None
-                result = getattr(comm, name)(x, op, out=out, timeout=timeout)
+                if name == "broadcast":  # the last rank is the root; the op's place holds it
+                    result = comm.broadcast(x, comm.size - 1, out=out, timeout=timeout)
+                else:
+                    result = getattr(comm, name)(x, op, out=out, timeout=timeout)
                 assert with_out is False or result is out
                 np.testing.assert_array_equal(x, given)  # the input is never touched
                 got.append((given, result.copy()))
@@ -550,6 +552,8 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
                 want = upto[0].copy()
                 for more in upto[1:]:
                     want = fold[op](want, more).astype(dtype)
+                if name == "broadcast":
+                    want = inputs[-1]
                 np.testing.assert_array_equal(got[case][1], want, err_msg=f"{dtype} {shape} {op} call {k}")
                 case += 1
         # Two calls of each form take the general path (the second compiles the shape plan); the rest do not.

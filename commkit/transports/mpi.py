@@ -74,7 +74,10 @@ def _tag(tag: int) -> int:
 
 
 def _on_device(pairs) -> bool:
-    return any(_cuda.is_device_array(buf) for _, buf in pairs)
+    for _, buf in pairs:  # a loop, not any(generator): every posted transfer asks, for each of its buffers
+        if type(buf) is not np.ndarray and _cuda.is_device_array(buf):
+            return True
+    return False
 
 
 def _too_long(exc, recvs) -> MessageTruncated:
