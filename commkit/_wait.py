@@ -13,9 +13,10 @@ This module imports nothing from commkit, so any module may use it.
 
 from __future__ import annotations
 
+import os
 import time
 
-__all__ = ["MAX_SLEEP", "SPIN_SECONDS", "Backoff"]
+__all__ = ["MAX_SLEEP", "SPIN_SECONDS", "Backoff", "share_cores"]
 
 # A polling wait spins this long before it sleeps: most waits end within it, and a sleep
 # costs tens of microseconds of latency.
@@ -23,6 +24,24 @@ SPIN_SECONDS = 2e-4
 # The longest sleep between two polls: short enough that a wait ends within a millisecond
 # of its event, long enough that oversubscribed ranks leave the core to the peer they wait on.
 MAX_SLEEP = 1e-3
+
+# More ranks than cores on this host (share_cores): a spinning wait gives its core away after each poll.
+_yield = False
+
+
+def share_cores(ranks_here: int, cores: int | None = None) -> bool:
+    """Tell the waits how many ranks share this host's cores; True when they are more than the cores.
+
+    With more ranks than cores (4 ranks on a 2-core laptop, a notebook, a
+    classroom), a rank that spins while it waits holds a core the rank it waits
+    for needs: every spinning poll then yields the core (``os.sched_yield``),
+    which costs a fraction of a microsecond when no one else wants it. The
+    transports call this once they know how many ranks run here.
+    """
+    global _yield
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    _yield = ranks_here > cores
+    return _yield
 
 
 class Backoff:
@@ -45,7 +64,8 @@ class Backoff:
         first: the first sleep, in seconds (and the sleep after :meth:`progressed`).
         most: the longest sleep, in seconds.
 
-    Cost: one ``time.monotonic()`` per pause, and one ``time.sleep`` once the spin is over.
+    Cost: one ``time.monotonic()`` per pause, and one ``time.sleep`` once the spin is over (while
+    spinning, one ``os.sched_yield()`` too where ranks outnumber cores: :func:`share_cores`).
     """
 
     __slots__ = ("deadline", "first", "most", "sleep", "spin", "start", "timeout")
@@ -68,6 +88,8 @@ class Backoff:
         if now - self.start > self.spin:
             time.sleep(self.sleep if self.deadline is None else min(self.sleep, self.deadline - now))
             self.sleep = min(self.sleep * 2, self.most)
+        elif _yield:
+            os.sched_yield()
         return True
 
     def progressed(self) -> None:

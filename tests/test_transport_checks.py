@@ -524,3 +524,37 @@ print(f"every op ok {c.rank} {len(passed)}", flush=True)
 def test_mpi_every_op_and_dtype_the_probe_passes_gives_numpys_answer():
     result = run_mpi(2, _EVERY_OP, timeout=300)
     assert len(re.findall(r"every op ok \d", result.stdout)) == 2, result.stdout
+
+
+# -- waits where ranks outnumber cores -----------------------------------------------------------------------
+
+
+def test_a_spinning_wait_yields_its_core_only_where_ranks_outnumber_cores(monkeypatch):
+    from commkit import _wait
+
+    yields = []
+    monkeypatch.setattr(_wait.os, "sched_yield", lambda: yields.append(1))
+    monkeypatch.setattr(_wait, "_yield", False)
+    try:
+        for ranks, cores, shared in ((4, 2, True), (2, 2, False), (0, 2, False), (3, 1, True)):
+            assert _wait.share_cores(ranks, cores) is shared
+            yields.clear()
+            backoff = _wait.Backoff(None, spin=10.0)  # spinning for the whole test
+            for _ in range(5):
+                assert backoff.pause()
+            assert len(yields) == (5 if shared else 0), (ranks, cores)
+    finally:
+        _wait.share_cores(0)
+
+
+@requires_mpi
+def test_the_mpi_transport_reads_how_many_ranks_share_the_host(monkeypatch):
+    from commkit.transports import mpi
+
+    for env, want in (({"MPI_LOCALNRANKS": "4"}, 4), ({"OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, 3), ({}, 0),
+                      ({"MPI_LOCALNRANKS": "x", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2)):
+        for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        assert mpi._ranks_here() == want, env

@@ -10,7 +10,9 @@ own collectives with the proper datatype and op.
 Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
 ``Waitall`` directly. With a timeout the executor must be able to give up, so
 requests are polled with ``Testall`` (spinning briefly, then backing off to
-short sleeps so oversubscribed ranks leave the core to the peer they wait on).
+short sleeps so oversubscribed ranks leave the core to the peer they wait on;
+where the launcher says more ranks run on this host than it has cores, each
+spinning poll yields the core as well).
 
 Every receive of a collective is exact. MPI refuses a message longer than
 its buffer (``MPI_ERR_TRUNCATE``) but accepts a shorter one; a collective
@@ -44,7 +46,7 @@ import numpy as np
 from ..errors import MessageTruncated, TransportUnavailable
 from ..ops import OPS
 from . import _cuda
-from .._wait import Backoff
+from .._wait import Backoff, share_cores
 from .base import ANY_SOURCE, ANY_TAG, Status, inline, short_receive
 
 try:  # pragma: no cover - exercised only where mpi4py is missing
@@ -63,6 +65,20 @@ BYTE = MPI.BYTE
 # Transfers that timed out: their requests (and the buffers mpi4py keeps with them) stay
 # alive for the life of the process, so MPI never reads or writes memory Python freed.
 _ABANDONED: list = []
+
+
+def _ranks_here() -> int:
+    """How many ranks of this job run on this host, as the launcher says (0 when it does not)."""
+    for name in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):  # MPICH's Hydra, Open MPI's launcher
+        try:
+            return int(os.environ.get(name, ""))
+        except ValueError:
+            continue
+    return 0
+
+
+# Ranks that outnumber the cores give their core away while they spin (see _wait.share_cores).
+share_cores(_ranks_here())
 
 
 def _src(source: int) -> int:
