@@ -1111,7 +1111,7 @@ class Communicator(VectorCollectives):
         self._by_shape.clear()
         self._fresh_x = self._fresh_out = None
 
-    def _fresh(self, collective, x, out, op, algorithm, timeout):  # op: broadcast's root
+    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False):  # op: broadcast's root
         """A call on new arrays of a shape already run: checked here and run by its shape plan; else _GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
@@ -1126,8 +1126,8 @@ class Communicator(VectorCollectives):
         here takes the general path too, so that a loop on the same arrays gets
         its own compiled plan (``_remember``); a timed call has none, and runs
         here whatever its arrays. ``collective`` has a result the shape of ``x``
-        on every rank (allreduce, scan, and broadcast, whose root stands in for
-        ``op``).
+        on every rank (allreduce, scan, alltoall, and broadcast, whose root
+        stands in for ``op``), or with ``stacked`` one ``x`` per rank (allgather).
         """
         if type(x) is not np.ndarray or not self._shapes_on or _trace_active or log.isEnabledFor(logging.DEBUG):
             return _GENERAL  # (the general path logs each call)
@@ -1144,9 +1144,10 @@ class Communicator(VectorCollectives):
                 and (out is None if self._fresh_out is None else self._fresh_out() is out)):
             return _GENERAL
         given_out = out
+        shape = (self.size,) + x.shape if stacked else x.shape
         if out is None:
-            out = np.empty(x.shape, x.dtype)
-        elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == x.shape
+            out = np.empty(shape, x.dtype)
+        elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
                   and out.flags.c_contiguous and out.flags.writeable and not np.may_share_memory(x, out)):
             return _GENERAL
         if timeout is not None:
@@ -1158,7 +1159,7 @@ class Communicator(VectorCollectives):
             # weak reference's answer).
             self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
             shaped, native = entry
-            src, dst = (x, out) if x.ndim == 1 else (x.reshape(-1), out.reshape(-1))
+            src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if timeout is None:
                 shaped.run(src, dst)
             else:
@@ -1664,6 +1665,9 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_allgather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("allgather", x, out, None, algorithm, timeout, stacked=True)
+        if result is not _GENERAL:
+            return result
         return self._allgather(x, out, algorithm, timeout, False, key=key)
 
     def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
@@ -1687,6 +1691,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
+            if given_out is not given:
+                call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, given_out is None,
+                              (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
@@ -1706,6 +1713,9 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_alltoall = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("alltoall", x, out, None, algorithm, timeout)
+        if result is not _GENERAL:
+            return result
         return self._alltoall(x, out, algorithm, timeout, False, key=key)
 
     def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
@@ -1735,6 +1745,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
+            if given_out is not given:
+                call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, given_out is None,
+                              (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):

@@ -509,7 +509,7 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 def _counting_general_path(comm):
     """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
     seen = []
-    for entry in ("_reduction", "_broadcast"):
+    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall"):
         def counted(*args, _general=getattr(comm, entry), **kwargs):
             seen.append(args[0])
             return _general(*args, **kwargs)
@@ -560,6 +560,35 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
         assert len(general) == 2 * len(forms), (r, general)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3])
+@pytest.mark.parametrize("name", ["allgather", "alltoall"])
+def test_new_arrays_of_a_known_shape_skip_the_general_path_for_the_exchanges_too(name, size):
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for dtype, with_out, timeout in (("float64", False, None), ("int16", True, None), ("int64", True, 30.0)):
+            for k in range(5):
+                shape = (comm.size, 2, 3) if name == "alltoall" else (2, 3)
+                x = (np.arange(np.prod(shape)).reshape(shape) + 100 * comm.rank + k).astype(dtype)
+                given = x.copy()
+                stacked = (comm.size,) + shape if name == "allgather" else shape
+                out = np.full(stacked, -1, dtype) if with_out else None
+                result = getattr(comm, name)(x, out=out, timeout=timeout)
+                assert out is None or result is out
+                np.testing.assert_array_equal(x, given)
+                got.append((given, result.copy()))
+        return got, general
+
+    per_rank = ck.run_local(body, size)
+    for r in range(size):
+        got, general = per_rank[r]
+        for case, (given, result) in enumerate(got):
+            inputs = [per_rank[q][0][case][0] for q in range(size)]
+            want = np.stack(inputs) if name == "allgather" else np.stack([inputs[q][r] for q in range(size)])
+            np.testing.assert_array_equal(result, want, err_msg=f"call {case}")
+        assert len(general) == 2 * 3, (r, general)
+
+
 def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_too():
     def body(comm):
         for _ in range(3):  # the shape is known: calls on new arrays now take the fast path
@@ -576,6 +605,14 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
             errors.append(why)
         with pytest.raises(ck.InvalidBuffer, match="overlaps its input"):
             comm.allreduce(buf[:6], out=buf[3:9])
+        for _ in range(3):
+            comm.allgather(np.ones(2), out=np.empty((comm.size, 2)))
+            comm.alltoall(np.ones((comm.size, 2)), out=np.empty((comm.size, 2)))
+        with pytest.raises(ck.InvalidBuffer, match="shape"):
+            comm.allgather(np.ones(2), out=np.empty((comm.size + 1, 2)))
+        square = np.ones((comm.size, 2))
+        with pytest.raises(ck.InvalidBuffer, match="in place"):
+            comm.alltoall(square, out=square)
         x = np.full(6, 2.0)
         in_place = comm.allreduce(x, out=x)  # in place: its own plan, through the general path
         strided = comm.allreduce(np.arange(12.0)[::2])  # copied to a contiguous array first
