@@ -276,6 +276,7 @@ class Communicator(VectorCollectives):
         self._seen: dict = {}  # keys seen once (weakly): a plan is compiled the second time
         self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased, timed) -> Plan, _SEEN_ONCE or False
         self._by_shape: dict = {}  # the same shape plans by the arguments' kinds, for new arrays (see _fresh)
+        self._by_shape_i: dict = {}  # the cached schedules of i-forms by the arguments' kinds (see _fresh)
         self._fresh_x = self._fresh_out = None  # weak references to the arrays of the last call _fresh ran
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
@@ -945,7 +946,11 @@ class Communicator(VectorCollectives):
             run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,
                               finish=lambda: self._finish(call), progress=self._progress,
                               recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
-            return ScheduleRequest(run, self._progress) if nonblocking else run.wait()
+            if not nonblocking:
+                return run.wait()
+            if call.fresh is not None and not call.aliased:  # later i-forms of this shape: _fresh
+                self._by_shape_i[call.fresh] = plan
+            return ScheduleRequest(run, self._progress)
         recorder.active = rec
         try:
             run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)
@@ -1109,38 +1114,47 @@ class Communicator(VectorCollectives):
     def _forget_shapes(self) -> None:
         self._shaped.clear()
         self._by_shape.clear()
+        self._by_shape_i.clear()
         self._fresh_x = self._fresh_out = None
 
-    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False):  # op: broadcast's root
-        """A call on new arrays of a shape already run: checked here and run by its shape plan; else _GENERAL.
+    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False):
+        """A call on new arrays of a shape already run: checked here and run from its cache; else _GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
-        the general path has checked and run twice (``_by_shape``, filled by
-        ``_run_locked`` under ``call.fresh``): same collective, op and algorithm
-        arguments, element type, shape, ``out`` given or not, timed or not. What
-        can differ per array is checked here as the general path checks it: ``x``
-        contiguous; ``out`` a writeable contiguous NumPy array of ``x``'s type and
-        shape that shares no memory with ``x``. Anything else (in place, a list,
-        a strided view, a concurrent call) takes the general path, which names
-        the problem. An untimed call repeating the arrays of the last call run
-        here takes the general path too, so that a loop on the same arrays gets
-        its own compiled plan (``_remember``); a timed call has none, and runs
-        here whatever its arrays. ``collective`` has a result the shape of ``x``
-        on every rank (allreduce, scan, alltoall, and broadcast, whose root
-        stands in for ``op``), or with ``stacked`` one ``x`` per rank (allgather).
+        the general path has checked and run (``_run_locked`` keeps it under
+        ``call.fresh``): same collective, op and algorithm arguments (``op``:
+        broadcast's root; None where there is neither), element type, shape,
+        ``out`` given or not, timed or not. What can differ per array is checked
+        here as the general path checks it: ``x`` contiguous; ``out`` a writeable
+        contiguous NumPy array of the result's type and shape that shares no
+        memory with ``x``. Anything else (in place, a list, a strided view, a
+        concurrent call) takes the general path, which names the problem.
+
+        A blocking call runs the shape's plan (``_by_shape``: compiled the second
+        time the shape came). An untimed one repeating the arrays of the last
+        call run here takes the general path instead, so that a loop on the same
+        arrays gets its own compiled plan (``_remember``); a timed call has none.
+        An i-form (``nonblocking``) starts its request on the shape's schedule
+        (``_by_shape_i``), as the general path would, without its argument
+        handling. ``collective`` has a result the shape of ``x`` on every rank
+        (allreduce, scan, alltoall, broadcast), or with ``stacked`` one ``x`` per
+        rank (allgather).
         """
-        if type(x) is not np.ndarray or not self._shapes_on or _trace_active or log.isEnabledFor(logging.DEBUG):
+        if type(x) is not np.ndarray or _trace_active or log.isEnabledFor(logging.DEBUG):
             return _GENERAL  # (the general path logs each call)
+        if not (self._shapes_on or nonblocking and self._plans_on and not self._check and not self._closed):
+            return _GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
         if timeout is None:
             timeout = self._timeout
         try:
-            entry = self._by_shape.get((collective, op, algorithm, x.dtype, x.shape, out is None, timeout is None))
+            entry = (self._by_shape_i if nonblocking else self._by_shape).get(
+                (collective, op, algorithm, x.dtype, x.shape, out is None, timeout is None))
         except TypeError:  # an unhashable argument: the general path names it
             return _GENERAL
         if entry is None or not x.flags.c_contiguous:
             return _GENERAL
         last = self._fresh_x
-        if (timeout is None and last is not None and last() is x
+        if (timeout is None and not nonblocking and last is not None and last() is x
                 and (out is None if self._fresh_out is None else self._fresh_out() is out)):
             return _GENERAL
         given_out = out
@@ -1155,11 +1169,13 @@ class Communicator(VectorCollectives):
         if not self._entry.acquire(False):
             return _GENERAL
         try:
+            src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
+            if nonblocking:
+                return self._fresh_request(collective, entry, src, dst, out, timeout)
             # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id, never a
             # weak reference's answer).
             self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
             shaped, native = entry
-            src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if timeout is None:
                 shaped.run(src, dst)
             else:
@@ -1171,6 +1187,26 @@ class Communicator(VectorCollectives):
         finally:
             self._entry.release()
         return out
+
+    def _fresh_request(self, collective, plan, src, dst, result, timeout):
+        """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""
+        progress = self._progress
+        if progress.held >= self._layout.max_in_flight:
+            return _GENERAL  # the general path raises, naming the limit
+        _, steps, scratch_n, _, name, tagbase, signature = plan
+        seq = self._seq
+        self._seq = seq + 1
+        if progress.requests:
+            progress.settle(seq, self._seq_span, timeout)
+        recorder = self._recorder
+        rec = recorder.start(seq, collective, name, signature)
+        self._last = (name, plan[0])
+        layout = self._layout
+        bufs = {"in": src, "out": dst, "tmp": np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY}
+        run = ScheduleRun(iter(steps), bufs, self._coll, ((seq & layout.seq_mask) << layout.seq_shift) | tagbase,
+                          timeout, CallInfo(collective, name, seq, self.rank, None), progress=progress,
+                          recorder=recorder, rec=rec, on_timeout=self._collective_timed_out, value=result)
+        return ScheduleRequest(run, progress)
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
@@ -1352,9 +1388,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
-            if collective in _FRESH and given_out is not given:
-                call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, given_out is None,
-                              (self._timeout if timeout is None else timeout) is None)
+        if collective in _FRESH and x is given and given_out is not given and nonblocking != "init":
+            call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, given_out is None,
+                          (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
@@ -1393,6 +1429,9 @@ class Communicator(VectorCollectives):
 
     def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allreduce`; ``wait()`` returns the result."""
+        request = self._fresh("allreduce", x, out, op, algorithm, timeout, nonblocking=True)
+        if request is not _GENERAL:
+            return request
         return self._reduction("allreduce", x, op, out, algorithm, timeout, True)
 
     def allreduce_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -1458,6 +1497,9 @@ class Communicator(VectorCollectives):
 
     def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`scan`."""
+        request = self._fresh("scan", x, out, op, algorithm, timeout, nonblocking=True)
+        if request is not _GENERAL:
+            return request
         return self._reduction("scan", x, op, out, algorithm, timeout, True)
 
     def scan_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -1517,6 +1559,9 @@ class Communicator(VectorCollectives):
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`broadcast`."""
+        request = self._fresh("broadcast", x, out, root, algorithm, timeout, nonblocking=True)
+        if request is not _GENERAL:
+            return request
         return self._broadcast(x, root, out, algorithm, timeout, True)
 
     def broadcast_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -1542,9 +1587,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and (x is given or x is given_out) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-            if x is given and given_out is not given:
-                call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, given_out is None,
-                              (self._timeout if timeout is None else timeout) is None)
+        if x is given and given_out is not given and nonblocking != "init":
+            call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, given_out is None,
+                          (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
@@ -1672,6 +1717,9 @@ class Communicator(VectorCollectives):
 
     def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allgather`."""
+        request = self._fresh("allgather", x, out, None, algorithm, timeout, stacked=True, nonblocking=True)
+        if request is not _GENERAL:
+            return request
         return self._allgather(x, out, algorithm, timeout, True)
 
     def allgather_init(self, x, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -1691,9 +1739,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-            if given_out is not given:
-                call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, given_out is None,
-                              (self._timeout if timeout is None else timeout) is None)
+        if x is given and given_out is not given and nonblocking != "init":
+            call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, given_out is None,
+                          (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
@@ -1720,6 +1768,9 @@ class Communicator(VectorCollectives):
 
     def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`alltoall`."""
+        request = self._fresh("alltoall", x, out, None, algorithm, timeout, nonblocking=True)
+        if request is not _GENERAL:
+            return request
         return self._alltoall(x, out, algorithm, timeout, True)
 
     def alltoall_init(self, x, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -1745,9 +1796,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-            if given_out is not given:
-                call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, given_out is None,
-                              (self._timeout if timeout is None else timeout) is None)
+        if x is given and given_out is not given and nonblocking != "init":
+            call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, given_out is None,
+                          (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):

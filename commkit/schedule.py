@@ -952,8 +952,10 @@ class ScheduleRun:
 
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
-                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None):
+                 recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
+                 value=None):
         self.tag_seq = info.seq  # the call number in its tag (Progress.settle)
+        self._value = value  # the result when there is no finish to compute it
         self._bufs = bufs
         self._chan = chan
         self._tag = tag
@@ -1014,8 +1016,7 @@ class ScheduleRun:
         if self._progress is not None:
             self._progress.discard(self)
         FlightRecorder.finish(self._rec)
-        if self._finish is not None:
-            self._result = self._finish()
+        self._result = self._finish() if self._finish is not None else self._value
         self._bufs = self._run = None
 
     def _failed(self, exc: InvalidBuffer) -> BaseException:

@@ -589,6 +589,37 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_for_the_exchanges_too
         assert len(general) == 2 * 3, (r, general)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_i_forms_on_new_arrays_of_a_known_shape_skip_the_general_path_and_overlap(size):
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for k in range(4):
+            xs = [np.arange(6.0) + 10 * comm.rank + k + j for j in range(3)]
+            given = [x.copy() for x in xs]
+            requests = [comm.iallreduce(xs[0]), comm.iallreduce(xs[1], "max", out=np.empty(6), timeout=30),
+                        comm.ibroadcast(xs[2], comm.size - 1), comm.iallgather(xs[0]), comm.iscan(xs[1]),
+                        comm.ialltoall(np.repeat(xs[2][None], comm.size, axis=0))]
+            results = [r.wait() for r in reversed(requests)][::-1]  # waited for in the other order
+            for x, before in zip(xs, given):
+                np.testing.assert_array_equal(x, before)
+            got.append((given, [r.copy() for r in results]))
+        return got, general
+
+    per_rank = ck.run_local(body, size)
+    for r in range(size):
+        got, general = per_rank[r]
+        for k, (given, results) in enumerate(got):
+            inputs = [per_rank[q][0][k][0] for q in range(size)]
+            np.testing.assert_array_equal(results[0], sum(i[0] for i in inputs))
+            np.testing.assert_array_equal(results[1], np.max([i[1] for i in inputs], axis=0))
+            np.testing.assert_array_equal(results[2], inputs[-1][2])
+            np.testing.assert_array_equal(results[3], np.stack([i[0] for i in inputs]))
+            np.testing.assert_array_equal(results[4], sum(i[1] for i in inputs[:r + 1]))
+            np.testing.assert_array_equal(results[5], np.stack([i[2] for i in inputs]))
+        assert len(general) == 6, (r, general)  # the first of each form only
+
+
 def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_too():
     def body(comm):
         for _ in range(3):  # the shape is known: calls on new arrays now take the fast path
@@ -610,6 +641,10 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
             comm.alltoall(np.ones((comm.size, 2)), out=np.empty((comm.size, 2)))
         with pytest.raises(ck.InvalidBuffer, match="shape"):
             comm.allgather(np.ones(2), out=np.empty((comm.size + 1, 2)))
+        for _ in range(2):
+            comm.iallreduce(np.ones(6), out=np.empty(6)).wait()
+        with pytest.raises(ck.InvalidBuffer, match="read-only"):
+            comm.iallreduce(np.ones(6), out=read_only)
         square = np.ones((comm.size, 2))
         with pytest.raises(ck.InvalidBuffer, match="in place"):
             comm.alltoall(square, out=square)
