@@ -109,7 +109,7 @@ def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
            cost=lambda p, n, a, b, g: _allreduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                       g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
-                   "+ ⌈m/p⌉((p-1)γ + β), the first chunk's copy in m β more")
+                   "+ ⌈m/p⌉((p-1)γ + β)")
 def allreduce_shm(rank, size, count, op, segment=None):
     """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
 
@@ -208,8 +208,7 @@ def _reduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
            cost=lambda p, n, a, b, g: _reduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                    g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌈m/p⌉)β "
-                   "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's; the first "
-                   "chunk's copy in m β more")
+                   "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's")
 def reduce_shm(rank, size, count, op, root, segment=None):
     """Shared-memory reduce: every rank folds a 1/p slice of every rank's slot, and the root copies the slices out.
 
