@@ -241,9 +241,10 @@ def test_rooted_and_alltoall_schedule_shapes():
         assert len(kinds(g, Wait)) == (k if r == root else k - 2)
         assert sum(s.dst[2] - s.dst[1] for s in kinds(g, Get)) == ((p - 1) * k * width if r == root else 0)
         assert sum(s.dst[2] - s.dst[1] for s in kinds(g, Put)) == (0 if r == root else k * width)
-    # scatter and alltoall: a chunk holds a piece of each of p-1 blocks, so a block of k*width
-    # elements takes k*(p-1) chunks of width/(p-1)... here width divides into 3 pieces of 333.
+    # scatter and alltoall: a chunk holds one piece of each of p-1 blocks, at most width/(p-1) = 333
+    # elements each, so a block of k*width elements goes through in 16 chunks.
     pieces = -(-k * width // (width // (p - 1)))
+    assert pieces == 16
     for r in range(p):
         s = steps("scatter", r, p, k * width, root, width)
         assert len(kinds(s, Wait)) == (pieces - 2 if r == root else pieces)
