@@ -49,12 +49,13 @@ from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
 
 SMALL = 16384
-"""Allreduces of at most this many elements fold all p slots on every rank: one wait instead of two.
+"""Allreduces and reduces of at most this many elements fold all p slots (every rank; the root): one wait, not two.
 
 Small calls are latency-bound, and the flat form has one synchronisation where
 the sliced form has two; from 64 KiB of float32 up, reading p inputs per rank
-costs more memory traffic than the second wait. Not yet measured on a quiet
-machine (benchmarks/node_floor.py measures both sides).
+costs more memory traffic than the second wait (for a reduce, the root alone
+folds all p inputs). Not yet measured on a quiet machine
+(benchmarks/node_floor.py measures both sides).
 """
 
 
