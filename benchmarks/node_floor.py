@@ -3,6 +3,7 @@
 
     mpiexec -n 2 python benchmarks/node_floor.py            # the full table (minutes)
     mpiexec -n 2 python benchmarks/node_floor.py --quick    # a smoke run (seconds)
+    mpiexec -n 4 python benchmarks/node_floor.py --collectives reduce gather --sizes 64K 4M
 
 Float32 sum, at 64 KiB, 1, 4 and 32 MiB per rank. Timed in one job, interleaved
 (the order of the variants rotates every sweep), each sweep ``--calls``
@@ -21,11 +22,14 @@ In place, every variant first copies the input back (the same copy for each).
 * ``ring``: ``comm.allreduce(x, algorithm="ring")``;
 * ``shm``: ``comm.allreduce(x, algorithm="shm")`` (the node engine).
 
-broadcast, allgather, reduce_scatter: ``shm`` against ``mpi`` (``Bcast``,
-``Allgather``, ``Reduce_scatter_block``); alltoall: commkit's choice against
-``Alltoall`` (there is no node alltoall yet). Every result is checked against
-MPI's once per size. The load average is printed with the table: timings on a
-loaded machine say nothing.
+The other collectives: ``shm`` against ``mpi``, root 0 where there is one:
+broadcast (``Bcast``), reduce (``Reduce``), gather and scatter (``Gather``,
+``Scatter``; the size is one rank's block), allgather (``Allgather``),
+reduce_scatter (``Reduce_scatter_block``), and alltoall (``Alltoall``; the size
+is one rank's whole input, p blocks), where ``commkit``, the default
+selection's two-sided algorithm, runs too. Every ``shm`` result is checked
+against MPI's once per size. The load average is printed with the table:
+timings on a loaded machine say nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +51,20 @@ from mpi4py import MPI
 import commkit as ck
 
 SIZES = (64 << 10, 1 << 20, 4 << 20, 32 << 20)
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "alltoall")
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20}
+
+
+def _size(text: str) -> int:
+    """``64K``, ``4M`` or a number of bytes: a message size, a multiple of 4 bytes (float32)."""
+    unit = text[-1:].upper() if text[-1:].upper() in _UNITS else ""
+    try:
+        nbytes = int(text[:len(text) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        nbytes = 0
+    if nbytes < 4 or nbytes % 4:
+        raise argparse.ArgumentTypeError(f"a size is a positive multiple of 4 bytes such as 64K or 4M, got {text!r}")
+    return nbytes
 
 
 def _parser():
@@ -54,6 +72,9 @@ def _parser():
     parser.add_argument("--quick", action="store_true", help="two sizes, few sweeps: proves the script runs")
     parser.add_argument("--sweeps", type=int, default=15, help="sweeps per size (default 15)")
     parser.add_argument("--calls", type=int, default=0, help="calls per sweep (default: about 20 ms of work)")
+    parser.add_argument("--sizes", type=_size, nargs="+", help="sizes per rank (default 64K 1M 4M 32M)")
+    parser.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES),
+                        help="which collectives to time (default all)")
     return parser
 
 
@@ -96,6 +117,7 @@ class Floor:
 def variants(comm, raw, n, rng):
     """``{collective: {name: callable}}`` for vectors of ``n`` float32 elements, and a check of each."""
     p = comm.size
+    is_root = comm.rank == 0
     x = rng.standard_normal(n).astype(np.float32)
     floor = Floor(raw, n)
     floor.ins[comm.rank][:] = x
@@ -103,6 +125,7 @@ def variants(comm, raw, n, rng):
     xs, rs = np.tile(x, p), np.empty(n, np.float32)
     gathered = np.empty((p, n), np.float32)
     block = np.empty(n, np.float32)
+    blocks = rng.standard_normal((p, n)).astype(np.float32)
     a2a = rng.standard_normal((p, n // p)).astype(np.float32)
     a2a_out = np.empty_like(a2a)
     sum_ = MPI.SUM
@@ -122,6 +145,18 @@ def variants(comm, raw, n, rng):
             "mpi": lambda: raw.Bcast(block, root=0),
             "shm": lambda: comm.broadcast(x, root=0, out=block, algorithm="shm"),
         },
+        "reduce": {
+            "mpi": lambda: raw.Reduce(x, out, sum_, root=0),
+            "shm": lambda: comm.reduce(x, root=0, out=out if is_root else None, algorithm="shm"),
+        },
+        "gather": {
+            "mpi": lambda: raw.Gather(x, gathered, root=0),
+            "shm": lambda: comm.gather(x, root=0, out=gathered if is_root else None, algorithm="shm"),
+        },
+        "scatter": {
+            "mpi": lambda: raw.Scatter(blocks, block, root=0),
+            "shm": lambda: comm.scatter(blocks if is_root else None, root=0, out=block, algorithm="shm"),
+        },
         "allgather": {
             "mpi": lambda: raw.Allgather(x, gathered),
             "shm": lambda: comm.allgather(x, out=gathered, algorithm="shm"),
@@ -133,6 +168,7 @@ def variants(comm, raw, n, rng):
         "alltoall": {
             "mpi": lambda: raw.Alltoall(a2a, a2a_out),
             "commkit": lambda: comm.alltoall(a2a, out=a2a_out),
+            "shm": lambda: comm.alltoall(a2a, out=a2a_out, algorithm="shm"),
         },
     }
     # Each commkit variant against MPI's result on the same data, once.
@@ -142,9 +178,28 @@ def variants(comm, raw, n, rng):
         np.testing.assert_allclose(comm.allreduce(x, algorithm=name), want, rtol=1e-4, atol=1e-3)
     floor.run()
     np.testing.assert_allclose(floor.outs[comm.rank], want, rtol=1e-4, atol=1e-3)
-    mine = np.empty_like(gathered)
-    raw.Allgather(x, mine)
-    np.testing.assert_array_equal(comm.allgather(x, algorithm="shm"), mine)
+    # The other shm collectives against MPI's on the same data: sums close (another fold order), the rest equal.
+    ref = x.copy()
+    raw.Bcast(ref, root=0)
+    np.testing.assert_array_equal(comm.broadcast(x, root=0, algorithm="shm"), ref)
+    raw.Reduce(x, ref, sum_, root=0)
+    got = comm.reduce(x, root=0, algorithm="shm")
+    assert (got is None) != is_root
+    if is_root:
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+    raw.Gather(x, gathered, root=0)
+    got = comm.gather(x, root=0, algorithm="shm")
+    assert (got is None) != is_root
+    if is_root:
+        np.testing.assert_array_equal(got, gathered)
+    raw.Scatter(blocks, ref, root=0)
+    np.testing.assert_array_equal(comm.scatter(blocks if is_root else None, root=0, out=block, algorithm="shm"), ref)
+    raw.Allgather(x, gathered)
+    np.testing.assert_array_equal(comm.allgather(x, algorithm="shm"), gathered)
+    raw.Reduce_scatter_block(xs, rs, sum_)
+    np.testing.assert_allclose(comm.reduce_scatter(xs, algorithm="shm"), rs, rtol=1e-4, atol=1e-3)
+    raw.Alltoall(a2a, a2a_out)
+    np.testing.assert_array_equal(comm.alltoall(a2a, algorithm="shm"), a2a_out)
     return table, floor
 
 
@@ -164,8 +219,11 @@ def time_sweep(raw, fns, calls, order):
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     comm = ck.init()
+    if comm.size < 2:
+        print("node_floor.py compares collectives between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+        return 2
     raw = MPI.COMM_WORLD.Dup()
-    sizes = SIZES[:2] if args.quick else SIZES
+    sizes = args.sizes or (SIZES[:2] if args.quick else SIZES)
     sweeps = 3 if args.quick else args.sweeps
     rng = np.random.default_rng(comm.rank)
     rows = []
@@ -175,6 +233,8 @@ def main(argv=None) -> int:
         table, floor = variants(comm, raw, n, rng)
         calls = args.calls or max(1, min(200, (20 << 20) // nbytes))
         for collective, fns in table.items():
+            if collective not in args.collectives:
+                continue
             names = list(fns)
             samples = {name: [] for name in names}
             for s in range(sweeps):
@@ -195,7 +255,7 @@ def main(argv=None) -> int:
             print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<14} {t * 1e6:>10.1f}us {ratio:>7.2f}")
         floors = {nbytes: t for c, nbytes, name, t, _ in rows if c == "allreduce" and name == "floor"}
         for collective, nbytes, name, t, _ in rows:
-            if collective == "allreduce" and name in ("shm", "ring", "mpi"):
+            if collective == "allreduce" and name in ("shm", "ring", "mpi") and nbytes in floors:
                 print(f"allreduce {nbytes >> 10}Ki: {name} / floor = {t / floors[nbytes]:.2f}")
     return 0
 

@@ -7,11 +7,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import commkit as ck
-from commkit import algorithms, cost, sim
+from commkit import algorithms, collectives, cost, sim
 from commkit.errors import AlgorithmNotApplicable, CollectiveMismatch, CommError, CommTimeout, InvalidArgument
 from commkit.schedule import Get, Put, ReduceSlots, Transfer, Wait, inplace_safe
 
 NODE = ("allreduce", "broadcast", "allgather", "reduce_scatter")
+ROOTED_AND_ALLTOALL = ("reduce", "gather", "scatter", "alltoall")
+BLOCKED = ("reduce_scatter", "scatter", "alltoall")
+"""Collectives whose input holds a block for every rank (p times the per-rank count)."""
 
 
 def _affine(a, b):
@@ -30,30 +33,60 @@ def _data(rank, n, seed, dtype):
 
 
 def _expected(collective, p, n, seed, dtype, root):
-    xs = [_data(r, n * (p if collective == "reduce_scatter" else 1), seed, dtype) for r in range(p)]
+    """Each rank's result, from NumPy (None where the collective gives that rank none)."""
+    xs = [_data(r, n * (p if collective in BLOCKED else 1), seed, dtype) for r in range(p)]
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total = total + x
     if collective == "allreduce":
-        total = xs[0].copy()
-        for x in xs[1:]:
-            total = total + x
         return [total] * p
+    if collective == "reduce":
+        return [total if r == root else None for r in range(p)]
     if collective == "broadcast":
         return [xs[root]] * p
     if collective == "allgather":
         return [np.concatenate(xs)] * p
-    total = xs[0].copy()
-    for x in xs[1:]:
-        total = total + x
+    if collective == "gather":
+        return [np.concatenate(xs) if r == root else None for r in range(p)]
+    if collective == "scatter":
+        return [xs[root][r * n:(r + 1) * n] for r in range(p)]
+    if collective == "alltoall":
+        return [np.concatenate([xs[q][r * n:(r + 1) * n] for q in range(p)]) for r in range(p)]
     return [total[r * n:(r + 1) * n] for r in range(p)]
 
 
 def _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking=False):
-    x = _data(comm.rank, n * (comm.size if collective == "reduce_scatter" else 1), seed, dtype)
+    p = comm.size
+    x = _data(comm.rank, n * (p if collective in BLOCKED else 1), seed, dtype)
     if collective == "broadcast":
         return comm.broadcast(x, root=root, algorithm=algorithm)
+    if collective in ("scatter", "alltoall"):
+        x = x.reshape(p, n)
+    if collective == "scatter":
+        out = np.empty(n, dtype)
+        mine = x if comm.rank == root else None
+        if nonblocking:
+            return comm.iscatter(mine, root=root, out=out, algorithm=algorithm).wait()
+        return comm.scatter(mine, root=root, out=out, algorithm=algorithm)
     forms = {"allreduce": (comm.allreduce, comm.iallreduce), "allgather": (comm.allgather, comm.iallgather),
-             "reduce_scatter": (comm.reduce_scatter, comm.ireduce_scatter)}
+             "reduce_scatter": (comm.reduce_scatter, comm.ireduce_scatter), "alltoall": (comm.alltoall, comm.ialltoall),
+             "reduce": (comm.reduce, comm.ireduce), "gather": (comm.gather, comm.igather)}
     blocking, start = forms[collective]
-    return start(x, algorithm=algorithm).wait() if nonblocking else blocking(x, algorithm=algorithm)
+    kwargs = {"root": root} if collective in ("reduce", "gather") else {}
+    return start(x, algorithm=algorithm, **kwargs).wait() if nonblocking else blocking(x, algorithm=algorithm, **kwargs)
+
+
+def _check_against_numpy(got, want, dtype):
+    for r, (mine, theirs) in enumerate(zip(got, want)):
+        if theirs is None:
+            assert mine is None, r
+            continue
+        assert mine.dtype == np.dtype(dtype)
+        mine = mine.reshape(-1)  # gathered results have a row per rank
+        if np.dtype(dtype).kind == "f":
+            np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(mine, theirs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -78,6 +111,35 @@ def test_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, s
             assert got[r].tobytes() == got[0].tobytes()
 
 
+@settings(max_examples=40, deadline=None)
+@given(collective=st.sampled_from(ROOTED_AND_ALLTOALL), p=st.integers(1, 8), n=st.integers(0, 70),
+       seed=st.integers(0, 2**31), dtype=st.sampled_from(["float32", "float64", "int32"]),
+       segment=st.sampled_from([None, 8, 24, 64]), root=st.integers(0, 7), nonblocking=st.booleans())
+def test_rooted_and_alltoall_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, segment, root,
+                                                                   nonblocking):
+    # Small segments put these counts through the arena in many chunks: reduce takes its sliced form
+    # past one chunk, and scatter and alltoall cut every block into pieces of segment / (p - 1).
+    root %= p
+    algorithm = "shm" if segment is None else f"shm:{segment}"
+    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking), size=p)
+    _check_against_numpy(got, _expected(collective, p, n, seed, dtype, root), dtype)
+
+
+def test_reduce_has_the_bits_of_the_allreduce():
+    # Both fold every element from all p slots in rank order, whichever rank folds it: the same bits,
+    # flat (one chunk) and sliced (many), whatever the root.
+    def body(comm, n, algorithm):
+        x = _data(comm.rank, n, 7, "float32") * 1e3
+        return [comm.reduce(x, root=root, algorithm=algorithm) for root in range(comm.size)], \
+            comm.allreduce(x, algorithm="shm")
+
+    for n, algorithm in ((50, "shm"), (50, "shm:8"), (1001, "shm:64")):
+        got = ck.run_local(body, 5, n, algorithm)
+        for root in range(5):
+            assert got[root][0][root].tobytes() == got[root][1].tobytes(), (n, algorithm, root)
+            assert all(got[r][0][root] is None for r in range(5) if r != root)
+
+
 @pytest.mark.parametrize("p", [2, 3, 5])
 @pytest.mark.parametrize("segment", [None, 16])
 def test_non_commutative_allreduce_and_reduce_scatter_fold_in_rank_order(p, segment):
@@ -97,6 +159,22 @@ def test_non_commutative_allreduce_and_reduce_scatter_fold_in_rank_order(p, segm
     for r in range(p):
         np.testing.assert_allclose(got[r][0], want, rtol=1e-12)
         np.testing.assert_allclose(got[r][1], want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("segment", [None, 16])
+def test_non_commutative_reduce_folds_in_rank_order(p, segment):
+    # 40 elements: one flat fold without a segment, a sliced fold over three chunks of 16.
+    algorithm = "shm" if segment is None else f"shm:{segment}"
+    maps = [np.random.default_rng(r).uniform(0.5, 1.5, 40) + 1j * np.random.default_rng(p + r).uniform(-1, 1, 40)
+            for r in range(p)]
+    got = ck.run_local(lambda comm: [comm.reduce(maps[comm.rank], op=AFFINE, root=root, algorithm=algorithm)
+                                     for root in range(p)], size=p)
+    want = maps[0]
+    for m in maps[1:]:
+        want = _affine(want, m)
+    for root in range(p):
+        np.testing.assert_allclose(got[root][root], want, rtol=1e-12)
 
 
 def test_barrier_waits_for_every_rank():
@@ -130,16 +208,67 @@ def test_allreduce_schedule_shape():
     assert inplace_safe(large) and inplace_safe(small)
 
 
+def test_rooted_and_alltoall_schedule_shapes():
+    # The textbook counts of each rank's steps, for K chunks of a block: never a two-sided transfer.
+    def steps(coll, rank, p, count, root, segment):
+        return list(collectives.steps(algorithms.get(coll, "shm").schedule, coll, rank, p, count, ck.ops.SUM, root,
+                                      segment))
+
+    def kinds(seq, kind):
+        return [s for s in seq if isinstance(s, kind)]
+
+    p, root = 4, 2
+    # reduce, small: every rank puts; only the root waits, once, and folds all p slots.
+    for r in range(p):
+        small = steps("reduce", r, p, 100, root, None)
+        names = ["Claim", "Put", "Publish", "Wait", "ReduceSlots", "Release"] if r == root else \
+            ["Claim", "Put", "Publish", "Release"]
+        assert [type(s).__name__ for s in small] == names and inplace_safe(small)
+    assert len(kinds(steps("reduce", root, p, 100, root, None), ReduceSlots)[0].operands) == p
+    # reduce, large (5 chunks of 1000): the root waits twice per chunk and gets p-1 slices; the others
+    # wait once, fold a quarter, put it back, and get nothing.
+    width, k = 1000, 5
+    for r in range(p):
+        large = steps("reduce", r, p, k * width, root, width)
+        assert not kinds(large, Transfer) and inplace_safe(large) and large[0].elements == 2 * width
+        assert [s.dst[2] - s.dst[1] for s in kinds(large, ReduceSlots)] == [width // p] * k
+        assert len(kinds(large, Wait)) == (2 * k if r == root else k)
+        assert len(kinds(large, Get)) == ((p - 1) * k if r == root else 0)
+        assert len(kinds(large, Put)) == (k if r == root else 2 * k)
+    # gather: the root waits once per chunk and gets p-1 chunks; the others put, and wait from the third on.
+    for r in range(p):
+        g = steps("gather", r, p, k * width, root, width)
+        assert len(kinds(g, Wait)) == (k if r == root else k - 2)
+        assert sum(s.dst[2] - s.dst[1] for s in kinds(g, Get)) == ((p - 1) * k * width if r == root else 0)
+        assert sum(s.dst[2] - s.dst[1] for s in kinds(g, Put)) == (0 if r == root else k * width)
+    # scatter and alltoall: a chunk holds one piece of each of p-1 blocks, at most width/(p-1) = 333
+    # elements each, so a block of k*width elements goes through in 16 chunks.
+    pieces = -(-k * width // (width // (p - 1)))
+    assert pieces == 16
+    for r in range(p):
+        s = steps("scatter", r, p, k * width, root, width)
+        assert len(kinds(s, Wait)) == (pieces - 2 if r == root else pieces)
+        assert sum(x.dst[2] - x.dst[1] for x in kinds(s, Put)) == ((p - 1) * k * width if r == root else 0)
+        assert sum(x.dst[2] - x.dst[1] for x in kinds(s, Get)) == (0 if r == root else k * width)
+        a = steps("alltoall", r, p, k * width, None, width)
+        assert len(kinds(a, Wait)) == pieces and not kinds(a, Transfer)
+        for kind in (Put, Get):
+            assert sum(x.dst[2] - x.dst[1] for x in kinds(a, kind)) == (p - 1) * k * width
+        assert max(x.src[2] for x in kinds(a, Get)) <= a[1].elements  # what a rank reads lies in a claimed slot
+
+
 def test_simulator_and_formulas_agree_on_large_calls():
     for coll, count in (("allreduce", 3_000_001), ("broadcast", 1_000_003), ("allgather", 400_000),
-                        ("reduce_scatter", (300_000,) * 3)):
+                        ("reduce_scatter", (300_000,) * 3), ("reduce", 3_000_001), ("gather", 400_003),
+                        ("scatter", 400_003), ("alltoall", 300_001)):
         for p in (2, 3, 5):
             c = count if coll != "reduce_scatter" else (count[0],) * p
-            res = sim.simulate(coll, "shm", p, count=c)
-            assert res.ok and res.messages == [0] * p, coll
-            want = cost.predict(coll, "shm", p, res.nbytes)
-            assert res.time == pytest.approx(want, rel=1e-9), (coll, p)
-            assert res.rounds == cost.predict(coll, "shm", p, res.nbytes, alpha=1, beta=0, gamma=0)
+            for root in ((0, p - 1) if coll in collectives.ROOTED else (0,)):
+                res = sim.simulate(coll, "shm", p, count=c, root=root)
+                assert res.ok and res.messages == [0] * p, coll
+                want = cost.predict(coll, "shm", p, res.nbytes)
+                assert res.time == pytest.approx(want, rel=1e-9), (coll, p, root)
+                assert res.rounds == cost.predict(coll, "shm", p, res.nbytes, alpha=1, beta=0, gamma=0)
 
 
 def test_a_rank_that_never_arrives_times_out_naming_the_step_and_the_peer():
@@ -179,6 +308,45 @@ def test_ranks_in_different_collectives_are_told_apart():
     got = ck.run_local(body, size=2)
     assert got[1][0] == "CollectiveMismatch" and "rank 0" in got[1][1], got
     assert got[0][0] == "CommTimeout"
+
+
+# Rank 0's call, rank 1's call, and which ranks must find the other in another call (each of them
+# waits for the other's counter before it reads its slot). A rank that only writes may finish.
+MISMATCHES = [
+    ("reduce", {"root": 1}, "reduce", {"root": 1, "n": 5}, [1]),  # another count
+    ("gather", {"root": 0}, "scatter", {"root": 1}, [0]),
+    ("scatter", {"root": 0}, "alltoall", {}, [1]),
+    ("alltoall", {}, "allgather", {}, [0, 1]),
+    ("gather", {"root": 1}, "gather", {"root": 1, "dtype": "int32"}, [1]),  # another element type
+]
+
+
+@pytest.mark.parametrize("first,first_args,second,second_args,told", MISMATCHES)
+def test_a_rank_never_reads_a_slot_written_for_another_call(first, first_args, second, second_args, told):
+    def call(comm, collective, args):
+        n, dtype = args.get("n", 4), args.get("dtype", "float64")
+        x = np.arange(n * (2 if collective in ("scatter", "alltoall") else 1), dtype=dtype) + 10 * comm.rank
+        root = args.get("root", 0)
+        if collective == "scatter":
+            return comm.scatter(x.reshape(2, n) if comm.rank == root else None, root=root, out=np.empty(n, dtype),
+                                algorithm="shm", timeout=1)
+        if collective == "alltoall":
+            return comm.alltoall(x.reshape(2, n), algorithm="shm", timeout=1)
+        kwargs = {"root": root} if collective in ("reduce", "gather") else {}
+        return getattr(comm, collective)(x, algorithm="shm", timeout=1, **kwargs)
+
+    def body(comm):
+        comm.barrier(algorithm="shm")  # the arena is made (a first call that disagrees waits at the check-in)
+        collective, args = (first, first_args) if comm.rank == 0 else (second, second_args)
+        try:
+            call(comm, collective, args)
+        except (CommTimeout, CollectiveMismatch) as exc:
+            return type(exc).__name__, str(exc)
+        return None, ""
+
+    got = ck.run_local(body, size=2)
+    for r in told:
+        assert got[r][0] == "CollectiveMismatch" and f"rank {1 - r}" in got[r][1], got
 
 
 def test_arena_failures_are_clear_and_two_sided_algorithms_keep_working(monkeypatch):
@@ -284,6 +452,34 @@ for n in (0, 1, 7, 5000, 70_001):
         inplace = x.copy()
         comm.allreduce(inplace, out=inplace, algorithm=segment)
         np.testing.assert_array_equal(inplace, y)
+        # The rooted collectives, at a root that moves with n, and alltoall: each against MPI's own.
+        root = n % comm.size
+        red = comm.reduce(x, root=root, algorithm=segment)
+        redref = np.empty_like(x)
+        raw.Reduce(x, redref, root=root)
+        gat = comm.gather(x, root=root, algorithm=segment)
+        gatref = np.empty(comm.size * n, np.float32)
+        raw.Gather(x, gatref, root=root)
+        if comm.rank == root:
+            np.testing.assert_allclose(red, redref, rtol=1e-5, atol=1e-4)
+            np.testing.assert_array_equal(red, y)  # every element folded in rank order, as the allreduce does
+            np.testing.assert_array_equal(gat.reshape(-1), gatref)
+        else:
+            assert red is None and gat is None
+        inplace = x.copy()
+        comm.reduce(inplace, root=root, out=inplace if comm.rank == root else None, algorithm=segment)
+        if comm.rank == root:
+            np.testing.assert_array_equal(inplace, y)
+        blocks = rng.standard_normal((comm.size, n)).astype(np.float32)
+        sc = comm.scatter(blocks if comm.rank == root else None, root=root, out=np.empty(n, np.float32),
+                          algorithm=segment)
+        scref = np.empty(n, np.float32)
+        raw.Scatter(blocks, scref, root=root)
+        np.testing.assert_array_equal(sc, scref)
+        a2a = comm.alltoall(blocks, algorithm=segment)
+        a2aref = np.empty_like(blocks)
+        raw.Alltoall(blocks, a2aref)
+        np.testing.assert_array_equal(a2a, a2aref)
 print("ok", comm.rank, flush=True)
 """
 

@@ -6,14 +6,21 @@ rank reads a peer's data where it lies. Here each rank copies its input once
 into its own slot of the node arena (:mod:`commkit.transports._arena`), and its
 peers read it from there: an allreduce reduces a 1/p slice of every rank's
 slot and every rank copies the reduced slices out (DeepSpeed's CPU
-shared-memory allreduce), a broadcast is one copy in and p-1 copies out.
+shared-memory allreduce), a broadcast is one copy in and p-1 copies out. The
+rest follow from these two: a reduce is the allreduce whose root alone copies
+the slices out; a gather is the broadcast reversed (p-1 copies in, the root's
+p-1 copies out), a scatter the broadcast with a block per rank; allgather,
+reduce_scatter and alltoall put every rank's input once and let each rank take
+what is its own.
 
 The steps are the one-sided vocabulary of :mod:`commkit.schedule`: ``Put``
 into this rank's slot, ``Publish`` a counter step, ``Wait`` for peers'
 counters, ``Get`` and ``ReduceSlots`` out of any rank's slot, between a
 ``Claim`` and a ``Release`` of the arena. Large messages go through the
 bounded arena in chunks of ``segment`` elements (``algorithm="shm:1M"``, else
-``COMMKIT_SEGMENT_ELEMENTS``), two chunks in flight: chunk k+1 is written
+``COMMKIT_SEGMENT_ELEMENTS``; where a chunk holds a piece of several blocks,
+as in reduce_scatter, scatter and alltoall, the pieces together), two chunks
+in flight: chunk k+1 is written
 into the other half of the slot while peers still read chunk k, and a chunk's
 half is written again only after a wait that every rank passes after it read
 that half (each algorithm says which).
@@ -24,7 +31,8 @@ earlier one's wait by accident; a wait that is satisfied checks its peers
 recorded this very call (the identity).
 
 Results are the same bits on every rank: each element of a reduction is
-folded once, by one rank, in rank order (or by every rank in the same order).
+folded once, by one rank, in rank order (or by every rank in the same order);
+a reduce gives its root the bits the allreduce gives every rank.
 Restrictions: every rank of the communicator on one node (MPI's
 ``COMM_TYPE_SHARED``; ``COMMKIT_RANKS_PER_NODE`` emulates nodes for tests);
 not for persistent requests. Costs are in the simulator's node terms (see
@@ -41,12 +49,13 @@ from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
 
 SMALL = 16384
-"""Allreduces of at most this many elements fold all p slots on every rank: one wait instead of two.
+"""Allreduces and reduces of at most this many elements fold all p slots (every rank; the root): one wait, not two.
 
 Small calls are latency-bound, and the flat form has one synchronisation where
 the sliced form has two; from 64 KiB of float32 up, reading p inputs per rank
-costs more memory traffic than the second wait. Not yet measured on a quiet
-machine (benchmarks/node_floor.py measures both sides).
+costs more memory traffic than the second wait (for a reduce, the root alone
+folds all p inputs). Not yet measured on a quiet machine
+(benchmarks/node_floor.py measures both sides).
 """
 
 
@@ -59,6 +68,19 @@ def _chunks(count: int, segment) -> tuple:
 
 def _others(rank, size):
     return [q for q in range(size) if q != rank]
+
+
+def _piece_chunks(count: int, parts: int, segment) -> tuple:
+    """The (lo, hi) pieces a block of ``count`` elements is cut into when each chunk holds ``parts`` blocks' pieces.
+
+    Scatter and alltoall lay one piece of each of ``parts`` blocks side by side in a
+    chunk, so a piece is at most segment / parts elements (at least one); none when
+    count is 0.
+    """
+    if not count:
+        return ()
+    piece = max(1, segment_elements(segment) // parts)
+    return partition(count, -(-count // piece))
 
 
 # -- allreduce ----------------------------------------------------------------------------------------
@@ -88,7 +110,7 @@ def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
            cost=lambda p, n, a, b, g: _allreduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                       g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
-                   "+ ⌈m/p⌉((p-1)γ + β), the first chunk's copy in m β more")
+                   "+ ⌈m/p⌉((p-1)γ + β)")
 def allreduce_shm(rank, size, count, op, segment=None):
     """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
 
@@ -154,6 +176,110 @@ def allreduce_shm(rank, size, count, op, segment=None):
         # Allgather: copy every other rank's reduced slice out of its slot.
         for q in others:
             qlo, qhi = partition(m, size)[q]
+            yield Get(("out", a + qlo, a + qhi), slot(q, half + qlo, half + qhi))
+    yield Release()
+
+
+# -- reduce -------------------------------------------------------------------------------------------
+
+def _reduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
+    """The simulated time of :func:`reduce_shm`, phase by phase (the root is the last to publish every chunk)."""
+    if p == 1:
+        return 0.0
+    if count <= min(SMALL, segment_elements(segment)):
+        return beta_e * count + alpha + (p - 1) * gamma_e * count
+    t = 0.0
+    chunks = _chunks(count, segment)
+    for c, (a, b) in enumerate(chunks):
+        m = b - a
+        slices = partition(m, p)
+        mine = slices[0][1] - slices[0][0]  # the root's slice: the first, a longest one
+        other = slices[1][1] - slices[1][0]  # the longest slice of the others
+        if c == 0:
+            t += beta_e * m
+        # Wait (1), the slowest fold (the root keeps its slice; the others put theirs back), wait (2).
+        t += alpha + max(mine * (p - 1) * gamma_e, other * ((p - 1) * gamma_e + beta_e)) + alpha
+        # The root gets every other slice, then puts the next chunk: it publishes that chunk last.
+        nxt = chunks[c + 1][1] - chunks[c + 1][0] if c + 1 < len(chunks) else 0
+        t += beta_e * (m - mine + nxt)
+    return t
+
+
+@algorithm("reduce", "shm",
+           cost=lambda p, n, a, b, g: _reduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
+                                                   g * COST_ITEMSIZE),
+           formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌈m/p⌉)β "
+                   "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's")
+def reduce_shm(rank, size, count, op, root, segment=None):
+    """Shared-memory reduce: every rank folds a 1/p slice of every rank's slot, and the root copies the slices out.
+
+    Restrictions: one node. Small vectors (at most :data:`SMALL` elements and one
+    chunk): each rank puts its vector, and the root waits for all and folds all p slots
+    in rank order into its output (one wait). Larger: per chunk, each rank puts the
+    chunk, waits for all (1), and folds its slice of the chunk (slices counted from the
+    root, which folds the first) from all p slots in rank order; the others put their
+    folded slice back into their slot and publish it, and the root waits for them (2)
+    and gets every other slice. It is the allreduce without its allgather: only the
+    root copies out. The half of a slot chunk k used is written again by chunk k+2,
+    after wait (1) of chunk k+1, which the root passes only after its gets of chunk k.
+    Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌈m/p⌉)β +
+    max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's (exact).
+
+    Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round         rank 0               rank 1   rank 2   rank 3
+        0             0    0    0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        1             0    0    0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        2             0123 0    0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        3             0123 0    0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        4             0123 0123 0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        5             0123 0123 0    0     1 1 1 1  2 2 2 2  3 3 3 3
+        6             0123 0123 0123 0     1 1 1 1  2 2 2 2  3 3 3 3
+        7             0123 0123 0123 0     1 1 1 1  2 2 2 2  3 3 3 3
+        8             0123 0123 0123 0123  1 1 1 1  2 2 2 2  3 3 3 3
+        waits         8                    4        4        4
+        elems put     8                    12       8        8
+        elems got     4                    0        0        0
+        elems folded  12                   12       0        0
+        critical path (commkit.sim, each term alone): 8 waits, 16 elements copied, 12 folded
+    """
+    if size == 1:
+        yield Copy(("out", 0, count), ("in", 0, count))
+        return
+    others = _others(rank, size)
+    if count <= min(SMALL, segment_elements(segment)):
+        # Every rank's vector into its slot; the root folds all slots.
+        yield Claim(count, size)
+        yield Put(slot(rank, 0, count), ("in", 0, count))
+        yield Publish(1)
+        if rank == root:
+            yield Wait(others, 1)
+            yield ReduceSlots(("out", 0, count), [slot(q, 0, count) for q in range(size)], op)
+        yield Release()
+        return
+    chunks = _chunks(count, segment)
+    width = chunks[0][1] - chunks[0][0] if chunks else 0
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(chunks):
+        half = (c % 2) * width
+        slices = partition(b - a, size)
+        lo, hi = slices[(rank - root) % size]
+        # Copy in, and wait until every rank's chunk is in its slot.
+        yield Put(slot(rank, half, half + b - a), ("in", a, b))
+        yield Publish(2 * c + 1)
+        yield Wait(others, 2 * c + 1)
+        # Fold my slice of every rank's chunk, in rank order (on a non-root, "out" is scratch).
+        yield ReduceSlots(("out", a + lo, a + hi), [slot(q, half + lo, half + hi) for q in range(size)], op)
+        if rank != root:
+            yield Put(slot(rank, half + lo, half + hi), ("out", a + lo, a + hi))
+            yield Publish(2 * c + 2)
+            continue
+        # The root gathers: every other rank's folded slice out of its slot.
+        yield Wait(others, 2 * c + 2)
+        for q in others:
+            qlo, qhi = slices[(q - root) % size]
             yield Get(("out", a + qlo, a + qhi), slot(q, half + qlo, half + qhi))
     yield Release()
 
@@ -270,6 +396,145 @@ def allgather_shm(rank, size, count, segment=None):
     yield Release()
 
 
+# -- gather -------------------------------------------------------------------------------------------
+
+def _gather_time(p, count, alpha, beta_e, segment=None):
+    """The simulated time of :func:`gather_shm`: the others' chunks and the root's waits and copies out."""
+    if p == 1 or not count:
+        return 0.0
+    root_t = put = 0.0
+    read = []
+    for c, (a, b) in enumerate(_chunks(count, segment)):
+        m = b - a
+        if c >= 2:  # every other rank waits until the root read the chunk that used this half
+            put = max(put, read[c - 2]) + alpha
+        put += beta_e * m
+        root_t = max(root_t, put) + alpha + (p - 1) * beta_e * m
+        read.append(root_t)
+    return max(root_t, put)
+
+
+@algorithm("gather", "shm",
+           cost=lambda p, n, a, b, g: _gather_time(p, int(n) // COST_ITEMSIZE // p, a, b * COST_ITEMSIZE),
+           formula="per chunk of m bytes of a block: every other rank mβ, the root α + (p-1)mβ after it; from "
+                   "the third chunk on the others first wait (α) for the root to read the chunk two before; "
+                   "α + nβ for one chunk, n the bytes gathered")
+def gather_shm(rank, size, count, root, segment=None):
+    """Shared-memory gather: every rank puts its block in its slot, the root gets every block.
+
+    Restrictions: one node. The broadcast reversed. Per chunk k of the blocks, every
+    other rank puts its chunk into half k mod 2 of its slot and publishes k+1; the root
+    waits for all, gets every chunk, and publishes k+1 itself (it has read chunk k); a
+    rank writes a half again (chunk k+2) only after the root has read chunk k. Cost:
+    α + nβ for one chunk; in general the pipeline of the others' copies in and the
+    root's waits and copies out (exact).
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round      rank 0   rank 1   rank 2   rank 3
+        0          0 - - -  - 1 - -  - - 2 -  - - - 3
+        1          0 1 2 3  - 1 - -  - - 2 -  - - - 3
+        waits      1        0        0        0
+        elems put  0        1        1        1
+        elems got  3        0        0        0
+        critical path (commkit.sim, each term alone): 1 wait, 4 elements copied
+    """
+    if rank == root:
+        yield Copy(("out", root * count, (root + 1) * count), ("in", 0, count))
+    if size == 1:
+        return
+    chunks = _chunks(count, segment)
+    width = chunks[0][1] - chunks[0][0] if chunks else 0
+    others = _others(root, size)
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(chunks):
+        half = (c % 2) * width
+        if rank == root:
+            yield Wait(others, c + 1)
+            for q in others:
+                yield Get(("out", q * count + a, q * count + b), slot(q, half, half + b - a))
+            yield Publish(c + 1)
+        else:
+            if c >= 2:
+                yield Wait([root], c - 1)  # the root has read chunk c-2, which used this half
+            yield Put(slot(rank, half, half + b - a), ("in", a, b))
+            yield Publish(c + 1)
+    yield Release()
+
+
+# -- scatter ------------------------------------------------------------------------------------------
+
+def _scatter_time(p, count, alpha, beta_e, segment=None):
+    """The simulated time of :func:`scatter_shm`: the root's chunks and the others' acknowledgements."""
+    if p == 1 or not count:
+        return 0.0
+    root_t = late = 0.0
+    read = []
+    for c, (a, b) in enumerate(_piece_chunks(count, p - 1, segment)):
+        m = b - a
+        if c >= 2:  # the root waits until every rank read the chunk that used this half
+            root_t = max(root_t, read[c - 2]) + alpha
+        root_t += (p - 1) * beta_e * m
+        late = max(late, root_t) + alpha + beta_e * m
+        read.append(late)
+    return max(root_t, late)
+
+
+@algorithm("scatter", "shm",
+           cost=lambda p, n, a, b, g: _scatter_time(p, int(n) // COST_ITEMSIZE // p, a, b * COST_ITEMSIZE),
+           formula="per chunk of m bytes of a block: the root (p-1)mβ, every other rank α + mβ after it; from "
+                   "the third chunk on the root first waits (α) for the chunk two before to be read; "
+                   "α + nβ for one chunk, n the bytes of the root's input")
+def scatter_shm(rank, size, count, root, segment=None):
+    """Shared-memory scatter: the root puts every other rank's block in its slot once, each rank gets its own.
+
+    Restrictions: one node. The broadcast with a block per rank. Every block is cut
+    into K pieces; chunk k is piece k of every other rank's block, laid side by side
+    in half k mod 2 of the root's slot. Per chunk, the root puts it and publishes k+1;
+    every other rank waits for that, gets its piece, and publishes k+1 itself (its
+    acknowledgement); the root writes a half again (chunk k+2) only after every rank
+    acknowledged chunk k. Cost: α + nβ for one chunk; in general the pipeline of the
+    root's copies in and the others' waits and copies out (exact).
+
+    Picture, generated from the schedule (p = 4, count = 1, root = 0, segment = 2): each cell lists, for
+    every block of the result, the ranks whose input that rank holds for the whole block (- for none),
+    after each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round      rank 0   rank 1   rank 2   rank 3
+        0          0 0 0 0  - - - -  - - - -  - - - -
+        1          0 0 0 0  - 0 - -  - - 0 -  - - - 0
+        waits      0        1        1        1
+        elems put  3        0        0        0
+        elems got  0        1        1        1
+        critical path (commkit.sim, each term alone): 1 wait, 4 elements copied
+    """
+    if rank == root:
+        yield Copy(("out", 0, count), ("in", root * count, (root + 1) * count))
+    if size == 1:
+        return
+    pieces = _piece_chunks(count, size - 1, segment)
+    others = _others(root, size)
+    width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(pieces):
+        half = (c % 2) * width
+        m = b - a
+        if rank == root:
+            if c >= 2:
+                yield Wait(others, c - 1)  # every rank has read chunk c-2, which used this half
+            for j, q in enumerate(others):
+                yield Put(slot(root, half + j * m, half + (j + 1) * m), ("in", q * count + a, q * count + b))
+            yield Publish(c + 1)
+        else:
+            j = others.index(rank)
+            yield Wait([root], c + 1)
+            yield Get(("out", a, b), slot(root, half + j * m, half + (j + 1) * m))
+            yield Publish(c + 1)
+    yield Release()
+
+
 # -- reduce_scatter -----------------------------------------------------------------------------------
 
 def _reduce_scatter_chunks(counts, size, segment):
@@ -341,6 +606,56 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
         yield Wait(others, c + 1)
         at, lo, hi = mine
         yield ReduceSlots(("out", lo, hi), [slot(q, at, at + hi - lo) for q in range(size)], op)
+    yield Release()
+
+
+# -- alltoall -----------------------------------------------------------------------------------------
+
+@algorithm("alltoall", "shm",
+           cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
+               len(_piece_chunks(int(n) // COST_ITEMSIZE, p - 1, None)) * a + 2 * (p - 1) * n * b),
+           formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block")
+def alltoall_shm(rank, size, count, segment=None):
+    """Shared-memory alltoall: each rank puts every block it sends in its slot, each rank gets the blocks for it.
+
+    Restrictions: one node. Every block is cut into K pieces; chunk k is piece k of
+    every block a rank sends to another, laid side by side in destination order in
+    half k mod 2 of its slot. Per chunk: put it, publish k+1, wait for all, get my
+    piece from every other rank's slot. A half is written again (chunk k+2) after the
+    wait of chunk k+1, which every rank passes only after its gets of chunk k. Cost:
+    Kα + 2(p-1)nβ, n the bytes of one block (exact).
+
+    Picture, generated from the schedule (p = 4, count = 1, segment = 2): each cell lists, for every
+    block of the result, the ranks whose input that rank holds for the whole block (- for none), after
+    each round. Redrawn by ``python -m commkit.algorithms._diagram --write``::
+
+        round      rank 0   rank 1   rank 2   rank 3
+        0          0 - - -  - 1 - -  - - 2 -  - - - 3
+        1          0 1 2 3  0 1 2 3  0 1 2 3  0 1 2 3
+        waits      1        1        1        1
+        elems put  3        3        3        3
+        elems got  3        3        3        3
+        critical path (commkit.sim, each term alone): 1 wait, 6 elements copied
+    """
+    yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
+    if size == 1:
+        return
+    pieces = _piece_chunks(count, size - 1, segment)
+    others = _others(rank, size)
+    width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
+    yield Claim(2 * width, size)
+    for c, (a, b) in enumerate(pieces):
+        half = (c % 2) * width
+        m = b - a
+        # Chunk c: piece c of the block for every other rank, in rank order.
+        for j, d in enumerate(others):
+            yield Put(slot(rank, half + j * m, half + (j + 1) * m), ("in", d * count + a, d * count + b))
+        yield Publish(c + 1)
+        yield Wait(others, c + 1)
+        # My piece sits in rank q's slot where q put the pieces for the ranks below me (all but q itself).
+        for q in others:
+            j = rank if rank < q else rank - 1
+            yield Get(("out", q * count + a, q * count + b), slot(q, half + j * m, half + (j + 1) * m))
     yield Release()
 
 
