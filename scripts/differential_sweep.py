@@ -35,7 +35,7 @@ and for floats only where docs/node.md says so (``shm``: every element is folded
 by one rank in rank order). Float reductions by other algorithms that differ
 across ranks are counted and shown, not failed: nothing promises otherwise.
 
-The full product (about 700,000 scenarios for threads p = 1..8 and mpiexec p = 2, 3)
+The full product (about 1.2 million scenarios for threads p = 1..8 and mpiexec p = 2, 3)
 is sampled down to ``--budget`` scenarios so that every (world, collective,
 algorithm, form) cell gets the same share, as far as its size allows; ``--budget 0``
 runs the whole product. Each world runs in a worker process (the script itself with
@@ -45,7 +45,7 @@ group, the scenario it was in is reported, and the rest is run in a new worker.
 
 Usage::
 
-    python scripts/differential_sweep.py                      # full: threads 1-8, mpiexec 2,3, 200k scenarios
+    python scripts/differential_sweep.py                      # full: threads 1-8, mpiexec 2,3, 200,000 scenarios
     python scripts/differential_sweep.py --quick              # a few hundred scenarios, seconds
     python scripts/differential_sweep.py --threads 1-4 --mpi none --collectives allreduce,scan --budget 5000
     python scripts/differential_sweep.py --repro '{"world": "threads", "p": 3, ...}'   # one scenario, in detail
@@ -53,11 +53,13 @@ Usage::
 Exit status 0 when nothing was wrong; 1 when any result was wrong, an unexpected
 exception was raised, a worker hung or a scenario could not be run.
 
-Duration (measured on a 2-core machine shared with other jobs, load average 2-6,
-so a quiet machine is faster): about 650 scenarios/s for threads p = 1..8 on
-average (p = 1: ~1300/s, p = 8: ~180/s) and ~350/s under mpiexec p = 2, 3, so the
-default full run (200,000 scenarios) takes roughly 6-10 minutes, and
-``--budget 0`` (the whole product) about half an hour.
+Duration. Measured on a 2-core machine shared with other jobs (load average 3 to 6
+during the run, so a quiet machine is faster): a 10,000-scenario slice of the default
+run (``--budget 10000 --seed 3``, every world) took 71 s, from about 630 scenarios/s
+at threads p = 1 down to 70-80/s at p = 7, 8, and 390/s and 200/s under mpiexec p = 2, 3.
+The default full run (200,000 scenarios, 20,000 per world) therefore takes about
+25 minutes there; ``--budget 0`` (the whole product) about 2.5 hours; ``--quick``
+about 10 s for threads p = 1..8.
 """
 
 from __future__ import annotations
@@ -769,6 +771,11 @@ def _any_raised(pending, reader) -> bool:
 # -- the report -------------------------------------------------------------------------------------------------
 
 
+def _heading(sc: dict) -> str:
+    return (f"{sc['world']} p={sc['p']} {sc['collective']} algorithm={sc['algorithm']} form={sc['form']} "
+            f"op={sc['op']} dtype={sc['dtype']} count={sc['count']} root={sc['root']} seed={sc['seed']}")
+
+
 def _repro(sc: dict) -> str:
     return f"python scripts/differential_sweep.py --repro '{json.dumps(sc, separators=(',', ':'))}'"
 
@@ -797,21 +804,25 @@ def report(tally: Tally, elapsed: float, out=sys.stdout) -> None:
         groups = Counter((sc["collective"], sc["algorithm"], sc["world"]) for sc in tally.unpromised)
         w(f"\nfloat reductions whose ranks got different bits (not promised, not failed): {len(tally.unpromised)} "
           + ", ".join(f"{c}/{a}/{wd}: {n}" for (c, a, wd), n in sorted(groups.items())) + "\n")
-    w(f"\nwrong results: {len(tally.wrong)}\n")
+    grouped: dict = defaultdict(list)  # a scenario's findings on every rank and call, under one heading
     for item in tally.wrong:
-        sc = item["scenario"]
-        w(f"  WRONG {sc['world']} p={sc['p']} {sc['collective']} algorithm={sc['algorithm']} form={sc['form']} "
-          f"op={sc['op']} dtype={sc['dtype']} count={sc['count']} root={sc['root']} seed={sc['seed']} "
-          f"rank={item['rank']} call={item['call']}: {item['what']}\n    reproduce: {_repro(sc)}\n")
-    w(f"unexpected exceptions: {len(tally.exceptions)}\n")
+        grouped[json.dumps(item["scenario"])].append(f"rank {item['rank']} call {item['call']}: {item['what']}")
+    w(f"\nwrong results: {len(tally.wrong)} in {len(grouped)} scenarios\n")
+    for text, findings in grouped.items():
+        sc = json.loads(text)
+        more = f"    ... {len(findings) - 4} more on other ranks and calls (all in --json)\n" if len(findings) > 4 else ""
+        w(f"  WRONG {_heading(sc)}\n" + "".join(f"    {line}\n" for line in findings[:4]) + more
+          + f"    reproduce: {_repro(sc)}\n")
     ranks: dict = defaultdict(list)  # the same exception on several ranks is listed once
     for item in tally.exceptions:
-        ranks[json.dumps(item["scenario"]), item["type"], item["message"]].append(str(item["rank"]))
+        ranks[json.dumps(item["scenario"]), item["type"], item["message"]].append((item["rank"], item["traceback"]))
+    w(f"unexpected exceptions: {len(tally.exceptions)} in {len({key[0] for key in ranks})} scenarios\n")
     for (text, kind, message), where in ranks.items():
         sc = json.loads(text)
-        w(f"  EXCEPTION {sc['world']} p={sc['p']} {sc['collective']} algorithm={sc['algorithm']} form={sc['form']} "
-          f"op={sc['op']} dtype={sc['dtype']} count={sc['count']} root={sc['root']} seed={sc['seed']} "
-          f"rank(s) {','.join(where)}: {kind}: {message[:500]}\n    reproduce: {_repro(sc)}\n")
+        w(f"  EXCEPTION {_heading(sc)}\n    rank(s) {','.join(str(r) for r, _ in where)}: {kind}: {message[:500]}\n")
+        if kind == "NotFinished" and where[0][1]:  # what the worker printed last
+            w("".join(f"    | {line}\n" for line in where[0][1].strip().splitlines()[-8:]))
+        w(f"    reproduce: {_repro(sc)}\n")
     w(f"\nscenarios run: {tally.run} ({tally.calls} calls summed over ranks) in {elapsed:.1f} s; "
       f"wrong results: {len(tally.wrong)}; unexpected exceptions: {len(tally.exceptions)}\n")
 
@@ -861,11 +872,12 @@ def repro(text: str) -> int:
     sc = dict(json.loads(text), i=0)
     sc.setdefault("count", sc["shape"][0] if sc["shape"] else "0-d")
     tally = Tally()
+    begun = time.monotonic()
     if sc["world"] == "threads":
         tally = sweep_in_process(sc["p"], [sc])
     else:
         supervise("mpi", sc["p"], [sc], tally, hang_timeout=60)
-    report(tally, 0.0)
+    report(tally, time.monotonic() - begun)
     return 1 if tally.failed() or not tally.run else 0
 
 

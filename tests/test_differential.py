@@ -9,6 +9,7 @@ and to end every worker it started.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -95,6 +96,12 @@ def allreduce_raises_on_rank_one(rank, size, count, op):
     yield from _chain(rank, size, count, op)
 
 
+def _report_text(tally) -> str:
+    out = io.StringIO()
+    sweep.report(tally, 1.0, out=out)
+    return out.getvalue()
+
+
 def _register(name, schedule):
     algorithms.algorithm("allreduce", name, scratch=lambda rank, size, count: count)(schedule)
 
@@ -129,13 +136,7 @@ def test_the_sweep_reports_every_wrong_result_of_a_wrong_algorithm():
     assert wrong == odd
     assert {item["rank"] for item in tally.wrong} == {0, 1, 2}
 
-    lines = []
-
-    class Out:
-        write = staticmethod(lines.append)
-
-    sweep.report(tally, 1.0, out=Out)
-    text = "".join(lines)
+    text = _report_text(tally)
     assert f"wrong results: {len(tally.wrong)}" in text
     assert f"WRONG threads p=3 allreduce algorithm={name} form=" in text
     assert "reproduce: python scripts/differential_sweep.py --repro '{" in text
@@ -160,6 +161,25 @@ def test_an_exception_on_one_rank_is_reported_and_the_sweep_goes_on():
     assert tally.run == len(scenarios) - len(failing) and not tally.wrong
 
 
+def barrier_leaves_at_once(rank, size):
+    """Wrong on purpose: a barrier with no steps, so every rank leaves as soon as it arrives."""
+    yield from ()
+
+
+def test_a_barrier_that_lets_ranks_leave_early_is_reported():
+    algorithms.algorithm("barrier", "sweep_no_wait")(barrier_leaves_at_once)
+    try:
+        scenarios = [sc for sc in sweep.plan([("threads", 4)], ("barrier",), 0, 5) if sc["algorithm"] == "sweep_no_wait"]
+        for i, sc in enumerate(scenarios):
+            sc["i"] = i
+        tally = sweep.sweep_in_process(4, scenarios)
+    finally:
+        algorithms.unregister("barrier", "sweep_no_wait")
+    assert tally.run == len(scenarios) == len(sweep.FORMS) - 1  # no in-place barrier
+    # A rank that leaves at once sees the ranks that have not arrived yet; the first thread to run always does.
+    assert tally.wrong and all("barrier returned while" in item["what"] for item in tally.wrong)
+
+
 def test_ranks_that_disagree_in_their_bits_are_wrong_where_commkit_promises_the_same_bits():
     def records(digests):
         return {r: {"i": 0, "rank": r, "problems": [], "digest": d, "calls": 3} for r, d in enumerate(digests)}
@@ -179,14 +199,17 @@ def test_ranks_that_disagree_in_their_bits_are_wrong_where_commkit_promises_the_
         assert len(tally.unpromised) == (not promised)
 
 
-HANGING_MODULE = '''
+FAULTY_MODULE = '''
 from commkit.algorithms import algorithm
 from commkit.schedule import Exchange, Recv, Reduce
 
 
-@algorithm("allreduce", "sweep_hangs_on_count_three", scratch=lambda rank, size, count: count)
-def allreduce_sweep_hangs_on_count_three(rank, size, count, op):
-    """Wrong on purpose: for a count of 3, rank 0 waits for a message nobody sends; a 2-rank swap otherwise."""
+@algorithm("allreduce", "sweep_faulty", scratch=lambda rank, size, count: count)
+def allreduce_sweep_faulty(rank, size, count, op):
+    """Wrong on purpose, for 2 ranks: raises for a count of 2, hangs for 3 (rank 0 waits for a message
+    nobody sends), a right swap-and-reduce otherwise."""
+    if count == 2:
+        raise RuntimeError("deliberate failure for a count of 2")
     if count == 3 and rank == 0:
         yield Recv(1, ("tmp", 0, count))
     yield Exchange(1 - rank, ("in", 0, count), 1 - rank, ("tmp", 0, count))
@@ -194,15 +217,32 @@ def allreduce_sweep_hangs_on_count_three(rank, size, count, op):
 '''
 
 
-def test_a_hanging_scenario_is_ended_reported_and_the_rest_runs(tmp_path, monkeypatch):
-    (tmp_path / "sweep_hanging_alg.py").write_text(textwrap.dedent(HANGING_MODULE))
+def _supervise_faulty(world, tmp_path, monkeypatch):
+    """Run counts 1, 2 (raises), 3 (hangs), 4 of the faulty algorithm in workers of ``world`` (2 ranks)."""
+    (tmp_path / "sweep_faulty_alg.py").write_text(textwrap.dedent(FAULTY_MODULE))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setenv(algorithms.ENV_VARIABLE, "sweep_hanging_alg")
-    scenarios = [dict(sweep._scenario("threads", 2, "allreduce", "sweep_hangs_on_count_three", "repeat", "sum",
-                                      "int32", [n], 9), i=i) for i, n in enumerate((1, 3, 4))]
+    monkeypatch.setenv(algorithms.ENV_VARIABLE, "sweep_faulty_alg")
+    scenarios = [dict(sweep._scenario(world, 2, "allreduce", "sweep_faulty", "repeat", "sum", "int32", [n], 9), i=i)
+                 for i, n in enumerate((1, 2, 3, 4))]
     tally = sweep.Tally()
-    sweep.supervise("threads", 2, scenarios, tally, hang_timeout=3)
-    assert [item["scenario"]["count"] for item in tally.exceptions] == [3]
-    assert tally.exceptions[0]["type"] == "NotFinished"
-    assert "no progress for 3 s" in tally.exceptions[0]["message"]
-    assert tally.run == 2 and not tally.wrong  # counts 1 and 4, before and after the hang
+    sweep.supervise(world, 2, scenarios, tally, hang_timeout=3)
+    by_count = {}
+    for item in tally.exceptions:
+        by_count.setdefault(item["scenario"]["count"], set()).add(item["type"])
+    assert by_count == {2: {"RuntimeError"}, 3: {"NotFinished"}}
+    assert any("deliberate failure" in item["message"] for item in tally.exceptions)
+    assert any("no progress for 3 s" in item["message"] for item in tally.exceptions)
+    assert tally.run == 2 and not tally.wrong  # counts 1 and 4, before and after the faults
+    text = _report_text(tally)
+    assert "unexpected exceptions: " in text and "RuntimeError: deliberate failure for a count of 2" in text
+    assert "NotFinished: no progress for 3 s during this scenario" in text
+
+
+def test_an_exception_and_a_hang_in_a_threads_worker_are_reported_and_the_rest_runs(tmp_path, monkeypatch):
+    _supervise_faulty("threads", tmp_path, monkeypatch)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
+def test_an_exception_and_a_hang_under_mpiexec_are_reported_and_the_rest_runs(tmp_path, monkeypatch):
+    _supervise_faulty("mpi", tmp_path, monkeypatch)
