@@ -155,9 +155,9 @@ def test_an_exception_on_one_rank_is_reported_and_the_sweep_goes_on():
     raised = {json.dumps(item["scenario"], sort_keys=True) for item in tally.exceptions}
     assert raised == {json.dumps(sweep._public(sc), sort_keys=True) for sc in failing}
     # commkit makes a registered algorithm's schedules for every rank on each rank (so that all of them
-    # refuse a bad one alike), so the other ranks may raise the same error: rank 1 is among them.
-    assert 1 in {item["rank"] for item in tally.exceptions}
-    assert all("deliberate failure" in item["message"] for item in tally.exceptions)
+    # refuse a bad one alike): whichever rank raises first is reported, its peers only see PeerFailed.
+    assert all(item["type"] == "RuntimeError" and "deliberate failure" in item["message"]
+               for item in tally.exceptions)
     assert tally.run == len(scenarios) - len(failing) and not tally.wrong
 
 
