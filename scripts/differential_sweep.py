@@ -53,13 +53,13 @@ Usage::
 Exit status 0 when nothing was wrong; 1 when any result was wrong, an unexpected
 exception was raised, a worker hung or a scenario could not be run.
 
-Duration. Measured on a 2-core machine shared with other jobs (load average 3 to 6
-during the run, so a quiet machine is faster): a 10,000-scenario slice of the default
-run (``--budget 10000 --seed 3``, every world) took 71 s, from about 630 scenarios/s
-at threads p = 1 down to 70-80/s at p = 7, 8, and 390/s and 200/s under mpiexec p = 2, 3.
-The default full run (200,000 scenarios, 20,000 per world) therefore takes about
-25 minutes there; ``--budget 0`` (the whole product) about 2.5 hours; ``--quick``
-about 10 s for threads p = 1..8.
+Duration. Measured on a 2-core machine shared with other jobs (so a quiet machine is
+faster): a 20,000-scenario slice of the default run (``--budget 20000 --seed 11``, every
+world, load average 2.7) took 91 s: about 1250 scenarios/s at threads p = 1, 470/s at
+p = 3, 77/s at p = 8, and 940/s and 340/s under mpiexec p = 2, 3 (a 10,000 slice at load
+3 to 6 took 71 s). The default full run (200,000 scenarios, 20,000 per world) therefore
+takes about 15 minutes there (25 under heavier load); ``--budget 0`` (the whole product,
+1.2 million) about 1.5 to 2.5 hours; ``--quick`` about 10 s for threads p = 1..8.
 """
 
 from __future__ import annotations
@@ -810,7 +810,9 @@ def report(tally: Tally, elapsed: float, out=sys.stdout) -> None:
     w(f"\nwrong results: {len(tally.wrong)} in {len(grouped)} scenarios\n")
     for text, findings in grouped.items():
         sc = json.loads(text)
-        more = f"    ... {len(findings) - 4} more on other ranks and calls (all in --json)\n" if len(findings) > 4 else ""
+        more = ""
+        if len(findings) > 4:
+            more = f"    ... {len(findings) - 4} more on other ranks and calls (all in --json)\n"
         w(f"  WRONG {_heading(sc)}\n" + "".join(f"    {line}\n" for line in findings[:4]) + more
           + f"    reproduce: {_repro(sc)}\n")
     ranks: dict = defaultdict(list)  # the same exception on several ranks is listed once

@@ -169,7 +169,8 @@ def barrier_leaves_at_once(rank, size):
 def test_a_barrier_that_lets_ranks_leave_early_is_reported():
     algorithms.algorithm("barrier", "sweep_no_wait")(barrier_leaves_at_once)
     try:
-        scenarios = [sc for sc in sweep.plan([("threads", 4)], ("barrier",), 0, 5) if sc["algorithm"] == "sweep_no_wait"]
+        scenarios = [sc for sc in sweep.plan([("threads", 4)], ("barrier",), 0, 5)
+                     if sc["algorithm"] == "sweep_no_wait"]
         for i, sc in enumerate(scenarios):
             sc["i"] = i
         tally = sweep.sweep_in_process(4, scenarios)
