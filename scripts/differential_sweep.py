@@ -12,13 +12,16 @@ Call forms, each several calls of one scenario with fresh data every call:
 * ``repeat``: the same arrays three times, refilled in place between calls (the
   third call runs the compiled plan for those arrays); results returned as new
   arrays must still hold their values after the later calls.
-* ``new``: new arrays (and a new ``out=``) every call (the shape plan); the
-  vector collectives let the counts be exchanged (``counts=None``, or only this
-  rank's row for alltoallv).
+* ``new``: new arrays every call, three calls with a new ``out=`` and three
+  without (the second of each compiles the shape plan, the third runs the
+  fresh-array path of the collectives that have one); the vector collectives let
+  the counts be exchanged (``counts=None``, or only this rank's row for alltoallv).
 * ``inplace``: ``out=x``, for the collectives that allow it (broadcast, reduce,
   allreduce, scan, exscan).
 * ``timed``: ``timeout=30`` on every call.
-* ``iform``: two ``i``-calls outstanding at once, waited in reverse order.
+* ``iform``: two ``i``-calls outstanding at once, waited in reverse order (the
+  second starts from the first's cached schedule where the collective has a
+  fresh-array path).
 * ``persistent``: ``*_init`` once, then three ``start()``/``wait()`` rounds with the
   input refilled in between (not for the node engine's ``shm``, which refuses
   persistent requests by design, docs/node.md).
@@ -422,9 +425,10 @@ def _blocking(comm, sc, chk, rank, *, timeout=None, calls=3):
 
 
 def _new_arrays(comm, sc, chk, rank):
-    for k in range(3):
+    """New arrays each call, three with a new out= and three without: the third of each runs the fresh path."""
+    for k in range(6):
         x = make_input(sc, k, rank)
-        out = _new_out(sc, rank)
+        out = _new_out(sc, rank) if k < 3 or _needs_out(sc, rank) else None
         before = _snapshot(x)
         chk.before(k)
         got = invoke(comm, sc, x, out, exchange=True)
