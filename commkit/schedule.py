@@ -1070,6 +1070,7 @@ class ScheduleRun:
                     raise self._failed(exc) from None
                 if pending:
                     self._timed_out(pending, timeout)
+                self._pending = None  # complete (its receives checked): the next step, without testing it again
         finally:
             if recorder is not None:
                 recorder.active = None
