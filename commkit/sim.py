@@ -881,6 +881,10 @@ class _TurningBlocks:
             self.size[name] = first  # a buffer of any other sizes has no kind: no range in it has a label
         self.written: dict = {}  # per SAME buffer: (lo, hi) -> the label rank 0 last wrote there
 
+    def witness(self):
+        """A rank whose own block is not as long as rank 0's (None if all are): see :func:`_witness`."""
+        return next((r for r, n in enumerate(self.lengths) if n != self.lengths[0]), None)
+
     def length(self, label) -> int:
         """Rank 0's length of a range with this label."""
         return self.lengths[label] if label >= 0 else -label - 1
@@ -1003,12 +1007,40 @@ def _turning_transfer(i, step, p, blocks):
     return tuple(out_labels), tuple(in_labels), peers
 
 
+def _witness(i, witness, kind, foretold, p, blocks):
+    """Check the witness rank's next step against what rank 0's step ``i`` and its labels foretell, or refuse.
+
+    ``foretold``: for a transfer, its sends and receives as (offset, label) lists; for a Reduce or a
+    Copy, the label of what it writes.
+    """
+    w, steps = witness
+    step = next(steps, None)
+
+    def on_w(label):
+        return blocks.lengths[(label + w) % p] if label >= 0 else -label - 1
+
+    if step is None or step.kind != kind:
+        same = False
+    elif kind == TRANSFER:
+        sends, recvs = foretold
+        same = ([(peer, hi - lo) for peer, (_, lo, hi) in step.sends]
+                == [((peer + w) % p, on_w(label)) for peer, label in sends]
+                and [(peer, hi - lo) for peer, (_, lo, hi) in step.recvs]
+                == [((peer + w) % p, on_w(label)) for peer, label in recvs])
+    else:
+        _, lo, hi = step.into if kind == REDUCE else step.dst
+        same = hi - lo == on_w(foretold)
+    if not same:
+        raise _Refused(f"rank {w}'s step {i} ({step!r}) is not rank 0's with every peer shifted by {w} and every "
+                       f"block read {w} blocks on: its blocks do not turn with the rank")
+
+
 def _unlabelled(i, step) -> str:
     return (f"rank 0's step {i} ({step!r}) names a range that is not a whole block, a rank's own block or a "
             f"whole buffer, so its length on the other ranks is unknown (blocks unequal)")
 
 
-def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt):
+def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt, witness=None):
     """Run rank 0's ``steps`` of a rotation-symmetric schedule on unequal blocks for every rank, or raise :class:`_Refused`.
 
     As :func:`_symmetric_steps` with NumPy arrays over ranks, where the ranks' message lengths
@@ -1021,6 +1053,11 @@ def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt):
     the same numbers, so the times are bit for bit the engine's. One step costs a few operations
     on arrays of p entries; the costs of a transfer are computed once per pattern of labels
     relative to its first block, and sliced for each step that repeats the pattern (a ring's).
+
+    What rank 0 alone cannot show, another rank can: ``witness`` is ``(w, w's steps)``, a rank
+    whose own block differs in length from rank 0's, and each of its steps must be the one the
+    labels foretell (peers shifted by w, every length the label's on rank w). An algorithm that
+    is rotation-symmetric for equal blocks only (one that always sends block 0, say) fails there.
 
     Returns:
         ``(t, lt, messages, sent, received, reduced, steps)``: times as :func:`_symmetric_steps`
@@ -1083,6 +1120,10 @@ def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt):
                     out_labels, in_labels, peers = _turning_transfer(n_steps, step, p, blocks)
                     ns, nr = len(step.sends), len(step.recvs)
                     k = ns if ns > nr else nr
+                if witness is not None:
+                    foretold = [(peer, label) for (peer, _), label in zip(step.sends, out_labels)], [
+                        (peer, label) for (peer, _), label in zip(step.recvs, in_labels)]
+                    _witness(n_steps, witness, TRANSFER, foretold, p, blocks)
                 msgs += ns
                 for label in out_labels:
                     count("sent", label)
@@ -1129,6 +1170,8 @@ def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt):
                     lt = lt + k
             elif kind == REDUCE:
                 label = reduce_label(n_steps, step)
+                if witness is not None:
+                    _witness(n_steps, witness, REDUCE, label, p, blocks)
                 count("reduced", label)
                 if vector:
                     t += gammas[label:label + p] if label >= 0 else gamma_e * (-label - 1)
@@ -1137,10 +1180,14 @@ def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt):
                     vector = isinstance(t, np.ndarray)
             elif kind == COPY:
                 copy(n_steps, step)
+                if witness is not None:
+                    _witness(n_steps, witness, COPY, read(*step.dst), p, blocks)
             else:
                 raise _Refused(f"rank 0's step {n_steps} is of a kind the symmetric path does not know ({step!r}); "
                                "the event engine runs every rank and checks it")
             n_steps += 1
+        if witness is not None and next(witness[1], None) is not None:
+            raise _Refused(f"rank {witness[0]} takes more steps than rank 0 ({n_steps})")
     except _Refused:
         raise
     except Exception as exc:  # noqa: BLE001 - anything unusual: the full simulation reports it properly
@@ -1160,8 +1207,13 @@ def _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collecti
         rank0 = factory(0)
     except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
         raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
+    w = blocks.witness()
+    try:
+        witness = None if w is None else (w, iter(factory(w)))
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank {w}'s schedule raised {type(exc).__name__}: {exc}") from None
     t, lt, msgs, sent, recvd, reduced, steps = _turning_steps(rank0, p, blocks, alpha, beta * itemsize,
-                                                             gamma * itemsize, 0.0, 0)
+                                                             gamma * itemsize, 0.0, 0, witness)
     finish = t.tolist() if isinstance(t, np.ndarray) else [t] * p
     return SimResult(
         collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
@@ -1229,8 +1281,9 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
                     out = _symmetric_steps(phases[0][k].steps, p, symmetry, sizes[0], alpha, beta * itemsize,
                                            gamma * itemsize, t, lt)
                 else:
+                    w = blocks.witness()
                     out = _turning_steps(phases[0][k].steps, p, blocks, alpha, beta * itemsize, gamma * itemsize,
-                                         t, lt)
+                                         t, lt, None if w is None else (w, iter(phases[w][k].steps)))
             except _Refused as why:
                 raise _Refused(f"in phase {k}, {why}") from None
             t, lt, m, s, rv, rd, n = out

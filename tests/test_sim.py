@@ -434,7 +434,88 @@ def test_declared_symmetry_gives_the_full_simulations_result(coll, name):
                 used += 1
                 turned += turning
     assert used
-    assert turned or alg.symmetry == "xor" or coll in ("barrier", "allgather", "alltoall", "alltoallv")
+    assert turned or alg.symmetry == "xor" or coll in NOT_TURNING
+
+
+def _rotates(coll, name) -> bool:
+    """Whether the algorithm, or one of its phases, declares a rotation symmetry."""
+    alg = algorithms.get(coll, name)
+    if alg.phases is None:
+        return alg.symmetry == "rotation"
+    return any(ph.symmetry == "rotation" for ph in collectives.steps(alg.phases, coll, 0, 4, 8, ck.SUM, 0))
+
+
+# One block per rank (never unequal), or alltoallv's matrix of counts (no vector of blocks to turn).
+NOT_TURNING = ("barrier", "gather", "scatter", "allgather", "alltoall", "alltoallv")
+TURNING = [(c, n) for c, n in ALL if c not in NOT_TURNING and _rotates(c, n)]
+
+
+def unequal_counts(coll, p):
+    """Counts whose blocks are unequal and none empty: q or q+1 elements, the long ones first or drawn."""
+    if coll in collectives.VECTOR or coll == "reduce_scatter":
+        rng = np.random.default_rng(p)
+        drawn = tuple(int(c) for c in rng.integers(1, 10, p))
+        return [tuple(hi - lo for lo, hi in partition(q * p + r, p)) for q, r in ((1, 1), (3, p - 1))] + [drawn]
+    return [q * p + r for q, r in ((1, 1), (2, p // 2), (3, p - 1))]
+
+
+@pytest.mark.parametrize("coll,name", TURNING)
+def test_unequal_blocks_turn_with_the_rank(coll, name):
+    # The proof behind letting rank 0 stand for every rank of a rotation on unequal blocks (rank r
+    # does what rank 0 does with block b read as block b + r): the same results as running every
+    # rank, field by field, times bit for bit, at p from 5 to 67 and counts that leave blocks of q
+    # and q+1 elements (and drawn per-rank counts), roots anywhere; and it did stand in.
+    used = 0
+    for p in (5, 6, 7, 12, 13, 31, 33, 63, 67):
+        for c in unequal_counts(coll, p):
+            assert not algorithms.even_blocks(coll, p, c)
+            for root in sorted({0, p // 2, p - 1}) if coll in ROOTED else [0]:
+                where = f"{coll}_{name} p={p} count={c} root={root}"
+                args = dict(count=c, root=root, itemsize=S, alpha=A, beta=B, gamma=G)
+                fast = sim.simulate(coll, name, p, **args)
+                full = sim.simulate(coll, name, p, use_symmetry=False, **args)
+                assert fast.fallback is None and fast.steps_run < fast.steps == full.steps_run, where
+                assert _fields(fast) == _fields(full), where
+                used += 1
+    assert used
+
+
+@pytest.mark.parametrize("coll,name", TURNING)
+def test_the_time_on_a_ring_of_4095_lies_by_its_neighbours(coll, name):
+    # 1 MiB on 4095 ranks, rank 0 standing in: more than on 2048 ranks, about what 4096 ranks take
+    # (1 % either way: the longest blocks are one element longer), and no less than the formula says
+    # where it is a lower bound for unequal blocks.
+    alg = algorithms.get(coll, name)
+    times = {}
+    for p in (2048, 4095, 4096):
+        res = sim.simulate(coll, name, p, 1 << 20)
+        assert res.fallback is None and res.steps_run < res.steps, (p, res.fallback)
+        times[p] = res.time
+    assert times[2048] < times[4095] and abs(times[4095] / times[4096] - 1) < 0.01, times
+    res = sim.simulate(coll, name, 4095, 1 << 20)
+    if alg.cost_bound == "lower":
+        assert alg.cost(4095, res.nbytes, res.alpha, res.beta, res.gamma) <= res.time * (1 + TOL), times
+
+
+def test_a_rotation_whose_blocks_do_not_turn_is_refused_by_another_ranks_steps():
+    # Rotation-symmetric for equal blocks only: every rank passes block 0 two ranks on. Rank 0's own
+    # steps check out (the block it receives from rank 5 is as long as block 5), but rank 6's block
+    # 0 is not its own block's length, so its steps refuse the declaration and every rank runs.
+    def block_zero(rank, size, count, op):
+        lo, hi = partition(count, size)[0]
+        for _ in range(size - 1):
+            yield Exchange((rank + 2) % size, ("out", lo, hi), (rank - 2) % size, ("tmp", 0, hi - lo))
+
+    algorithms.algorithm("allreduce", "block_zero", symmetry="rotation", commutative=True,
+                         scratch=lambda r, p, n: -(-n // p))(block_zero)
+    try:
+        args = dict(count=7 * 3 + 6, itemsize=S, alpha=A, beta=B, gamma=G)
+        res = sim.simulate("allreduce", "block_zero", 7, **args)
+        assert res.ranks_simulated == 7
+        assert res.fallback.startswith("rank 6's step 0 (") and "do not turn with the rank" in res.fallback
+        assert _fields(res) == _fields(sim.simulate("allreduce", "block_zero", 7, use_symmetry=False, **args))
+    finally:
+        algorithms.unregister("allreduce", "block_zero")
 
 
 def test_a_wrong_symmetry_declaration_falls_back_to_every_rank():
