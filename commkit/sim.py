@@ -81,6 +81,29 @@ run on its own matches all its operations (checked), no message crosses a
 phase boundary. Anything unusual falls back to running every rank, which
 reports it; ``tests/test_sim.py`` compares the two for p = 1 ... 64.
 
+Unequal blocks that turn with the rank. Where p does not divide the count
+(p = 4095, 65,535), a ring's blocks are of q and q+1 elements and the ranks
+differ in their message lengths, so no rank is another's copy; run one by one,
+a ring's O(p) steps on each of p ranks add up to O(p^2) steps (12.9 billion
+for ring allreduce at p = 65,535), beyond any engine that takes steps one by
+one. But the ranks differ only in which blocks they carry: under a rotation,
+rank r does what rank 0 does with every peer shifted by r and every block b
+read as block (b + r) mod p. So :func:`simulate` runs rank 0's steps alone
+here too (:func:`_simulate_turning`), giving each of its ranges a label that
+says how long it is on every rank (:class:`_TurningBlocks`: a block, a rank's
+own block, a length fixed on every rank, or, in scratch, what was last written
+there), and computes each step for all p ranks at once with NumPy
+(:func:`_turning_steps`), the engine's operations on the same numbers, so the
+times are bit for bit the engine's. Its check is the symmetric one, per length
+(a receive from offset s is as long as the matching send is on rank s), and,
+since rank 0 cannot show that the blocks turn, the steps of one more rank, the
+first whose own block is not as long as rank 0's, must be the ones the labels
+foretell. A step costs a few array operations over p ranks: O(p^2) work still,
+but in NumPy (ring allreduce at p = 65,535: about 6 s of CPU, against days).
+Empty blocks (an empty range names no block) and a pipelined ring's segments
+(part of a block) run every rank; ``tests/test_sim.py`` compares the turning
+path with every rank run for p up to 67.
+
 The engine itself takes steps one by one, and every step comes from a
 schedule's generator: ``benchmarks/sim_speed.py --engine-rate`` measures the
 generators alone against the engine, the bound on any such engine.
@@ -88,15 +111,14 @@ generators alone against the engine, the bound on any such engine.
 When every rank runs. Where no symmetry may stand in, :func:`simulate` says
 why in :attr:`SimResult.fallback` (``commkit sim`` prints it):
 :func:`_why_every_rank` names what shows before any step runs (no symmetry
-declared, unequal blocks, xor symmetry on a p that is not a power of two,
-events, another timing model), and the symmetric paths raise :class:`_Refused`
-naming the step rank 0 cannot stand for. A step of a kind the symmetric path
-does not know is one such refusal: the event engine, which checks every step,
-then runs it, so a new kind of step is handled correctly (if slowly) before
-the fast paths learn it. With unequal blocks the ranks differ in their message
-lengths, and a ring's O(p) steps on each of p ranks add up to O(p^2) steps
-(12.9 billion for ring allreduce at p = 65,535), beyond any engine that takes
-steps one by one; ``benchmarks/sim_all.py`` lists such cases.
+declared, unequal blocks under an xor symmetry or for alltoallv, empty blocks,
+xor symmetry on a p that is not a power of two, events, another timing model),
+and the symmetric paths raise :class:`_Refused` naming the step rank 0 (or
+the witness) cannot stand for. A step of a kind the symmetric path does not
+know is one such refusal: the event engine, which checks every step, then runs
+it, so a new kind of step is handled correctly (if slowly) before the fast
+paths learn it. ``benchmarks/sim_all.py`` lists the cases that still run
+every rank at p = 4095 ... 65,536.
 """
 
 from __future__ import annotations
@@ -183,7 +205,8 @@ class SimResult:
         events: per-step events in :mod:`commkit.tracing`'s format, if requested.
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
-            declared symmetry let rank 0 stand for all (see the module docstring).
+            declared symmetry let rank 0 stand for all (see the module docstring; on unequal
+            blocks one more rank's steps are read, as a witness, and not counted).
         steps_run: how many of the ``steps`` the simulator ran one by one: all of them, rank 0's
             when it stood for every rank, or, for a schedule in phases whose symmetric phase was
             computed for all ranks at once, the other phases' steps and rank 0's of that one.
@@ -458,7 +481,8 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
             ``beta``, ``gamma`` as given and the default between-node constants).
         events: also return every step as a :mod:`commkit.tracing` event with model times.
         use_symmetry: let rank 0 stand for every rank when the algorithm declares a
-            symmetry and the blocks are equal, or, for a schedule in phases
+            symmetry and the blocks are equal, or declares a rotation and the blocks
+            (unequal, none empty) turn with the rank, or, for a schedule in phases
             (:func:`commkit.algorithms.phased`), for every rank in a phase that declares
             one (see the module docstring); False runs every rank. The results are the same.
 
@@ -471,8 +495,9 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
         SimulationError: a schedule names a rank or a buffer range that does not exist.
 
     Cost: proportional to the total number of steps of all ranks; for a symmetric
-    algorithm with equal blocks, to the steps of rank 0 alone; for a symmetric phase,
-    to rank 0's steps of it, each one a few NumPy operations on arrays of p entries.
+    algorithm with equal blocks, to the steps of rank 0 alone; for a rotation on unequal
+    blocks and for a symmetric phase, to rank 0's steps (of it), each one a few NumPy
+    operations on arrays of p entries.
     """
     if collective not in algorithms.COLLECTIVES:
         raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
@@ -1227,10 +1252,11 @@ def _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collecti
 def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta, gamma, algorithm):
     """Simulate a :func:`~commkit.algorithms.phased` schedule phase by phase, or raise :class:`_Refused`.
 
-    A phase that declares a symmetry usable for this call (:func:`~commkit.algorithms.even_blocks`
-    holds; p a power of two for ``"xor"``) runs once, from rank 0's steps, for all ranks at once
-    (:func:`_symmetric_steps`, from each rank's own start time); any other phase runs rank by
-    rank in the event engine, each rank starting when its previous phase ended.
+    A phase that declares a symmetry usable for this call (``"rotation"``; ``"xor"`` when
+    :func:`~commkit.algorithms.even_blocks` holds and p is a power of two) runs once, from rank
+    0's steps, for all ranks at once (:func:`_symmetric_steps`, or :func:`_turning_steps` where
+    the blocks are unequal, from each rank's own start time); any other phase runs rank by rank
+    in the event engine, each rank starting when its previous phase ended.
 
     Why that is the whole simulation's result. Messages between two ranks match in posting
     order, and each rank posts a phase's operations after those of the phases before. So if
@@ -1240,7 +1266,7 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
     on when each rank started it. Anything else (a deadlock, a length mismatch, a bad range,
     a step that is not symmetric) raises :class:`_Refused`, and the full simulation runs and
     reports it; ``tests/test_sim.py`` compares the two for p = 1 ... 64. The caller has
-    checked that the blocks are equal (:func:`_why_every_rank`).
+    checked that no block is empty where they are unequal (:func:`_why_every_rank`).
 
     Returns:
         a :class:`SimResult` (``count`` and ``nbytes`` left for the caller).
