@@ -8,9 +8,11 @@ Usage::
 
 Powers of two and their neighbours below: at 4096 and 65,536 blocks split
 evenly and ranks are alike, so a declared symmetry lets rank 0 stand for all;
-at 4095 and 65,535 they do not, and the simulator may have to run every rank
-one by one. The goal is every run under ``--limit`` seconds (10 by default)
-on a quiet machine.
+at 4095 and 65,535 they do not: a rotation's blocks then turn with the rank, and
+rank 0's steps still stand for all, each computed for every rank with NumPy
+(O(p^2) work in arrays, the slowest runs at 65,535), while an xor symmetry or
+an algorithm that declares none runs every rank one by one. The goal is every
+run under ``--limit`` seconds (10 by default) on a quiet machine.
 
 Each run is a fresh Python process (``sim_speed.py --one``), stopped after
 ``--timeout`` seconds, so one slow case cannot hide the others and no cache

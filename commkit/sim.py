@@ -81,6 +81,29 @@ run on its own matches all its operations (checked), no message crosses a
 phase boundary. Anything unusual falls back to running every rank, which
 reports it; ``tests/test_sim.py`` compares the two for p = 1 ... 64.
 
+Unequal blocks that turn with the rank. Where p does not divide the count
+(p = 4095, 65,535), a ring's blocks are of q and q+1 elements and the ranks
+differ in their message lengths, so no rank is another's copy; run one by one,
+a ring's O(p) steps on each of p ranks add up to O(p^2) steps (12.9 billion
+for ring allreduce at p = 65,535), beyond any engine that takes steps one by
+one. But the ranks differ only in which blocks they carry: under a rotation,
+rank r does what rank 0 does with every peer shifted by r and every block b
+read as block (b + r) mod p. So :func:`simulate` runs rank 0's steps alone
+here too (:func:`_simulate_turning`), giving each of its ranges a label that
+says how long it is on every rank (:class:`_TurningBlocks`: a block, a rank's
+own block, a length fixed on every rank, or, in scratch, what was last written
+there), and computes each step for all p ranks at once with NumPy
+(:func:`_turning_steps`), the engine's operations on the same numbers, so the
+times are bit for bit the engine's. Its check is the symmetric one, per length
+(a receive from offset s is as long as the matching send is on rank s), and,
+since rank 0 cannot show that the blocks turn, the steps of one more rank, the
+first whose own block is not as long as rank 0's, must be the ones the labels
+foretell. A step costs a few array operations over p ranks: O(p^2) work still,
+but in NumPy (ring allreduce at p = 65,535: about 6 s of CPU, against days).
+Empty blocks (an empty range names no block) and a pipelined ring's segments
+(part of a block) run every rank; ``tests/test_sim.py`` compares the turning
+path with every rank run for p up to 67.
+
 The engine itself takes steps one by one, and every step comes from a
 schedule's generator: ``benchmarks/sim_speed.py --engine-rate`` measures the
 generators alone against the engine, the bound on any such engine.
@@ -88,15 +111,14 @@ generators alone against the engine, the bound on any such engine.
 When every rank runs. Where no symmetry may stand in, :func:`simulate` says
 why in :attr:`SimResult.fallback` (``commkit sim`` prints it):
 :func:`_why_every_rank` names what shows before any step runs (no symmetry
-declared, unequal blocks, xor symmetry on a p that is not a power of two,
-events, another timing model), and the symmetric paths raise :class:`_Refused`
-naming the step rank 0 cannot stand for. A step of a kind the symmetric path
-does not know is one such refusal: the event engine, which checks every step,
-then runs it, so a new kind of step is handled correctly (if slowly) before
-the fast paths learn it. With unequal blocks the ranks differ in their message
-lengths, and a ring's O(p) steps on each of p ranks add up to O(p^2) steps
-(12.9 billion for ring allreduce at p = 65,535), beyond any engine that takes
-steps one by one; ``benchmarks/sim_all.py`` lists such cases.
+declared, unequal blocks under an xor symmetry or for alltoallv, empty blocks,
+xor symmetry on a p that is not a power of two, events, another timing model),
+and the symmetric paths raise :class:`_Refused` naming the step rank 0 (or
+the witness) cannot stand for. A step of a kind the symmetric path does not
+know is one such refusal: the event engine, which checks every step, then runs
+it, so a new kind of step is handled correctly (if slowly) before the fast
+paths learn it. ``benchmarks/sim_all.py`` lists the cases that still run
+every rank at p = 4095 ... 65,536.
 """
 
 from __future__ import annotations
@@ -104,6 +126,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -182,7 +205,8 @@ class SimResult:
         events: per-step events in :mod:`commkit.tracing`'s format, if requested.
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
-            declared symmetry let rank 0 stand for all (see the module docstring).
+            declared symmetry let rank 0 stand for all (see the module docstring; on unequal
+            blocks one more rank's steps are read, as a witness, and not counted).
         steps_run: how many of the ``steps`` the simulator ran one by one: all of them, rank 0's
             when it stood for every rank, or, for a schedule in phases whose symmetric phase was
             computed for all ranks at once, the other phases' steps and rank 0's of that one.
@@ -392,18 +416,29 @@ def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> 
         return "it declares no symmetry and no phases, so no rank can stand for the others"
     if alg.phases is None and alg.symmetry == "xor" and not algorithms.is_pow2(p):
         return f"its xor symmetry needs p a power of two, and p = {p}"
-    if not algorithms.even_blocks(collective, p, count):
-        if isinstance(count, tuple):
-            rows = {id(row): row for row in count}.values()  # a row many ranks share is read once
-            values = {c for row in rows for c in (row if isinstance(row, tuple) else (row,))}
-            what = f"counts from {min(values)} to {max(values)}"
-        elif count % p:
-            what = f"count {count} is not a multiple of p = {p}"
-        else:
-            what = f"count {count} is not a multiple of {1 << (p.bit_length() - 1)}, the largest power of two below p"
-        return (f"the blocks are unequal ({what}), and a declared symmetry holds for equal blocks only "
-                f"(ranks then differ in their message lengths)")
-    return None
+    if algorithms.even_blocks(collective, p, count):
+        return None
+    if collective == "alltoallv":
+        return (f"the blocks are unequal ({_unequal(count, p)}), and alltoallv's counts are a matrix, not one "
+                f"vector of blocks that turns with the rank")
+    if alg.phases is None and alg.symmetry != "rotation":
+        return (f"the blocks are unequal ({_unequal(count, p)}), and an {alg.symmetry} symmetry holds for equal "
+                f"blocks only (ranks then differ in their message lengths)")
+    if min(_block_lengths(collective, p, count)) == 0:
+        return (f"the blocks are unequal ({_unequal(count, p)}) and some are empty, and an empty range does not "
+                f"say which block it is (so rank 0 cannot stand for the others)")
+    return None  # a rotation: the blocks turn with the rank (_simulate_turning)
+
+
+def _unequal(count, p) -> str:
+    """How the blocks of ``count`` on ``p`` ranks are unequal, in words."""
+    if isinstance(count, tuple):
+        rows = {id(row): row for row in count}.values()  # a row many ranks share is read once
+        values = {c for row in rows for c in (row if isinstance(row, tuple) else (row,))}
+        return f"counts from {min(values)} to {max(values)}"
+    if count % p:
+        return f"count {count} is not a multiple of p = {p}"
+    return f"count {count} is not a multiple of {1 << (p.bit_length() - 1)}, the largest power of two below p"
 
 
 def _factory(collective, schedule, p, count, root, op):
@@ -446,7 +481,8 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
             ``beta``, ``gamma`` as given and the default between-node constants).
         events: also return every step as a :mod:`commkit.tracing` event with model times.
         use_symmetry: let rank 0 stand for every rank when the algorithm declares a
-            symmetry and the blocks are equal, or, for a schedule in phases
+            symmetry and the blocks are equal, or declares a rotation and the blocks
+            (unequal, none empty) turn with the rank, or, for a schedule in phases
             (:func:`commkit.algorithms.phased`), for every rank in a phase that declares
             one (see the module docstring); False runs every rank. The results are the same.
 
@@ -459,8 +495,9 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
         SimulationError: a schedule names a rank or a buffer range that does not exist.
 
     Cost: proportional to the total number of steps of all ranks; for a symmetric
-    algorithm with equal blocks, to the steps of rank 0 alone; for a symmetric phase,
-    to rank 0's steps of it, each one a few NumPy operations on arrays of p entries.
+    algorithm with equal blocks, to the steps of rank 0 alone; for a rotation on unequal
+    blocks and for a symmetric phase, to rank 0's steps (of it), each one a few NumPy
+    operations on arrays of p entries.
     """
     if collective not in algorithms.COLLECTIVES:
         raise InvalidArgument(f"unknown collective {collective!r}; expected one of {list(algorithms.COLLECTIVES)}.")
@@ -501,7 +538,12 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
     why = _why_every_rank(alg, collective, p, count, use_symmetry, events, timing)
     if why is None:
         try:
-            if alg.symmetry is not None and (alg.symmetry == "rotation" or algorithms.is_pow2(p)):
+            if alg.symmetry is not None and not algorithms.even_blocks(collective, p, count):
+                # A rotation (_why_every_rank refused the rest): the blocks turn with the rank.
+                blocks = _TurningBlocks(_block_lengths(collective, p, count),
+                                        _all_buffer_sizes(collective, alg, p, count, root), p)
+                result = _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collective, algorithm)
+            elif alg.symmetry is not None and (alg.symmetry == "rotation" or algorithms.is_pow2(p)):
                 result = _simulate_symmetric(factory, p, alg.symmetry,
                                              _buffer_sizes(collective, alg, 0, p, count, root),
                                              itemsize, alpha, beta, gamma, collective, algorithm)
@@ -816,13 +858,405 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
     )
 
 
+def _block_lengths(collective, p, count):
+    """The vector of p blocks the algorithms cut for this call, as lengths; None where there is none (alltoallv)."""
+    if collective == "alltoallv":
+        return None
+    if collective in _PER_RANK:
+        return tuple(count)
+    return tuple(hi - lo for lo, hi in partition(count, p))
+
+
+class _TurningBlocks:
+    """How long each of rank 0's ranges is on every rank, when the blocks are unequal and turn with the rank.
+
+    A rotation-symmetric algorithm on unequal blocks (a ring over ``partition(count, p)``, or over
+    per-rank counts) makes rank r do what rank 0 does with every peer shifted by r and every block b
+    replaced by block (b + r) mod p: the same steps, whose ranges differ in length. So each range of
+    rank 0's gets a *label*: block j >= 0, ``lengths[(j + r) % p]`` elements on rank r; or -(n + 1),
+    n elements on every rank. Where a range lies tells its label: in a buffer that holds the whole
+    vector on every rank, a block's extent is that block and the whole buffer is fixed; in one that
+    holds a rank's own block, all of it is block 0 (its own); in a buffer of one size everywhere
+    (scratch), the label of what rank 0 last wrote there (a receive takes the label of the matching
+    send, shifted to the sender), or the whole buffer. A range that none of these names (part of a
+    block, several blocks, an empty block) has no label, and the caller refuses the step.
+    """
+
+    WHOLE, OWN, SAME = "the whole vector", "the rank's own block", "one size on every rank"
+
+    def __init__(self, lengths, sizes, p):
+        assert min(lengths) > 0, "_why_every_rank refuses empty blocks"
+        self.p = p
+        self.lengths = lengths
+        self.longest = max(lengths)
+        elems = np.array(lengths, dtype=np.int64)
+        self.cyc = np.concatenate((elems, elems, elems))  # cyc[j + r] = lengths[(j + r) % p] for j + r < 3p
+        offsets = (0, *itertools.accumulate(lengths))
+        self.total = offsets[-1]
+        self.block = {(offsets[j], offsets[j + 1]): j for j in range(p)}
+        self.kind, self.size = {}, {}
+        for name, first in sizes[0].items():
+            values = [s[name] for s in sizes]
+            if all(v == self.total for v in values):
+                self.kind[name] = self.WHOLE
+            elif values == list(lengths):
+                self.kind[name] = self.OWN
+            elif all(v == first for v in values):
+                self.kind[name] = self.SAME
+            self.size[name] = first  # a buffer of any other sizes has no kind: no range in it has a label
+        self.written: dict = {}  # per SAME buffer: (lo, hi) -> the label rank 0 last wrote there
+
+    def witness(self):
+        """A rank whose own block is not as long as rank 0's (None if all are): see :func:`_witness`."""
+        return next((r for r, n in enumerate(self.lengths) if n != self.lengths[0]), None)
+
+    def length(self, label) -> int:
+        """Rank 0's length of a range with this label."""
+        return self.lengths[label] if label >= 0 else -label - 1
+
+    def longest_of(self, label) -> int:
+        return self.longest if label >= 0 else -label - 1
+
+    def shifted(self, label, d):
+        """The label of the same range on rank d (as rank 0 would name it)."""
+        return (label + d) % self.p if label >= 0 else label
+
+    def read(self, name, lo, hi):
+        """The label of rank 0's range (name, lo, hi), or None."""
+        kind = self.kind.get(name)
+        if kind is self.WHOLE:
+            j = self.block.get((lo, hi))
+            if j is not None:
+                return j
+        elif kind is self.OWN:
+            return 0 if lo == 0 and hi == self.lengths[0] else None
+        elif kind is self.SAME:
+            label = self.written.get(name, {}).get((lo, hi))
+            if label is not None:
+                return label
+        else:
+            return None
+        return -hi - 1 if lo == 0 and hi == self.size[name] else None
+
+    def write(self, name, lo, hi, label) -> bool:
+        """Record that rank 0 writes what ``label`` names into (name, lo, hi); False if that cannot be so."""
+        if self.kind.get(name) is not self.SAME:
+            return self.read(name, lo, hi) == label
+        if lo < 0 or hi - lo != self.length(label) or lo + self.longest_of(label) > self.size[name]:
+            return False
+        table = self.written.setdefault(name, {})
+        # On some rank the range is as long as the label's longest block: drop what that may overwrite.
+        end = lo + self.longest_of(label)
+        for key in [key for key, old in table.items() if key[0] < end and lo < key[0] + self.longest_of(old)]:
+            del table[key]
+        table[(lo, hi)] = label
+        return True
+
+    def elements(self, labels):
+        """Elements of all ``labels`` together, on rank x of the relative frame, for x in [0, 2p): an array or an int."""
+        fixed = sum(-label - 1 for label in labels if label < 0)
+        blocks = [label for label in labels if label >= 0]
+        if not blocks:
+            return fixed
+        p = self.p
+        total = np.full(2 * p, fixed, dtype=np.int64)
+        if len(blocks) <= 8:
+            for j in blocks:
+                total += self.cyc[j:j + 2 * p]
+            return total
+        # Many blocks (a naive algorithm's p - 1 messages): runs of consecutive labels, by prefix sums.
+        prefix = np.concatenate(([0], np.cumsum(self.cyc)))
+        counts = np.bincount(blocks, minlength=p)
+        for times in set(counts.tolist()) - {0}:
+            js = np.flatnonzero(counts == times)
+            breaks = np.flatnonzero(np.diff(js) != 1)
+            for a, b in zip(js[np.concatenate(([0], breaks + 1))], js[np.concatenate((breaks, [len(js) - 1]))]):
+                total += times * (prefix[b + 1:b + 1 + 2 * p] - prefix[a:a + 2 * p])
+        return total
+
+    def per_rank(self, counts, fixed):
+        """``fixed + sum(counts[j] * lengths[(j + r) % p] for j)`` for every rank r, as an int64 array."""
+        p = self.p
+        ranks = np.arange(p)
+        window = np.concatenate(([0], np.cumsum(np.concatenate((counts, counts)))))
+        out = np.full(p, fixed, dtype=np.int64)
+        elems = self.cyc[:p]
+        edges = np.flatnonzero(np.diff(elems)) + 1
+        for a, b in zip(np.concatenate(([0], edges)), np.concatenate((edges, [p]))):
+            start = (a - ranks) % p  # rank r's block i holds block (i - r) of rank 0's count
+            out += int(elems[a]) * (window[start + (b - a)] - window[start])
+        return out
+
+
+def _latest(t, peers, p):
+    """A new array: for every rank r, the latest of ``t[r]`` and ``t[(r + d) % p]`` for each offset d in ``peers``."""
+    if len(peers) == p - 1:  # every other rank: the latest of all
+        return np.full(p, t.max())
+    end, mine = np.empty_like(t), t
+    for d in peers:  # rank r's peer at offset d is r + d, less p past the end: two slices, no copy of t
+        np.maximum(mine[:p - d], t[d:], out=end[:p - d])
+        np.maximum(mine[p - d:], t[:d], out=end[p - d:])
+        mine = end
+    return end
+
+
+def _turning_transfer(i, step, p, blocks):
+    """The labels of a transfer's sends and receives, and its peers' offsets, or raise :class:`_Refused`.
+
+    Each receive of rank 0's from offset s is matched, in order, by a send of rank 0's to offset -s,
+    which rank s makes as its own block: the receive's label is that send's shifted to rank s.
+    """
+    posted: dict = {}
+    out_labels = []
+    for peer, rng in step.sends:
+        label = blocks.read(*rng) if 0 <= peer < p else None
+        if label is None:
+            raise _Refused(_unlabelled(i, step))
+        posted.setdefault(peer, []).append(label)
+        out_labels.append(label)
+    in_labels = []
+    taken: dict = {}
+    for peer, (name, lo, hi) in step.recvs:
+        mate = (p - peer) % p
+        queue, k = posted.get(mate, ()), taken.get(mate, 0)
+        if not 0 <= peer < p or k >= len(queue):
+            raise _Refused(_unsymmetric(i, step, "rotation"))
+        taken[mate] = k + 1
+        label = blocks.shifted(queue[k], peer)
+        if blocks.length(label) != hi - lo or not blocks.write(name, lo, hi, label):
+            raise _Refused(_unsymmetric(i, step, "rotation"))
+        in_labels.append(label)
+    if any(taken.get(peer, 0) != len(queue) for peer, queue in posted.items()):
+        raise _Refused(_unsymmetric(i, step, "rotation"))
+    peers = ({peer for peer, _ in step.sends} | {peer for peer, _ in step.recvs}) - {0}
+    return tuple(out_labels), tuple(in_labels), peers
+
+
+def _witness(i, witness, kind, foretold, p, blocks):
+    """Check the witness rank's next step against what rank 0's step ``i`` and its labels foretell, or refuse.
+
+    ``foretold``: for a transfer, its sends and receives as (offset, label) lists; for a Reduce or a
+    Copy, the label of what it writes.
+    """
+    w, steps = witness
+    step = next(steps, None)
+
+    def on_w(label):
+        return blocks.lengths[(label + w) % p] if label >= 0 else -label - 1
+
+    if step is None or step.kind != kind:
+        same = False
+    elif kind == TRANSFER:
+        sends, recvs = foretold
+        same = ([(peer, hi - lo) for peer, (_, lo, hi) in step.sends]
+                == [((peer + w) % p, on_w(label)) for peer, label in sends]
+                and [(peer, hi - lo) for peer, (_, lo, hi) in step.recvs]
+                == [((peer + w) % p, on_w(label)) for peer, label in recvs])
+    else:
+        _, lo, hi = step.into if kind == REDUCE else step.dst
+        same = hi - lo == on_w(foretold)
+    if not same:
+        raise _Refused(f"rank {w}'s step {i} ({step!r}) is not rank 0's with every peer shifted by {w} and every "
+                       f"block read {w} blocks on: its blocks do not turn with the rank")
+
+
+def _unlabelled(i, step) -> str:
+    return (f"rank 0's step {i} ({step!r}) names a range that is not a whole block, a rank's own block or a "
+            f"whole buffer, so its length on the other ranks is unknown (blocks unequal)")
+
+
+def _turning_steps(steps, p, blocks, alpha, beta_e, gamma_e, t, lt, witness=None):
+    """Run rank 0's ``steps`` of a rotation-symmetric schedule on unequal blocks for every rank, or raise :class:`_Refused`.
+
+    As :func:`_symmetric_steps` with NumPy arrays over ranks, where the ranks' message lengths
+    differ too: rank r's step i is rank 0's with every peer shifted by r and every block b read
+    as block (b + r) mod p (``blocks``, a :class:`_TurningBlocks`, labels rank 0's ranges). The
+    check is the symmetric one, per length: each receive of rank 0's from offset s is matched, in
+    order, by a send to offset -s, and is as long as that send is on rank s. A transfer's cost on
+    rank r is the engine's ``k*alpha + beta*max(sent, received)`` of rank r's lengths, and it
+    finishes at the latest of its post and its peers' posts plus that: the engine's operations on
+    the same numbers, so the times are bit for bit the engine's. One step costs a few operations
+    on arrays of p entries; the costs of a transfer are computed once per pattern of labels
+    relative to its first block, and sliced for each step that repeats the pattern (a ring's).
+
+    What rank 0 alone cannot show, another rank can: ``witness`` is ``(w, w's steps)``, a rank
+    whose own block differs in length from rank 0's, and each of its steps must be the one the
+    labels foretell (peers shifted by w, every length the label's on rank w). An algorithm that
+    is rotation-symmetric for equal blocks only (one that always sends block 0, say) fails there.
+
+    Returns:
+        ``(t, lt, messages, sent, received, reduced, steps)``: times as :func:`_symmetric_steps`
+        gives them (a float and an int while all ranks keep one time), messages (the same for
+        every rank), and int64 arrays of each rank's elements sent, received and reduced.
+    """
+    vector = isinstance(t, np.ndarray)
+    lvector = isinstance(lt, np.ndarray)
+    gammas = gamma_e * blocks.cyc
+    costs: dict = {}
+    read, write, length = blocks.read, blocks.write, blocks.length
+    counted = {"sent": [0] * p, "recvd": [0] * p, "reduced": [0] * p}
+    fixed = {"sent": 0, "recvd": 0, "reduced": 0}
+
+    def count(what, label):
+        if label >= 0:
+            counted[what][label] += 1
+        else:
+            fixed[what] += -label - 1
+
+    def reduce_label(i, step):
+        labels = {read(*step.into), read(*step.operand), read(*step.src)}
+        if len(labels) != 1 or None in labels:
+            raise _Refused(_unlabelled(i, step))
+        label = labels.pop()
+        write(*step.into, label)
+        return label
+
+    def copy(i, step):
+        label = read(*step.src)
+        if label is None or not write(*step.dst, label):
+            raise _Refused(_unlabelled(i, step))
+
+    if isinstance(t, np.ndarray):
+        t = t.copy()  # updated in place from here on
+    if isinstance(lt, np.ndarray):
+        lt = lt.copy()
+    exchange = Exchange
+    msgs = n_steps = 0
+    try:
+        for step in steps:
+            kind = step.kind
+            if kind == TRANSFER:
+                if type(step) is exchange:  # one send and one receive (a ring's every step): unrolled
+                    dest, name, lo, hi, source, rname, rlo, rhi = step.pair
+                    label = read(name, lo, hi) if 0 <= dest < p else None
+                    if label is None:
+                        raise _Refused(_unlabelled(n_steps, step))
+                    if source != (p - dest) % p:
+                        raise _Refused(_unsymmetric(n_steps, step, "rotation"))
+                    rlabel = blocks.shifted(label, source)
+                    if length(rlabel) != rhi - rlo or not write(rname, rlo, rhi, rlabel):
+                        raise _Refused(_unsymmetric(n_steps, step, "rotation"))
+                    out_labels, in_labels = (label,), (rlabel,)
+                    k = ns = 1
+                    peers = (dest, source) if dest != source else (dest,)
+                    if not dest:
+                        peers = ()
+                else:
+                    out_labels, in_labels, peers = _turning_transfer(n_steps, step, p, blocks)
+                    ns, nr = len(step.sends), len(step.recvs)
+                    k = ns if ns > nr else nr
+                if witness is not None:
+                    foretold = [(peer, label) for (peer, _), label in zip(step.sends, out_labels)], [
+                        (peer, label) for (peer, _), label in zip(step.recvs, in_labels)]
+                    _witness(n_steps, witness, TRANSFER, foretold, p, blocks)
+                msgs += ns
+                for label in out_labels:
+                    count("sent", label)
+                for label in in_labels:
+                    count("recvd", label)
+                first = next((label for label in out_labels + in_labels if label >= 0), None)
+                if first is None:  # every length fixed: one cost for all ranks, as the engine computes it
+                    out_e, in_e = blocks.elements(out_labels), blocks.elements(in_labels)
+                    c = k * alpha + beta_e * (out_e if out_e > in_e else in_e)
+                else:
+                    key = (k, tuple(label if label < 0 else (label - first) % p for label in out_labels),
+                           tuple(label if label < 0 else (label - first) % p for label in in_labels))
+                    pattern = costs.get(key)
+                    if pattern is None:
+                        pattern = costs[key] = k * alpha + beta_e * np.maximum(blocks.elements(key[1]),
+                                                                               blocks.elements(key[2]))
+                    c = pattern[first:first + p]
+                local = []
+                for ov in step.overlap if type(step) is exchange else getattr(step, "overlap", None) or ():
+                    if ov.kind == REDUCE:
+                        local.append(reduce_label(n_steps, ov))
+                        count("reduced", local[-1])
+                    elif ov.kind == COPY:
+                        copy(n_steps, ov)
+                    else:
+                        raise _Refused(
+                            f"rank 0's step {n_steps} ({step!r}) overlaps {ov!r}, which is not a Reduce or Copy step")
+                if vector and peers:
+                    end = _latest(t, peers, p)
+                    end += c
+                else:
+                    end = t + c
+                if local:  # the overlapped reductions run from the post; the step ends when both have
+                    n = blocks.elements(local)
+                    local_end = t + gamma_e * (n[:p] if isinstance(n, np.ndarray) else n)
+                    end = (np.maximum(end, local_end) if isinstance(end, np.ndarray) or isinstance(local_end, np.ndarray)
+                           else max(end, local_end))
+                t = end
+                vector = isinstance(t, np.ndarray)
+                if lvector and peers:
+                    lt = _latest(lt, peers, p)
+                    lt += k
+                else:
+                    lt = lt + k
+            elif kind == REDUCE:
+                label = reduce_label(n_steps, step)
+                if witness is not None:
+                    _witness(n_steps, witness, REDUCE, label, p, blocks)
+                count("reduced", label)
+                if vector:
+                    t += gammas[label:label + p] if label >= 0 else gamma_e * (-label - 1)
+                else:
+                    t = t + (gammas[label:label + p] if label >= 0 else gamma_e * (-label - 1))
+                    vector = isinstance(t, np.ndarray)
+            elif kind == COPY:
+                copy(n_steps, step)
+                if witness is not None:
+                    _witness(n_steps, witness, COPY, read(*step.dst), p, blocks)
+            else:
+                raise _Refused(f"rank 0's step {n_steps} is of a kind the symmetric path does not know ({step!r}); "
+                               "the event engine runs every rank and checks it")
+            n_steps += 1
+        if witness is not None and next(witness[1], None) is not None:
+            raise _Refused(f"rank {witness[0]} takes more steps than rank 0 ({n_steps})")
+    except _Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything unusual: the full simulation reports it properly
+        raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
+    sent, recvd, reduced = (blocks.per_rank(counted[what], fixed[what]) for what in ("sent", "recvd", "reduced"))
+    return t, lt, msgs, sent, recvd, reduced, n_steps
+
+
+def _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collective, algorithm):
+    """Run rank 0 alone for a rotation-symmetric schedule on unequal blocks, or raise :class:`_Refused` saying why not.
+
+    Every rank starts at 0; :func:`_turning_steps` computes each of rank 0's steps for all ranks.
+    """
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
+    started = time.perf_counter()
+    try:
+        rank0 = factory(0)
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
+    w = blocks.witness()
+    try:
+        witness = None if w is None else (w, iter(factory(w)))
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank {w}'s schedule raised {type(exc).__name__}: {exc}") from None
+    t, lt, msgs, sent, recvd, reduced, steps = _turning_steps(rank0, p, blocks, alpha, beta * itemsize,
+                                                             gamma * itemsize, 0.0, 0, witness)
+    finish = t.tolist() if isinstance(t, np.ndarray) else [t] * p
+    return SimResult(
+        collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
+        alpha=alpha, beta=beta, gamma=gamma, messages=[msgs] * p, bytes_sent=(sent * itemsize).tolist(),
+        bytes_received=(recvd * itemsize).tolist(), bytes_reduced=(reduced * itemsize).tolist(), finish=finish,
+        time=max(finish), rounds=int(lt.max()) if isinstance(lt, np.ndarray) else lt, steps=steps * p,
+        wall=time.perf_counter() - started, ranks_simulated=1, steps_run=steps,
+    )
+
+
 def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta, gamma, algorithm):
     """Simulate a :func:`~commkit.algorithms.phased` schedule phase by phase, or raise :class:`_Refused`.
 
-    A phase that declares a symmetry usable for this call (:func:`~commkit.algorithms.even_blocks`
-    holds; p a power of two for ``"xor"``) runs once, from rank 0's steps, for all ranks at once
-    (:func:`_symmetric_steps`, from each rank's own start time); any other phase runs rank by
-    rank in the event engine, each rank starting when its previous phase ended.
+    A phase that declares a symmetry usable for this call (``"rotation"``; ``"xor"`` when
+    :func:`~commkit.algorithms.even_blocks` holds and p is a power of two) runs once, from rank
+    0's steps, for all ranks at once (:func:`_symmetric_steps`, or :func:`_turning_steps` where
+    the blocks are unequal, from each rank's own start time); any other phase runs rank by rank
+    in the event engine, each rank starting when its previous phase ended.
 
     Why that is the whole simulation's result. Messages between two ranks match in posting
     order, and each rank posts a phase's operations after those of the phases before. So if
@@ -832,14 +1266,16 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
     on when each rank started it. Anything else (a deadlock, a length mismatch, a bad range,
     a step that is not symmetric) raises :class:`_Refused`, and the full simulation runs and
     reports it; ``tests/test_sim.py`` compares the two for p = 1 ... 64. The caller has
-    checked that the blocks are equal (:func:`_why_every_rank`).
+    checked that no block is empty where they are unequal (:func:`_why_every_rank`).
 
     Returns:
         a :class:`SimResult` (``count`` and ``nbytes`` left for the caller).
     """
 
+    even = algorithms.even_blocks(collective, p, count)
+
     def usable(symmetry):
-        return symmetry == "rotation" or (symmetry == "xor" and algorithms.is_pow2(p))
+        return symmetry == "rotation" or (symmetry == "xor" and algorithms.is_pow2(p) and even)
 
     alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
@@ -851,12 +1287,14 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
     # Every rank must return the same phases, by their declared symmetries, as rank 0.
     shape = [getattr(phase, "symmetry", False) for phase in phases[0]]
     if not any(usable(s) for s in shape):
-        raise _Refused(f"none of its phases declares a symmetry usable on {p} ranks (declared: {shape})")
+        unequal = "" if even else f" with unequal blocks ({_unequal(count, p)})"
+        raise _Refused(f"none of its phases declares a symmetry usable on {p} ranks{unequal} (declared: {shape})")
     for r, mine in enumerate(phases):
         if len(mine) != len(shape) or any(not isinstance(ph, algorithms.Phase) or ph.symmetry != s
                                           for ph, s in zip(mine, shape)):
             raise _Refused(f"rank {r} returns other phases than rank 0 (by their symmetries)")
     sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in range(p)]
+    blocks = None if even else _TurningBlocks(_block_lengths(collective, p, count), sizes, p)
     clock, lat = [0.0] * p, [0] * p
     msgs, sent, recvd, reduced = [0] * p, [0] * p, [0] * p, [0] * p
     steps = run = 0
@@ -865,13 +1303,19 @@ def _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta,
             together = min(clock) == max(clock) and min(lat) == max(lat)
             t, lt = (clock[0], lat[0]) if together else (np.array(clock), np.array(lat, dtype=np.int64))
             try:
-                out = _symmetric_steps(phases[0][k].steps, p, symmetry, sizes[0], alpha, beta * itemsize,
-                                       gamma * itemsize, t, lt)
+                if even:
+                    out = _symmetric_steps(phases[0][k].steps, p, symmetry, sizes[0], alpha, beta * itemsize,
+                                           gamma * itemsize, t, lt)
+                else:
+                    w = blocks.witness()
+                    out = _turning_steps(phases[0][k].steps, p, blocks, alpha, beta * itemsize, gamma * itemsize,
+                                         t, lt, None if w is None else (w, iter(phases[w][k].steps)))
             except _Refused as why:
                 raise _Refused(f"in phase {k}, {why}") from None
             t, lt, m, s, rv, rd, n = out
-            clock, lat = (t.tolist(), lt.tolist()) if not together else ([t] * p, [lt] * p)
-            counts = [m] * p, [s] * p, [rv] * p, [rd] * p
+            clock = t.tolist() if isinstance(t, np.ndarray) else [t] * p
+            lat = lt.tolist() if isinstance(lt, np.ndarray) else [lt] * p
+            counts = [m] * p, *(x.tolist() if isinstance(x, np.ndarray) else [x] * p for x in (s, rv, rd))
             steps += n * p
             run += n
         else:

@@ -285,12 +285,13 @@ def matrix(p, f):
 def counts_for(coll, p):
     """Counts 0, 1, below p, not divisible by p, and equal blocks for every algorithm.
 
-    Per-rank counts for reduce_scatter: all equal, and uneven.
+    Per-rank counts for reduce_scatter: all equal, and uneven (with empty blocks and without).
     """
     if coll == "barrier":
         return [0]
     if coll == "reduce_scatter":
-        return [(0,) * p, (1,) * p, tuple(q % 3 for q in range(p)), tuple((5 * q + 2) % 7 for q in range(p))]
+        return [(0,) * p, (1,) * p, tuple(q % 3 for q in range(p)), tuple((5 * q + 2) % 7 for q in range(p)),
+                tuple((5 * q + 2) % 7 + 1 for q in range(p))]
     if coll == "alltoallv":
         return [matrix(p, lambda i, j: 0), matrix(p, lambda i, j: 1), matrix(p, lambda i, j: 3),
                 matrix(p, lambda i, j: (i + 2 * j) % 3 + 1)]
@@ -401,23 +402,120 @@ def _fields(res):
     return {k: v for k, v in vars(res).items() if k not in ("wall", "ranks_simulated", "steps_run", "fallback")}
 
 
+def turns(coll, p, count) -> bool:
+    """Whether the blocks are unequal and none is empty: a rotation's blocks then turn with the rank."""
+    if coll == "alltoallv" or algorithms.even_blocks(coll, p, count):
+        return False
+    lengths = count if coll in sim._PER_RANK else [hi - lo for lo, hi in partition(count, p)]
+    return min(lengths) > 0
+
+
 @pytest.mark.parametrize("coll,name", SYMMETRIC)
 def test_declared_symmetry_gives_the_full_simulations_result(coll, name):
-    # The proof behind running rank 0 alone: identical results, field by field, for every p and count.
+    # The proof behind running rank 0 alone: identical results, field by field, for every p and count,
+    # with equal blocks, and with unequal ones turning with the rank (rotation: every registered ring).
     alg = algorithms.get(coll, name)
-    used = 0
+    used = turned = 0
     for p in range(1, 65):
         for c in counts_for(coll, p):
+            where = f"{coll}_{name} p={p} count={c}"
             args = dict(count=c, itemsize=S, alpha=A, beta=B, gamma=G)
             fast = sim.simulate(coll, name, p, **args)
             expect_fast = algorithms.even_blocks(coll, p, c) and (alg.symmetry == "rotation" or p & (p - 1) == 0)
-            assert fast.ranks_simulated == (1 if expect_fast else p), f"{coll}_{name} p={p} count={c}"
-            if expect_fast:  # (otherwise it ran every rank: nothing to compare)
+            turning = alg.symmetry == "rotation" and turns(coll, p, c)
+            if turning and fast.ranks_simulated == p:
+                # A pipelined ring cutting its blocks into segments: a segment is not a whole block.
+                assert "is not a whole block" in fast.fallback and "pipelined" in name, where
+            assert fast.ranks_simulated == (1 if expect_fast else p) or turning, where
+            if fast.ranks_simulated == 1:  # (otherwise it ran every rank: nothing to compare)
                 full = sim.simulate(coll, name, p, use_symmetry=False, **args)
                 assert full.ranks_simulated == p
-                assert _fields(fast) == _fields(full), f"{coll}_{name} p={p} count={c}"
+                assert _fields(fast) == _fields(full), where
+                used += 1
+                turned += turning
+    assert used
+    assert turned or alg.symmetry == "xor" or coll in NOT_TURNING
+
+
+def _rotates(coll, name) -> bool:
+    """Whether the algorithm, or one of its phases, declares a rotation symmetry."""
+    alg = algorithms.get(coll, name)
+    if alg.phases is None:
+        return alg.symmetry == "rotation"
+    return any(ph.symmetry == "rotation" for ph in collectives.steps(alg.phases, coll, 0, 4, 8, ck.SUM, 0))
+
+
+# One block per rank (never unequal), or alltoallv's matrix of counts (no vector of blocks to turn).
+NOT_TURNING = ("barrier", "gather", "scatter", "allgather", "alltoall", "alltoallv")
+TURNING = [(c, n) for c, n in ALL if c not in NOT_TURNING and _rotates(c, n)]
+
+
+def unequal_counts(coll, p):
+    """Counts whose blocks are unequal and none empty: q or q+1 elements, the long ones first or drawn."""
+    if coll in collectives.VECTOR or coll == "reduce_scatter":
+        rng = np.random.default_rng(p)
+        drawn = tuple(int(c) for c in rng.integers(1, 10, p))
+        return [tuple(hi - lo for lo, hi in partition(q * p + r, p)) for q, r in ((1, 1), (3, p - 1))] + [drawn]
+    return [q * p + r for q, r in ((1, 1), (2, p // 2), (3, p - 1))]
+
+
+@pytest.mark.parametrize("coll,name", TURNING)
+def test_unequal_blocks_turn_with_the_rank(coll, name):
+    # The proof behind letting rank 0 stand for every rank of a rotation on unequal blocks (rank r
+    # does what rank 0 does with block b read as block b + r): the same results as running every
+    # rank, field by field, times bit for bit, at p from 5 to 67 and counts that leave blocks of q
+    # and q+1 elements (and drawn per-rank counts), roots anywhere; and it did stand in.
+    used = 0
+    for p in (5, 6, 7, 12, 13, 31, 33, 63, 67):
+        for c in unequal_counts(coll, p):
+            assert not algorithms.even_blocks(coll, p, c)
+            for root in sorted({0, p // 2, p - 1}) if coll in ROOTED else [0]:
+                where = f"{coll}_{name} p={p} count={c} root={root}"
+                args = dict(count=c, root=root, itemsize=S, alpha=A, beta=B, gamma=G)
+                fast = sim.simulate(coll, name, p, **args)
+                full = sim.simulate(coll, name, p, use_symmetry=False, **args)
+                assert fast.fallback is None and fast.steps_run < fast.steps == full.steps_run, where
+                assert _fields(fast) == _fields(full), where
                 used += 1
     assert used
+
+
+@pytest.mark.parametrize("coll,name", TURNING)
+def test_the_time_on_a_ring_of_4095_lies_by_its_neighbours(coll, name):
+    # 1 MiB on 4095 ranks, rank 0 standing in: more than on 2048 ranks, about what 4096 ranks take
+    # (1 % either way: the longest blocks are one element longer), and no less than the formula says
+    # where it is a lower bound for unequal blocks.
+    alg = algorithms.get(coll, name)
+    times = {}
+    for p in (2048, 4095, 4096):
+        res = sim.simulate(coll, name, p, 1 << 20)
+        assert res.fallback is None and res.steps_run < res.steps, (p, res.fallback)
+        times[p] = res.time
+    assert times[2048] < times[4095] and abs(times[4095] / times[4096] - 1) < 0.01, times
+    res = sim.simulate(coll, name, 4095, 1 << 20)
+    if alg.cost_bound == "lower":
+        assert alg.cost(4095, res.nbytes, res.alpha, res.beta, res.gamma) <= res.time * (1 + TOL), times
+
+
+def test_a_rotation_whose_blocks_do_not_turn_is_refused_by_another_ranks_steps():
+    # Rotation-symmetric for equal blocks only: every rank passes block 0 two ranks on. Rank 0's own
+    # steps check out (the block it receives from rank 5 is as long as block 5), but rank 6's block
+    # 0 is not its own block's length, so its steps refuse the declaration and every rank runs.
+    def block_zero(rank, size, count, op):
+        lo, hi = partition(count, size)[0]
+        for _ in range(size - 1):
+            yield Exchange((rank + 2) % size, ("out", lo, hi), (rank - 2) % size, ("tmp", 0, hi - lo))
+
+    algorithms.algorithm("allreduce", "block_zero", symmetry="rotation", commutative=True,
+                         scratch=lambda r, p, n: -(-n // p))(block_zero)
+    try:
+        args = dict(count=7 * 3 + 6, itemsize=S, alpha=A, beta=B, gamma=G)
+        res = sim.simulate("allreduce", "block_zero", 7, **args)
+        assert res.ranks_simulated == 7
+        assert res.fallback.startswith("rank 6's step 0 (") and "do not turn with the rank" in res.fallback
+        assert _fields(res) == _fields(sim.simulate("allreduce", "block_zero", 7, use_symmetry=False, **args))
+    finally:
+        algorithms.unregister("allreduce", "block_zero")
 
 
 def test_a_wrong_symmetry_declaration_falls_back_to_every_rank():
@@ -440,8 +538,9 @@ PHASED = [(c, n) for c, n in ALL if algorithms.get(c, n).phases is not None]
 def test_symmetric_phases_give_the_full_simulations_result(coll, name):
     # The proof behind computing a symmetric phase for all ranks at once from rank 0's steps, each
     # rank from its own start: identical results, field by field (times bit for bit), for every p
-    # with equal blocks, roots at both ends, in the middle and in between; with unequal blocks (counts
-    # 1, p-1, 3p+1) it must run every rank's every step. Few roots beyond p = 24 keep it cheap.
+    # with equal blocks, and with unequal ones that a rotation phase turns with the rank (3p+1), roots at
+    # both ends, in the middle and in between; with empty blocks (counts 1, p-1) it must run every rank's
+    # every step. Few roots beyond p = 24 keep it cheap.
     alg = algorithms.get(coll, name)
     symmetries = {ph.symmetry for ph in collectives.steps(alg.phases, coll, 0, 4, 8, ck.SUM, 0)} - {None}
     used = 0
@@ -452,7 +551,8 @@ def test_symmetric_phases_give_the_full_simulations_result(coll, name):
                 args = dict(count=c, root=root, op="sum", itemsize=S, alpha=A, beta=B, gamma=G)
                 where = f"{coll}_{name} p={p} root={root} count={c}"
                 if not (algorithms.even_blocks(coll, p, c) and any(
-                        s == "rotation" or p & (p - 1) == 0 for s in symmetries)):
+                        s == "rotation" or p & (p - 1) == 0 for s in symmetries)) and not (
+                        "rotation" in symmetries and turns(coll, p, c)):
                     if p <= 24:  # no symmetry to use: every rank's every step runs
                         res = sim.simulate(coll, name, p, **args)
                         assert res.steps_run == res.steps, where
@@ -930,7 +1030,8 @@ def test_fast_and_every_rank_agree_and_the_fallback_says_why(coll, name):
     # Past the p = 1 ... 64 sweeps above, at sizes the selector sees (1 MiB and an odd one), powers of two
     # and not: the default simulation (a symmetry standing in where one may) gives the full one's result
     # field by field; it says why wherever it ran every rank, and what it says is what why_every_rank
-    # foresaw (registered algorithms keep their promises, so no symmetry is refused on seeing the steps).
+    # foresaw (registered algorithms keep their promises, so no symmetry is refused on seeing the steps,
+    # but for a pipelined ring's segments of unequal blocks).
     alg = algorithms.get(coll, name)
     for p in SPREAD:
         if alg.why_not(p, ck.SUM) is not None:
@@ -943,16 +1044,27 @@ def test_fast_and_every_rank_agree_and_the_fallback_says_why(coll, name):
             assert full.fallback == "use_symmetry=False asks for every rank", where
             stood_in = fast.steps_run < fast.steps
             assert (fast.fallback is None) == stood_in, where
-            assert fast.fallback == sim.why_every_rank(coll, name, p, nbytes), where
+            foreseen = sim.why_every_rank(coll, name, p, nbytes)
+            if foreseen is None and fast.fallback is not None:
+                # Unequal blocks turning with the rank: a pipelined ring that cuts them into segments
+                # shows it only in its steps (a segment is not a whole block).
+                assert "pipelined" in name and "is not a whole block" in fast.fallback, where
+            else:
+                assert fast.fallback == foreseen, where
 
 
 def test_the_fallback_names_the_reason():
     # The reasons known before a step runs, one per cause.
     assert sim.simulate("allreduce", "ring", 64, 1 << 20).fallback is None
-    res = sim.simulate("allreduce", "ring", 63, 1 << 20)
-    assert res.ranks_simulated == 63 and "count 262144 is not a multiple of p = 63" in res.fallback
-    assert "the largest power of two below p" in sim.simulate("allreduce", "ring", 6, 4 * 6 * 3).fallback
-    assert "counts from 35 to 36" in sim.simulate("reduce_scatter", "ring", 7, 1000).fallback
+    assert sim.simulate("allreduce", "ring", 63, 1 << 20).fallback is None  # the blocks turn with the rank
+    res = sim.simulate("allreduce", "rabenseifner", 64, 4000)
+    assert res.ranks_simulated == 64 and "count 1000 is not a multiple of p = 64" in res.fallback
+    assert "an xor symmetry holds for equal blocks only" in res.fallback
+    res = sim.simulate("reduce_scatter", "recursive_halving", 8, 1000)
+    assert "counts from 31 to 32" in res.fallback
+    assert "some are empty" in sim.simulate("allreduce", "ring", 7, 4 * 5).fallback
+    assert "alltoallv's counts are a matrix" in sim.simulate(
+        "alltoallv", "pairwise", 3, count=[[1, 2, 3]] * 3).fallback
     assert sim.simulate("allreduce", "recursive_doubling", 12, 1 << 20).fallback == (
         "its xor symmetry needs p a power of two, and p = 12")
     assert "declares no symmetry and no phases" in sim.simulate("broadcast", "binomial", 8, 64).fallback
@@ -1020,17 +1132,21 @@ def test_every_ranks_buffer_sizes_are_each_ranks_own(coll):
 def test_commkit_sim_says_when_every_rank_runs(capsys):
     from commkit.cli import main
 
-    assert main(["sim", "allreduce", "-p", "12", "-s", "1M", "-a", "ring"]) == 0
+    assert main(["sim", "allreduce", "-p", "16", "-s", "4000", "-a", "rabenseifner"]) == 0
     err = capsys.readouterr().err
     assert err.startswith("commkit sim: every rank's steps ran one by one: the blocks are unequal")
-    assert main(["sim", "allreduce", "-p", "16", "-s", "1M", "-a", "ring"]) == 0
-    assert capsys.readouterr().err == ""
+    for p in ("16", "12"):  # a ring's blocks, equal or not: rank 0 stands for all
+        assert main(["sim", "allreduce", "-p", p, "-s", "1M", "-a", "ring"]) == 0
+        assert capsys.readouterr().err == ""
     assert main(["sim", "allreduce", "-p", "12", "-s", "1M"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert ("commkit sim: every rank's steps run one by one for rabenseifner, rabenseifner_textbook, "
             "recursive_doubling: its xor symmetry needs p a power of two, and p = 12.") in err
+    assert not any("ring" in line for line in err), err
+    assert main(["sim", "allreduce", "-p", "12", "-s", "20"]) == 0
+    err = capsys.readouterr().err.splitlines()
     assert any(line.startswith("commkit sim: every rank's steps run one by one for ring, ring_pipelined, ring_textbook: "
-                               "the blocks are unequal") for line in err), err
+                               "the blocks are unequal") and "some are empty" in line for line in err), err
 
 
 def test_the_engine_pauses_the_cyclic_collector_and_restores_it():
@@ -1065,12 +1181,14 @@ def test_sim_all_runs_each_algorithm_apart_and_names_the_slowest(capsys):
     assert [line.split()[:4] for line in progress] == [
         ["[", "1/4]", "broadcast_binomial", "p=7"], ["[", "2/4]", "allreduce_ring", "p=7"],
         ["[", "3/4]", "broadcast_binomial", "p=8"], ["[", "4/4]", "allreduce_ring", "p=8"]]
-    assert "(every rank)" in progress[1] and "(one rank for all)" in progress[3]
+    assert "(every rank)" in progress[0] and "(one rank for all)" in progress[1] and "(one rank for all)" in progress[3]
     slowest = out.index("slowest 3:")
     assert len([line for line in out[slowest + 1:] if line.startswith("  ")]) >= 3
     assert "over 1000 s of CPU time, stopped or failed: 0 of 4" in out
-    # A run stopped at its CPU limit is reported with the reason it ran every rank.
-    status = sim_all.main(["-p", "4095", "-a", "allreduce_ring", "--timeout", "1"])
+    # A run stopped at its CPU limit is reported with the reason it ran every rank (4 KiB on 4095 ranks:
+    # 1024 elements, so most blocks are empty, and 50 million steps run one by one).
+    status = sim_all.main(["-p", "4095", "-s", "4K", "-a", "allreduce_ring", "--timeout", "1"])
     out = capsys.readouterr().out
     assert status == 1 and "> 1 s cpu (stopped)" in out
-    assert "every rank ran one by one: the blocks are unequal (count 262144 is not a multiple of p = 4095)" in out
+    assert ("every rank ran one by one: the blocks are unequal (count 1024 is not a multiple of p = 4095) and "
+            "some are empty") in out

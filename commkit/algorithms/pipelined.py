@@ -36,6 +36,7 @@ from ..errors import InvalidArgument
 from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition, partition_sizes
 from . import algorithm
 from ._blocks import block_offsets
+from .ring import two_widest_blocks
 
 SEGMENT = 1 << 16
 """Default segment size in elements (``COMMKIT_SEGMENT_ELEMENTS`` overrides it)."""
@@ -304,7 +305,7 @@ def _ring_reduce_scatter_cost(p, n, a, b, g):
     return a + segs[0] * b + (p - 2) * segs.sum_pairs(hidden) + segs.sum_pairs(hidden, 1) + segs[-1] * g
 
 
-@algorithm("reduce_scatter", "ring_pipelined", commutative=True, scratch=lambda r, p, counts: 2 * max(counts),
+@algorithm("reduce_scatter", "ring_pipelined", commutative=True, scratch=two_widest_blocks,
            cost=_ring_reduce_scatter_cost,
            formula="α + m₀β + (p-2)Σₖ max(α + mₖβ, mₖ₋₁γ) + Σₖ₌₁..K₋₁ max(α + mₖβ, mₖ₋₁γ) + m_{K-1}γ, "
                    "m = n/p in K segments mₖ (k-1 taken cyclically), K ≥ 2; "
