@@ -176,7 +176,10 @@ class Algorithm:
             None when it is always exact.
         symmetry: ``"rotation"`` if, whenever :func:`even_blocks` holds, rank r's
             schedule is rank 0's with every peer shifted by r (mod p) and every range
-            of the same length; ``"xor"`` the same with peers XORed with r, for p a
+            of the same length (with unequal blocks, ``"rotation"`` also promises that
+            they turn with the rank: rank r's schedule is rank 0's with every block b
+            read as block (b + r) mod p, which :mod:`commkit.sim` checks against one
+            more rank's steps); ``"xor"`` the same with peers XORed with r, for p a
             power of two; None otherwise. :mod:`commkit.sim` then runs rank 0 alone
             (``tests/test_sim.py`` checks the result equals running every rank).
     """
