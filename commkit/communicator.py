@@ -1162,7 +1162,9 @@ class Communicator(VectorCollectives):
         if out is None:
             out = np.empty(shape, x.dtype)
         elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
-                  and out.flags.c_contiguous and out.flags.writeable and not np.may_share_memory(x, out)):
+                  and (flags := out.flags).c_contiguous and flags.writeable
+                  # two arrays that each own their memory (the usual fresh pair) cannot share it
+                  and (out.base is None and x.base is None and out is not x or not np.may_share_memory(x, out))):
             return _GENERAL
         if timeout is not None:
             timeout = check_timeout(timeout)
