@@ -1547,7 +1547,9 @@ class Communicator(VectorCollectives):
         if plan is not None and timeout is None:
             h = plan.hot
             if (h[0] is x and h[1] is out and h[2] is root and h[3] is algorithm
-                    and plan.ready(x)):
+                    and self._plain and not _trace_active
+                    and (x is None or plan.dtype is x.dtype and x.shape == plan.shape_x)
+                    and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
         key = ('broadcast', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
