@@ -60,9 +60,10 @@ Duration. Measured on a 2-core machine shared with other jobs (so a quiet machin
 faster): a 20,000-scenario slice of the default run (``--budget 20000 --seed 11``, every
 world, load average 2.7) took 91 s: about 1250 scenarios/s at threads p = 1, 470/s at
 p = 3, 77/s at p = 8, and 940/s and 340/s under mpiexec p = 2, 3 (a 10,000 slice at load
-3 to 6 took 71 s). The default full run (200,000 scenarios, 20,000 per world) therefore
-takes about 15 minutes there (25 under heavier load); ``--budget 0`` (the whole product,
-1.2 million) about 1.5 to 2.5 hours; ``--quick`` about 10 s for threads p = 1..8.
+3 to 6 took 71 s). The default full run (200,000 scenarios, 20,000 per world) took
+948 s (199,114 scenarios, 2.5 million calls summed over ranks; load average 1 to 7, another
+job running alongside); ``--budget 0`` (the whole product, 1.2 million) takes about 1.5 to
+2.5 hours; ``--quick`` about 10 s for threads p = 1..8.
 """
 
 from __future__ import annotations
