@@ -704,7 +704,8 @@ def machine_line(raw) -> str:
 
     info = machine_task({})
     return (f"{raw.Get_size()} ranks on {info.get('cpu')} ({info.get('cores')} cores), "
-            f"{' '.join(MPI.Get_library_version().splitlines()[0].split())}, mpi4py {mpi4py.__version__}, "
+            f"{' '.join(MPI.Get_library_version().replace(chr(0), '').splitlines()[0].split())}, "
+            f"mpi4py {mpi4py.__version__}, "
             f"NumPy {np.__version__}, Python {info.get('python')}, commkit at "
             f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) or 'an unknown revision'}")
 

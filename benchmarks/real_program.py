@@ -317,7 +317,7 @@ def main(argv=None) -> int:
                 wrong += bad
         wrong = raw.allreduce(wrong, op=MPI.SUM)
         loads.append(os.getloadavg()[0])
-        machine = _tasks.machine_line(raw).replace("\0", "")  # Open MPI's version string holds a NUL byte
+        machine = _tasks.machine_line(raw)
     finally:
         face.comm.free()  # the face wraps COMM_WORLD itself: free only its own contexts
         raw.Free()
