@@ -61,6 +61,14 @@ _ABANDONED: list = []
 _SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
 _GENERAL = object()  # Communicator._fresh's answer when the call must take the general path
 _weakref = weakref.ref
+_IN_PLACE = 2  # _out_form of a call whose out is x itself
+
+
+def _out_form(x, out) -> int:
+    """How a call gives its output, as the fresh-array keys record it: 0 none, 1 an array of its own, 2 x itself."""
+    return 0 if out is None else _IN_PLACE if out is x else 1
+
+
 _FRESH = frozenset(("allreduce", "scan"))  # the reductions _fresh runs (and broadcast): a result of x's shape
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
@@ -891,7 +899,7 @@ class Communicator(VectorCollectives):
                 if shaped is None or shaped is _SEEN_ONCE:
                     shaped = self._shape_plan(call, plan, key, shaped, timed)
                 if shaped:
-                    if call.fresh is not None and not call.aliased:  # later calls of this shape: _fresh
+                    if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later calls: _fresh
                         self._by_shape[call.fresh] = (shaped, steps is None)
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
@@ -948,7 +956,7 @@ class Communicator(VectorCollectives):
                               recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
             if not nonblocking:
                 return run.wait()
-            if call.fresh is not None and not call.aliased:  # later i-forms of this shape: _fresh
+            if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
                 self._by_shape_i[call.fresh] = plan
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
@@ -1127,8 +1135,9 @@ class Communicator(VectorCollectives):
         ``out`` given or not, timed or not. What can differ per array is checked
         here as the general path checks it: ``x`` contiguous; ``out`` a writeable
         contiguous NumPy array of the result's type and shape that shares no
-        memory with ``x``. Anything else (in place, a list, a strided view, a
-        concurrent call) takes the general path, which names the problem.
+        memory with ``x``, or ``x`` itself (in place) writeable. Anything else (a
+        list, a strided view, an ``out`` overlapping ``x``, a concurrent call)
+        takes the general path, which names the problem.
 
         A blocking call runs the shape's plan (``_by_shape``: compiled the second
         time the shape came). An untimed one repeating the arrays of the last
@@ -1146,9 +1155,10 @@ class Communicator(VectorCollectives):
             return _GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
         if timeout is None:
             timeout = self._timeout
+        form = _out_form(x, out)
         try:
             entry = (self._by_shape_i if nonblocking else self._by_shape).get(
-                (collective, op, algorithm, x.dtype, x.shape, out is None, timeout is None))
+                (collective, op, algorithm, x.dtype, x.shape, form, timeout is None))
         except TypeError:  # an unhashable argument: the general path names it
             return _GENERAL
         if entry is None or not x.flags.c_contiguous:
@@ -1161,6 +1171,9 @@ class Communicator(VectorCollectives):
         shape = (self.size,) + x.shape if stacked else x.shape
         if out is None:
             out = np.empty(shape, x.dtype)
+        elif form == _IN_PLACE:
+            if not x.flags.writeable:
+                return _GENERAL
         elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
                   and (flags := out.flags).c_contiguous and flags.writeable
                   # two arrays that each own their memory (the usual fresh pair) cannot share it
@@ -1173,6 +1186,8 @@ class Communicator(VectorCollectives):
         try:
             src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if nonblocking:
+                if form == _IN_PLACE and not entry[3]:  # a schedule that reads its input after writing out
+                    src = src.copy()
                 return self._fresh_request(collective, entry, src, dst, out, timeout)
             # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id, never a
             # weak reference's answer).
@@ -1390,8 +1405,8 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
-        if collective in _FRESH and x is given and given_out is not given and nonblocking != "init":
-            call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, given_out is None,
+        if collective in _FRESH and x is given and nonblocking != "init":
+            call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, _out_form(given, given_out),
                           (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1591,8 +1606,8 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and (x is given or x is given_out) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-        if x is given and given_out is not given and nonblocking != "init":
-            call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, given_out is None,
+        if x is given and nonblocking != "init":
+            call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, _out_form(given, given_out),
                           (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1744,7 +1759,7 @@ class Communicator(VectorCollectives):
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         if x is given and given_out is not given and nonblocking != "init":
-            call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, given_out is None,
+            call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, _out_form(given, given_out),
                           (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 
@@ -1801,7 +1816,7 @@ class Communicator(VectorCollectives):
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         if x is given and given_out is not given and nonblocking != "init":
-            call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, given_out is None,
+            call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, _out_form(given, given_out),
                           (self._timeout if timeout is None else timeout) is None)
         return self._run(call, algorithm, timeout, nonblocking)
 

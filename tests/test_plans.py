@@ -521,7 +521,8 @@ def _counting_general_path(comm):
 @pytest.mark.parametrize("name", ["allreduce", "scan", "broadcast"])
 def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, size):
     forms = [("float64", (7,), "sum", False, None), ("int32", (2, 3), "max", True, None),
-             ("float32", (5,), "sum", False, 30.0), ("int64", (4, 2), "prod", True, 30.0)]
+             ("float32", (5,), "sum", False, 30.0), ("int64", (4, 2), "prod", True, 30.0),
+             ("float64", (3,), "sum", "x", None), ("int16", (2, 2), "min", "x", 30.0)]  # "x": in place
 
     def body(comm):
         general = _counting_general_path(comm)
@@ -530,18 +531,19 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
             for k in range(6):
                 x = (np.arange(np.prod(shape)).reshape(shape) % 5 + comm.rank + k).astype(dtype)
                 given = x.copy()
-                out = np.full(shape, -1, dtype) if with_out else None
+                out = x if with_out == "x" else np.full(shape, -1, dtype) if with_out else None
                 if name == "broadcast":  # the last rank is the root; the op's place holds it
                     result = comm.broadcast(x, comm.size - 1, out=out, timeout=timeout)
                 else:
                     result = getattr(comm, name)(x, op, out=out, timeout=timeout)
                 assert with_out is False or result is out
-                np.testing.assert_array_equal(x, given)  # the input is never touched
+                if with_out != "x":
+                    np.testing.assert_array_equal(x, given)  # the input is never touched
                 got.append((given, result.copy()))
         return got, general
 
     per_rank = ck.run_local(body, size)
-    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
+    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply, "min": np.minimum}
     for r in range(size):
         got, general = per_rank[r]
         case = 0
@@ -620,6 +622,21 @@ def test_i_forms_on_new_arrays_of_a_known_shape_skip_the_general_path_and_overla
         assert len(general) == 6, (r, general)  # the first of each form only
 
 
+@pytest.mark.parametrize("algorithm", [None, "ring", "recursive_doubling"])
+def test_i_forms_in_place_on_new_arrays_skip_the_general_path(algorithm):
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for k in range(4):
+            y = np.arange(5.0) * (comm.rank + 1) + k
+            got.append(comm.iallreduce(y, out=y, algorithm=algorithm).wait() is y and y.tolist())
+        return got, general
+
+    for rank, (got, general) in enumerate(ck.run_local(body, 3)):
+        assert got == [[6.0 * v + 3 * k for v in range(5)] for k in range(4)], (rank, got)
+        assert len(general) == 1, general
+
+
 def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_too():
     def body(comm):
         for _ in range(3):  # the shape is known: calls on new arrays now take the fast path
@@ -645,6 +662,13 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
             comm.iallreduce(np.ones(6), out=np.empty(6)).wait()
         with pytest.raises(ck.InvalidBuffer, match="read-only"):
             comm.iallreduce(np.ones(6), out=read_only)
+        for _ in range(3):
+            x = np.ones(6)
+            comm.allreduce(x, out=x)  # in place on new arrays: the fresh path from the third call
+        read_only_x = np.ones(6)
+        read_only_x.flags.writeable = False
+        with pytest.raises(ck.InvalidBuffer, match="read-only"):
+            comm.allreduce(read_only_x, out=read_only_x)
         square = np.ones((comm.size, 2))
         with pytest.raises(ck.InvalidBuffer, match="in place"):
             comm.alltoall(square, out=square)
