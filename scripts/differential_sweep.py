@@ -17,7 +17,8 @@ Call forms, each several calls of one scenario with fresh data every call:
   fresh-array path of the collectives that have one); the vector collectives let
   the counts be exchanged (``counts=None``, or only this rank's row for alltoallv).
 * ``inplace``: ``out=x``, for the collectives that allow it (broadcast, reduce,
-  allreduce, scan, exscan).
+  allreduce, scan, exscan): the same array three times, then a new one three
+  times.
 * ``timed``: ``timeout=30`` on every call.
 * ``iform``: two ``i``-calls outstanding at once, waited in reverse order (the
   second starts from the first's cached schedule where the collective has a
@@ -440,10 +441,13 @@ def _new_arrays(comm, sc, chk, rank):
 
 
 def _in_place(comm, sc, chk, rank):
+    """``out=x``: the same x three times (refilled), then a new x three times (the fresh path from the third)."""
     x = make_input(sc, 0, rank)
     has_result = result_shape(sc, rank) is not None
-    for k in range(3):
-        if k:
+    for k in range(6):
+        if k >= 3:
+            x = make_input(sc, k, rank)
+        elif k:
             _refill(x, sc, k, rank)
         before = _snapshot(x)
         chk.before(k)
