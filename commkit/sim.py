@@ -62,6 +62,18 @@ promise itself cannot be checked from rank 0, so ``tests/test_sim.py``
 proves it for every declared algorithm: the two give identical results for
 p = 1 ... 64 and every count.
 
+The node arena's one-sided steps (``Put``, ``Get``, ``ReduceSlots``,
+``Publish``, ``Wait``) run on this path too, for a whole schedule: every peer
+publishes each counter step at the moment rank 0 does, so a wait on any peers,
+all p-1 of them included, ends alpha after the later of its start and rank 0's
+own publication, one lookup whatever the peers. A wait for a step rank 0 has
+not published yet would wait forever on every rank (a deadlock, which every
+rank run then reports). A wait pairs with nothing rank 0's steps could check,
+so rank p-1's one-sided steps are compared with rank 0's (lengths, counter
+steps, peers seen from the rank): a split into p parts gives rank 0 the
+longest part and rank p-1 the shortest, so slices that do not divide evenly
+show there, and every rank runs.
+
 Schedules in phases. A composite algorithm such as van de Geijn's broadcast
 (a binomial scatter, then a ring allgather) has a root, so no rank stands for
 the others, yet nearly all its steps (16.8 million of them at p = 4096) are in
