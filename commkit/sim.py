@@ -62,6 +62,18 @@ promise itself cannot be checked from rank 0, so ``tests/test_sim.py``
 proves it for every declared algorithm: the two give identical results for
 p = 1 ... 64 and every count.
 
+The node arena's one-sided steps (``Put``, ``Get``, ``ReduceSlots``,
+``Publish``, ``Wait``) run on this path too, for a whole schedule: every peer
+publishes each counter step at the moment rank 0 does, so a wait on any peers,
+all p-1 of them included, ends alpha after the later of its start and rank 0's
+own publication, one lookup whatever the peers. A wait for a step rank 0 has
+not published yet would wait forever on every rank (a deadlock, which every
+rank run then reports). A wait pairs with nothing rank 0's steps could check,
+so rank p-1's one-sided steps are compared with rank 0's (lengths, counter
+steps, peers seen from the rank): a split into p parts gives rank 0 the
+longest part and rank p-1 the shortest, so slices that do not divide evenly
+show there, and every rank runs.
+
 Schedules in phases. A composite algorithm such as van de Geijn's broadcast
 (a binomial scatter, then a ring allgather) has a root, so no rank stands for
 the others, yet nearly all its steps (16.8 million of them at p = 4096) are in
@@ -698,7 +710,7 @@ def simulate_steps(factory: Callable[[int], Iterable], p: int, *, itemsize: int 
     return engine.result(collective, algorithm, wall)
 
 
-def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
+def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt, arena=None):
     """Run rank 0's ``steps`` of a symmetric schedule (or phase) for every rank, or raise :class:`_Refused`.
 
     Every rank's step i is rank 0's with each peer moved (``symmetry``), so the operations
@@ -721,6 +733,9 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
         sizes: rank 0's buffer sizes, which its ranges are checked against.
         alpha, beta_e, gamma_e: seconds per message, per element sent, per element reduced.
         t, lt: start times: a float and an int, or a float and an int NumPy array of p entries.
+        arena: for a whole schedule (one start time), ``(beta, gamma, itemsize, shape)`` to run
+            the node arena's one-sided steps with (the engine's own products), ``shape`` a list
+            that receives each such step's :func:`_one_sided_shape`; None refuses them.
 
     Returns:
         ``(t, lt, messages, sent, received, reduced, steps)``: finish times as ``t`` and ``lt``
@@ -738,6 +753,9 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
         return np.roll(a, -d) if rotation else a[ranks ^ d]
 
     msgs = sent = recvd = reduced = n_steps = 0
+    if arena is not None:
+        arena_beta, arena_gamma, arena_itemsize, arena_shape = arena
+    published, pub_times = [], []  # rank 0's counter steps, and when (t, lt) it published each
     try:
         for step in steps:
             kind = step.kind
@@ -825,6 +843,31 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
                 sname, slo, shi = step.src
                 if not 0 <= lo <= hi <= sizes[name] or shi - slo != hi - lo or not 0 <= slo <= shi <= sizes[sname]:
                     raise _Refused(_outside(n_steps, step))
+            elif kind in ONE_SIDED:
+                if vector or arena is None:
+                    raise _Refused(f"rank 0's step {n_steps} ({step!r}) works on the node arena, which the "
+                                   "symmetric path runs only for a whole schedule, every rank starting at once")
+                if kind == PUT or kind == GET:
+                    t += beta_e * (step.dst[2] - step.dst[1])
+                elif kind == REDUCE_SLOTS:
+                    n, k = step.dst[2] - step.dst[1], len(step.operands)
+                    t += (arena_gamma * (k - 1) if k > 1 else arena_beta) * arena_itemsize * n  # the engine's
+                    reduced += (k - 1) * n
+                elif kind == PUBLISH or kind == RELEASE:
+                    published.append(FINAL if kind == RELEASE else step.k)
+                    pub_times.append((t, lt))
+                elif kind == WAIT and step.peers:
+                    # Every peer publishes what rank 0 publishes, at the same moment; a value rank 0 has
+                    # not published yet, its peers publish only after this same wait: a deadlock.
+                    if any(not 0 <= q < p for q in step.peers):
+                        raise _Refused(_outside(n_steps, step))
+                    j = bisect.bisect_left(published, step.k)
+                    if j == len(published):
+                        raise _Refused(f"rank 0's step {n_steps} ({step!r}) waits for a counter step it has not "
+                                       "published itself, so no rank would (a deadlock, which every rank shows)")
+                    pt, plt = pub_times[j]
+                    t, lt = (t if t > pt else pt) + alpha, (lt if lt > plt else plt) + 1
+                arena_shape.append(_one_sided_shape(step, 0, p))
             else:
                 raise _Refused(f"rank 0's step {n_steps} is of a kind the symmetric path does not know ({step!r}); "
                               "the event engine runs every rank and checks it")
@@ -836,11 +879,44 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt):
     return t, lt, msgs, sent, recvd, reduced, n_steps
 
 
+def _one_sided_shape(step, r, p, symmetry="rotation") -> tuple:
+    """What rank r's one-sided ``step`` costs and waits for, its peers seen from r: equal for alike ranks."""
+    kind = step.kind
+    if kind == WAIT:
+        return kind, step.k, frozenset((q - r) % p if symmetry == "rotation" else q ^ r for q in step.peers)
+    if kind == PUBLISH:
+        return kind, step.k
+    if kind == REDUCE_SLOTS:
+        return kind, step.dst[2] - step.dst[1], len(step.operands)
+    return kind, step.dst[2] - step.dst[1]
+
+
+def _check_last_rank(factory, p, symmetry, shape) -> None:
+    """Raise :class:`_Refused` unless rank p-1's one-sided steps have rank 0's ``shape``, peers moved.
+
+    A node-arena schedule's steps pair with nothing that rank 0's own steps could check (a
+    wait names every peer whatever their lengths), so one more rank is compared: rank p-1,
+    which a split into p parts (``partition``) gives the shortest part where rank 0 gets the
+    longest, so slices that do not divide evenly show here.
+    """
+    last = p - 1
+    try:
+        theirs = [_one_sided_shape(step, last, p, symmetry) for step in factory(last) if step.kind in ONE_SIDED]
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank {last}'s schedule raised {type(exc).__name__}: {exc}") from None
+    for i, (mine, its) in enumerate(itertools.zip_longest(shape, theirs)):
+        if mine != its:
+            raise _Refused(f"rank {last}'s one-sided step {i} is not rank 0's with its peers moved ({symmetry} "
+                           f"symmetry): its lengths, counter steps or peers differ, so the ranks are not alike")
+
+
 def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
     """Run rank 0 alone for a schedule whose ranks are all alike, or raise :class:`_Refused` saying why not.
 
     Every rank takes step i at the same moment, so a transfer finishes at its start plus its cost
-    (:func:`_symmetric_steps` with one start time for all).
+    (:func:`_symmetric_steps` with one start time for all). So does a node-arena step: every
+    peer publishes a counter step when rank 0 does, so a wait for it ends alpha after the later
+    of its start and rank 0's own publication (rank p-1's one-sided steps are checked alike).
     """
     alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
@@ -848,7 +924,11 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
         rank0 = factory(0)
     except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
         raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
-    out = _symmetric_steps(rank0, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, 0.0, 0)
+    shape: list = []
+    out = _symmetric_steps(rank0, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, 0.0, 0,
+                           arena=(beta, gamma, itemsize, shape))
+    if shape:
+        _check_last_rank(factory, p, symmetry, shape)
     t, lt, msgs, sent, recvd, reduced, steps = out
     return SimResult(
         collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,

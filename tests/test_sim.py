@@ -26,7 +26,9 @@ from hypothesis import given, strategies as st
 
 import commkit as ck
 from commkit import algorithms, collectives, cost, sim
-from commkit.schedule import Copy, Exchange, Recv, Reduce, Send, Transfer, partition
+from commkit.algorithms import node
+from commkit.schedule import (Claim, Copy, Exchange, Publish, Recv, Reduce, Release, Send, Transfer, Wait,
+                              partition)
 
 ALL = sorted((c, n) for c in sim.SIMULATED for n, a in algorithms.for_collective(c).items()
              if a.schedule is not None)
@@ -516,6 +518,80 @@ def test_a_rotation_whose_blocks_do_not_turn_is_refused_by_another_ranks_steps()
         assert _fields(res) == _fields(sim.simulate("allreduce", "block_zero", 7, use_symmetry=False, **args))
     finally:
         algorithms.unregister("allreduce", "block_zero")
+
+
+NODE_SYMMETRIC = [(c, n) for c, n in SYMMETRIC if n == "shm"]
+
+
+@pytest.mark.parametrize("coll,name", NODE_SYMMETRIC)
+def test_node_arena_steps_run_symmetric_over_several_chunks(coll, name, monkeypatch):
+    # The node arena's waits, puts and gets run from rank 0's steps alone: the same results as every
+    # rank, field by field, with small segments so calls take several chunks (halves reused, a wait on
+    # counter steps published two chunks before) and at p from 2 to 67.
+    monkeypatch.setenv("COMMKIT_SEGMENT_ELEMENTS", "8")
+    used = 0
+    for p in (2, 3, 5, 8, 13, 31, 67):
+        for c in ([0] if coll == "barrier" else [1, 7, 8, 9, 3 * p + 2, 41]):
+            args = dict(count=c, itemsize=S, alpha=A, beta=B, gamma=G)
+            fast = sim.simulate(coll, name, p, **args)
+            full = sim.simulate(coll, name, p, use_symmetry=False, **args)
+            where = f"{coll}_{name} p={p} count={c}"
+            assert fast.ranks_simulated == 1 and fast.fallback is None, (where, fast.fallback)
+            assert _fields(fast) == _fields(full), where
+            used += 1
+    assert used
+
+
+@pytest.mark.parametrize("coll", ["barrier", "allgather"])
+def test_node_arena_symmetric_at_4095_and_4096_ranks(coll):
+    # Each of these Waits names all p-1 peers: every rank run one by one took 7.4 s (barrier) and over
+    # 12 s (allgather) of CPU at p = 4095. Rank 0 stands for all, and the time is the formula's.
+    for p in (4095, 4096):
+        res = sim.simulate(coll, "shm", p, 1 << 20)
+        assert res.ranks_simulated == 1 and res.fallback is None and res.ok, (p, res.fallback)
+        assert res.steps == p * res.steps_run
+        assert res.time == pytest.approx(cost.predict(coll, "shm", p, res.nbytes), rel=1e-12)
+
+
+def test_node_arena_ranks_that_are_not_alike_are_refused_by_the_last_ranks_steps():
+    # allreduce_shm declared a rotation: its blocks are equal at count 131082 on 3 ranks, but each of
+    # its 3 chunks (43694 elements) splits into slices of 14565, 14565 and 14564, so rank 2 folds less
+    # than rank 0. Rank 0's steps cannot show it; rank 2's do, and every rank runs.
+    algorithms.algorithm("allreduce", "shm_claimed_rotation", symmetry="rotation")(node.allreduce_shm)
+    try:
+        args = dict(count=131082, itemsize=S, alpha=A, beta=B, gamma=G)
+        assert algorithms.even_blocks("allreduce", 3, args["count"])
+        res = sim.simulate("allreduce", "shm_claimed_rotation", 3, **args)
+        assert res.ranks_simulated == 3
+        assert res.fallback.startswith("rank 2's one-sided step ") and "not alike" in res.fallback
+        assert _fields(res) == dict(_fields(sim.simulate("allreduce", "shm", 3, **args)),
+                                    algorithm="shm_claimed_rotation")
+        # Slices that divide evenly: rank 0 stands for all, with the full simulation's result.
+        args["count"] = 131076
+        res = sim.simulate("allreduce", "shm_claimed_rotation", 3, **args)
+        assert res.ranks_simulated == 1
+        assert _fields(res) == dict(_fields(sim.simulate("allreduce", "shm", 3, **args)),
+                                    algorithm="shm_claimed_rotation")
+    finally:
+        algorithms.unregister("allreduce", "shm_claimed_rotation")
+
+
+def test_node_arena_wait_before_any_rank_publishes_is_refused_and_deadlocks():
+    # Every rank waits for a counter step before publishing it: rank 0's steps show no rank ever will,
+    # so every rank runs, and the full simulation reports the deadlock.
+    def wait_first(rank, size):
+        yield Claim(0, size)
+        yield Wait([q for q in range(size) if q != rank], 1)
+        yield Publish(1)
+        yield Release()
+
+    algorithms.algorithm("barrier", "wait_first", symmetry="rotation")(wait_first)
+    try:
+        res = sim.simulate("barrier", "wait_first", 5)
+        assert res.ranks_simulated == 5 and res.deadlocked
+        assert res.fallback.startswith("rank 0's step 1 (") and "has not published itself" in res.fallback
+    finally:
+        algorithms.unregister("barrier", "wait_first")
 
 
 def test_a_wrong_symmetry_declaration_falls_back_to_every_rank():

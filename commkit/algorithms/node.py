@@ -357,7 +357,7 @@ def broadcast_shm(rank, size, count, root, segment=None):
 @algorithm("allgather", "shm",
            cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
                len(_chunks(int(n) // COST_ITEMSIZE // p, None)) * a + n * b),
-           formula="Kα + nβ, K the chunks of one block, n the bytes gathered")
+           formula="Kα + nβ, K the chunks of one block, n the bytes gathered", symmetry="rotation")
 def allgather_shm(rank, size, count, segment=None):
     """Shared-memory allgather: each rank puts its block in its slot, every rank gets every other block.
 
@@ -614,7 +614,7 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
 @algorithm("alltoall", "shm",
            cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
                len(_piece_chunks(int(n) // COST_ITEMSIZE, p - 1, None)) * a + 2 * (p - 1) * n * b),
-           formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block")
+           formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block", symmetry="rotation")
 def alltoall_shm(rank, size, count, segment=None):
     """Shared-memory alltoall: each rank puts every block it sends in its slot, each rank gets the blocks for it.
 
@@ -661,7 +661,7 @@ def alltoall_shm(rank, size, count, segment=None):
 
 # -- barrier ------------------------------------------------------------------------------------------
 
-@algorithm("barrier", "shm", cost=lambda p, n, a, b, g: a if p > 1 else 0.0, formula="α")
+@algorithm("barrier", "shm", cost=lambda p, n, a, b, g: a if p > 1 else 0.0, formula="α", symmetry="rotation")
 def barrier_shm(rank, size):
     """Shared-memory barrier: every rank publishes, then waits until every other rank has.
 
