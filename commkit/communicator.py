@@ -69,6 +69,15 @@ def _out_form(x, out) -> int:
     return 0 if out is None else _IN_PLACE if out is x else 1
 
 
+def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
+    """The key of ``Communicator._by_shape`` (and ``_by_shape_i``): a call's kinds, not its arrays (see ``_fresh``).
+
+    ``op`` is broadcast's root where it has one, None where there is neither;
+    ``form`` is :func:`_out_form`'s; ``timeout`` the call's own or the communicator's.
+    """
+    return collective, op, algorithm, x.dtype, x.shape, form, timeout is None
+
+
 _FRESH = frozenset(("allreduce", "scan"))  # the reductions _fresh runs (and broadcast): a result of x's shape
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
@@ -1158,7 +1167,7 @@ class Communicator(VectorCollectives):
         form = _out_form(x, out)
         try:
             entry = (self._by_shape_i if nonblocking else self._by_shape).get(
-                (collective, op, algorithm, x.dtype, x.shape, form, timeout is None))
+                _fresh_key(collective, op, algorithm, x, form, timeout))
         except TypeError:  # an unhashable argument: the general path names it
             return _GENERAL
         if entry is None or not x.flags.c_contiguous:
@@ -1406,8 +1415,8 @@ class Communicator(VectorCollectives):
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
         if collective in _FRESH and x is given and nonblocking != "init":
-            call.fresh = (collective, given_op, algorithm, x.dtype, x.shape, _out_form(given, given_out),
-                          (self._timeout if timeout is None else timeout) is None)
+            call.fresh = _fresh_key(collective, given_op, algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
@@ -1607,8 +1616,8 @@ class Communicator(VectorCollectives):
         if key is not None and (x is given or x is given_out) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
         if x is given and nonblocking != "init":
-            call.fresh = ("broadcast", root_given, algorithm, x.dtype, x.shape, _out_form(given, given_out),
-                          (self._timeout if timeout is None else timeout) is None)
+            call.fresh = _fresh_key("broadcast", root_given, algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def gather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):
@@ -1758,9 +1767,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-        if x is given and given_out is not given and nonblocking != "init":
-            call.fresh = ("allgather", None, algorithm, x.dtype, x.shape, _out_form(given, given_out),
-                          (self._timeout if timeout is None else timeout) is None)
+        if x is given and nonblocking != "init":  # (never in place: the checks above refuse out=x)
+            call.fresh = _fresh_key("allgather", None, algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def alltoall(self, x, *, out=None, algorithm=None, timeout=None):
@@ -1815,9 +1824,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
-        if x is given and given_out is not given and nonblocking != "init":
-            call.fresh = ("alltoall", None, algorithm, x.dtype, x.shape, _out_form(given, given_out),
-                          (self._timeout if timeout is None else timeout) is None)
+        if x is given and nonblocking != "init":  # (never in place: the checks above refuse out=x)
+            call.fresh = _fresh_key("alltoall", None, algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def reduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None):

@@ -879,6 +879,14 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt, a
     return t, lt, msgs, sent, recvd, reduced, n_steps
 
 
+def _schedule_of(factory, rank: int):
+    """``factory(rank)``, or :class:`_Refused` naming the rank whose schedule raised (the full run reports it)."""
+    try:
+        return factory(rank)
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank {rank}'s schedule raised {type(exc).__name__}: {exc}") from None
+
+
 def _one_sided_shape(step, r, p, symmetry="rotation") -> tuple:
     """What rank r's one-sided ``step`` costs and waits for, its peers seen from r: equal for alike ranks."""
     kind = step.kind
@@ -920,10 +928,7 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
     """
     alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
-    try:
-        rank0 = factory(0)
-    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
-        raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
+    rank0 = _schedule_of(factory, 0)
     shape: list = []
     out = _symmetric_steps(rank0, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, 0.0, 0,
                            arena=(beta, gamma, itemsize, shape))
@@ -1308,15 +1313,9 @@ def _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collecti
     """
     alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
-    try:
-        rank0 = factory(0)
-    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
-        raise _Refused(f"rank 0's schedule raised {type(exc).__name__}: {exc}") from None
+    rank0 = _schedule_of(factory, 0)
     w = blocks.witness()
-    try:
-        witness = None if w is None else (w, iter(factory(w)))
-    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
-        raise _Refused(f"rank {w}'s schedule raised {type(exc).__name__}: {exc}") from None
+    witness = None if w is None else (w, iter(_schedule_of(factory, w)))
     t, lt, msgs, sent, recvd, reduced, steps = _turning_steps(rank0, p, blocks, alpha, beta * itemsize,
                                                              gamma * itemsize, 0.0, 0, witness)
     finish = t.tolist() if isinstance(t, np.ndarray) else [t] * p
