@@ -44,7 +44,7 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import Plan, PersistentRequest, Slots, compile_ops, stand_in, timed_native
+from .plan import Plan, PersistentRequest, Slots, compile_ops, nonblocking_steps, stand_in, timed_native
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
@@ -966,7 +966,7 @@ class Communicator(VectorCollectives):
             if not nonblocking:
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
-                self._by_shape_i[call.fresh] = plan
+                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan))
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
         try:
@@ -1195,7 +1195,7 @@ class Communicator(VectorCollectives):
         try:
             src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if nonblocking:
-                if form == _IN_PLACE and not entry[3]:  # a schedule that reads its input after writing out
+                if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
                     src = src.copy()
                 return self._fresh_request(collective, entry, src, dst, out, timeout)
             # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id, never a
@@ -1214,11 +1214,21 @@ class Communicator(VectorCollectives):
             self._entry.release()
         return out
 
-    def _fresh_request(self, collective, plan, src, dst, result, timeout):
+    def _nonblocking_steps(self, call: Call, plan):
+        """The i-form of ``call``'s shape compiled (:func:`commkit.plan.nonblocking_steps`), or None."""
+        if call.xp is not np or plan[1] is None:
+            return None
+        src = stand_in(len(call.src), call.dtype)
+        dst = src if call.aliased and plan[3] else stand_in(len(call.dst), call.dtype)
+        bufs = {"in": src, "out": dst, "tmp": stand_in(plan[2], call.dtype)}
+        return nonblocking_steps(plan[1], bufs, self._coll, call.collective, plan[4])
+
+    def _fresh_request(self, collective, entry, src, dst, result, timeout):
         """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""
         progress = self._progress
         if progress.held >= self._layout.max_in_flight:
             return _GENERAL  # the general path raises, naming the limit
+        plan, compiled = entry
         _, steps, scratch_n, _, name, tagbase, signature = plan
         seq = self._seq
         self._seq = seq + 1
@@ -1228,10 +1238,12 @@ class Communicator(VectorCollectives):
         rec = recorder.start(seq, collective, name, signature)
         self._last = (name, plan[0])
         layout = self._layout
-        bufs = {"in": src, "out": dst, "tmp": np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY}
-        run = ScheduleRun(iter(steps), bufs, self._coll, ((seq & layout.seq_mask) << layout.seq_shift) | tagbase,
-                          timeout, CallInfo(collective, name, seq, self.rank, None), progress=progress,
-                          recorder=recorder, rec=rec, on_timeout=self._collective_timed_out, value=result)
+        tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
+        tag = ((seq & layout.seq_mask) << layout.seq_shift) | tagbase
+        bufs = {"in": src, "out": dst, "tmp": tmp}
+        run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, CallInfo(collective, name, seq, self.rank, None),
+                          progress=progress, recorder=recorder, rec=rec, on_timeout=self._collective_timed_out,
+                          value=result, run=None if compiled is None else compiled(src, dst, tmp, tag, rec))
         return ScheduleRequest(run, progress)
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:

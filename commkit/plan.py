@@ -48,7 +48,7 @@ from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summa
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "stand_in", "timed_native"]
+__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -263,6 +263,55 @@ def _mentions(value, slots) -> bool:
     return False
 
 
+class _Names:
+    """The names a generated function gives its constants (``_c0`` ...) and the views of its run's buffers.
+
+    ``const(value)`` returns the name to write for ``value``. With ``slots`` (a
+    shape plan's), a view of a buffer taken per run is written as a slice of
+    that run's buffer (``_b_in[0:4]``, one line in ``sliced`` per range), as is
+    a list or tuple holding one; a constant that may share memory with a
+    compiled-against buffer is added to ``unsafe`` (the plan is then not
+    generated: it could touch memory that is not the run's).
+    """
+
+    def __init__(self, ns: dict, slots=None):
+        self.ns, self.slots = ns, slots
+        self.consts: dict = {}
+        self.sliced: list = []
+        self.ranges: dict = {}
+        self.unsafe: list = []
+
+    def const(self, value) -> str:
+        consts, slots, sliced = self.consts, self.slots, self.sliced
+        name = consts.get(id(value))
+        if name is not None:
+            return name
+        if slots:
+            hit = slots.get(id(value))
+            if hit is not None and hit[0] is value:
+                _, buf, lo, hi = hit
+                if lo == 0 and hi == slots.lengths[buf]:
+                    name = f"_b_{buf}"
+                else:  # one view per range, however many ops use it
+                    name = self.ranges.get((buf, lo, hi))
+                    if name is None:
+                        name = self.ranges[buf, lo, hi] = f"_v{len(sliced)}"
+                        sliced.append(f"{name} = _b_{buf}[{lo}:{hi}]")
+                consts[id(value)] = name
+                return name
+            if type(value) in (list, tuple) and _mentions(value, slots):
+                items = ", ".join(self.const(item) for item in value)
+                name = f"_v{len(sliced)}"
+                sliced.append(f"{name} = [{items}]" if type(value) is list else f"{name} = ({items},)")
+                consts[id(value)] = name
+                return name
+            if _shares(value, slots.compiled_against):
+                self.unsafe.append(value)
+        name = consts[id(value)] = f"_c{len(consts)}"
+        self.ns[name] = value
+        return name
+
+
 def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Callable[..., object] | None:
     """The body of :meth:`Plan.run`, written for this plan and compiled once.
 
@@ -293,39 +342,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
           "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish}
-    consts: dict = {}
-    sliced: list = []  # the lines that slice a run's buffers (shape plans)
-    ranges: dict = {}
-    unsafe = []
-
-    def const(value) -> str:
-        name = consts.get(id(value))
-        if name is not None:
-            return name
-        if slots:
-            hit = slots.get(id(value))
-            if hit is not None and hit[0] is value:
-                _, buf, lo, hi = hit
-                if lo == 0 and hi == slots.lengths[buf]:
-                    name = f"_b_{buf}"
-                else:  # one view per range, however many ops use it
-                    name = ranges.get((buf, lo, hi))
-                    if name is None:
-                        name = ranges[buf, lo, hi] = f"_v{len(sliced)}"
-                        sliced.append(f"{name} = _b_{buf}[{lo}:{hi}]")
-                consts[id(value)] = name
-                return name
-            if type(value) in (list, tuple) and _mentions(value, slots):
-                items = ", ".join(const(item) for item in value)
-                name = f"_v{len(sliced)}"
-                sliced.append(f"{name} = [{items}]" if type(value) is list else f"{name} = ({items},)")
-                consts[id(value)] = name
-                return name
-            if _shares(value, slots.compiled_against):
-                unsafe.append(value)
-        name = consts[id(value)] = f"_c{len(consts)}"
-        ns[name] = value
-        return name
+    names = _Names(ns, slots)
+    const, sliced, unsafe = names.const, names.sliced, names.unsafe
 
     body = []
     if prologue is not None:
@@ -446,6 +464,67 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     exec(compile(source, f"<commkit plan: {plan.collective} {plan.algorithm}>", "exec"), ns)
     run = ns["run"]
     run.source = source  # for the curious: print(plan.run.source)
+    return run
+
+
+def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
+    """An i-form's schedule for any arrays of one call shape, compiled: ``run(_b_in, _b_out, _b_tmp, tag, rec)``.
+
+    What :func:`commkit.schedule.execute` does for a nonblocking run, written
+    out for these steps as one generator function: each transfer records its
+    step in the flight-recorder entry ``rec``, is posted (``chan.post``), has
+    its overlapped local steps run while it is in flight, and is yielded as
+    ``(index, step, pending)`` for :class:`commkit.schedule.ScheduleRun` to
+    test or wait for; each local step between is one inline line. So an
+    i-form on new arrays of a known shape runs the same steps as the
+    interpreter in the same order, without interpreting them.
+
+    ``bufs`` are the stand-ins (:func:`stand_in`) the views are cut from; the
+    generated code slices each run's own buffers at the same places. Returns
+    None where that cannot be done safely (a step of another kind, such as the
+    node arena's one-sided steps, or an op not written inline): the interpreter
+    then runs the call. Its text is ``run.source``.
+    """
+    if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
+        return None
+    slots = Slots(bufs, ("in", "out", "tmp"))
+    ns = {"_post": chan.post}
+    names = _Names(ns, slots)
+    const = names.const
+    body, alive = [], []
+
+    def local(ops) -> None:
+        alive.append(ops)
+        for _, op, _, _, _ in ops:
+            spec = getattr(op, "inline", None)
+            if spec is None or spec[2] is not None:
+                names.unsafe.append(op)
+                return
+            body.append(spec[0].format(*(const(v) for v in spec[1])))
+
+    for index, step in enumerate(steps):
+        if step.kind != TRANSFER:
+            local(_local_ops((step,), bufs, slots, index))
+            continue
+        sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
+        recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
+        alive.append((sends, recvs))  # names are given by id: no list may be freed and its id reused
+        body.append(f"# schedule step {index}: {_one_line(step)}")
+        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
+        body.append(f"_pending = _post({const(sends)}, {const(recvs)}, tag)")
+        local(_local_ops(step.overlap, bufs, slots, index))
+        body.append(f"yield {index}, {const(step)}, _pending")
+    if names.unsafe:
+        return None
+    source = "\n".join([
+        "def run(_b_in, _b_out, _b_tmp, tag, rec):",
+        *("    " + line for line in names.sliced),
+        *("    " + line for line in body),
+        *([] if any(line.startswith("yield") for line in body) else ["    yield from ()"]),
+    ])
+    exec(compile(source, f"<commkit i-form: {collective} {algorithm}>", "exec"), ns)
+    run = ns["run"]
+    run.source = source
     return run
 
 

@@ -953,7 +953,7 @@ class ScheduleRun:
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
                  recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
-                 value=None):
+                 value=None, run: Iterator | None = None):
         self.tag_seq = info.seq  # the call number in its tag (Progress.settle)
         self._value = value  # the result when there is no finish to compute it
         self._bufs = bufs
@@ -972,7 +972,9 @@ class ScheduleRun:
         self._done = False
         self._result = None
         self._error = None  # the error that ended the run early: raised again by every later test() or wait()
-        self._run = execute(steps, bufs, chan, tag, timeout, info, self._rec, info.tracer, blocking=False)
+        # run: the same steps compiled for this call shape (commkit.plan.nonblocking_steps), else interpreted.
+        self._run = run if run is not None else execute(steps, bufs, chan, tag, timeout, info, self._rec,
+                                                        info.tracer, blocking=False)
         if progress is not None:
             progress.add(self)
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
