@@ -19,7 +19,7 @@ import commkit as ck
 from commkit import algorithms, cost, sim
 from commkit.errors import AlgorithmNotApplicable
 from commkit.ops import SUM
-from commkit.schedule import TRANSFER
+from commkit.schedule import TRANSFER, partition
 
 MODULE = "commkit.algorithms.hier"
 
@@ -95,7 +95,7 @@ def test_allreduce_crosses_nodes_only_within_a_lane(hier, nodes):
     for r in range(len(nodes)):
         lanes = {q for j in range(lay.width) if r in lay.lane(j) for q in lay.lane(j)}
         first, end = lay.owned(lay.node[r])[lay.local[r]]
-        mine = sum(b - a for a, b in __import__("commkit").schedule.partition(count, lay.width)[first:end])
+        mine = sum(b - a for a, b in partition(count, lay.width)[first:end])
         for q, n, _ in _transfers(hier.allreduce_hier(r, len(nodes), count, SUM, nodes=nodes)):
             if nodes[q] != nodes[r]:
                 assert q in lanes, (nodes, r, q)

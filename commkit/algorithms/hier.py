@@ -65,7 +65,8 @@ import functools
 from .. import algorithms, collectives, selection
 from ..errors import AlgorithmNotApplicable, InvalidArgument
 from ..ops import SUM
-from ..schedule import COPY, REDUCE, TRANSFER, Copy, Exchange, Reduce, Transfer, inplace_safe, partition
+from ..schedule import (COPY, REDUCE, TRANSFER, Copy, Exchange, Reduce, Transfer, inplace_safe, partition,
+                        partition_sizes)
 from ..transports._arena import ranks_per_node
 from .pipelined import COST_ITEMSIZE
 
@@ -115,11 +116,10 @@ class Layout:
         return partition(self.width, len(self.members[n]))
 
     def owner(self, n: int, j: int) -> int:
-        """The rank of node ``n`` that owns slice ``j``."""
-        for i, (a, b) in enumerate(self.owned(n)):
-            if a <= j < b:
-                return self.members[n][i]
-        raise AssertionError(f"slice {j} of {self.width} has no owner on node {n}")
+        """The rank of node ``n`` that owns slice ``j`` (the inverse of :meth:`owned`, without listing it)."""
+        long, short, n_long = partition_sizes(self.width, len(self.members[n]))
+        i = j // long if j < n_long * long else n_long + (j - n_long * long) // short
+        return self.members[n][i]
 
     def lane(self, j: int) -> tuple:
         """The ranks that allreduce slice ``j`` between nodes: its owner on every node, in node order."""
