@@ -259,6 +259,20 @@ def test_the_two_level_model_predicts_the_lanes_win_for_large_vectors(hier):
         sim.simulate("broadcast", "binomial", 16, 1 << 20, model=model, root=5).time
 
 
+@pytest.mark.parametrize("nodes,k", [(2, 2), (3, 2), (4, 4), (2, 8), (5, 3)])
+def test_with_rings_at_both_levels_the_simulation_is_the_textbook_formula(hier, monkeypatch, nodes, k):
+    # 2(k-1)(α + (n/k)β) + (k-1)(n/k)γ inside the nodes, 2(N-1)(α' + (n/kN)β') + (N-1)(n/kN)γ between.
+    for collective in ("ALLREDUCE", "REDUCE_SCATTER", "ALLGATHERV"):
+        monkeypatch.setenv(f"COMMKIT_{collective}_ALGORITHM", "ring")
+    model = cost.TwoLevel(k, alpha=1.0, beta=1e-3, alpha_inter=10.0, beta_inter=1e-2, gamma=1e-5)
+    count = 60 * k * nodes
+    n = 4 * count
+    a, b, a2, b2, g = model.alpha, model.beta, model.alpha_inter, model.beta_inter, model.gamma
+    want = (2 * (k - 1) * (a + n / k * b) + (k - 1) * n / k * g
+            + 2 * (nodes - 1) * (a2 + n / (k * nodes) * b2) + (nodes - 1) * n / (k * nodes) * g)
+    assert hier.simulate("allreduce", nodes * k, count, model).time == pytest.approx(want, rel=1e-12)
+
+
 @pytest.mark.parametrize("placement", ["block", "cyclic"])
 def test_the_simulator_runs_every_layout_to_the_end(hier, placement):
     for p in range(1, 10):

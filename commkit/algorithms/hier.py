@@ -285,11 +285,12 @@ def allreduce_hier(rank, size, count, op, nodes=None):
     """Node-aware allreduce: node reduce-scatter, an allreduce per lane between nodes, node allgather.
 
     Restrictions: commutative op. ``nodes`` (each rank's node) defaults to blocks of
-    ``COMMKIT_RANKS_PER_NODE`` ranks. Cost, with k ranks on each of N nodes and each
-    level's algorithm bandwidth-optimal: inside nodes 2((k-1)/k)n(β) + ((k-1)/k)nγ,
-    between nodes each rank 2((N-1)/N)(n/k)β + ((N-1)/N)(n/k)γ, all k lanes of a node at
-    once; so a node's link carries about 2n bytes where a flat ring over all ranks puts
-    2n on it k times over. Not registered as a formula: the simulator gives it.
+    ``COMMKIT_RANKS_PER_NODE`` ranks. Cost, with k ranks on each of N nodes and ring
+    algorithms at both levels (α, β inside a node; α', β' between nodes; equal blocks):
+    2(k-1)(α + (n/k)β) + (k-1)(n/k)γ inside, plus 2(N-1)(α' + (n/kN)β') + (N-1)(n/kN)γ
+    between, where every rank of a node sends its own lane's share at once, against a flat
+    ring's 2(Nk-1) rounds. Not registered as a formula (each level's algorithm is the
+    selector's, by its size): the simulator gives it (:func:`simulate`).
 
     Phases: (1) reduce-scatter inside each node, local rank i keeping its slices of the
     node's sum in its output; (2) for each run of slices with one lane, an allreduce of
