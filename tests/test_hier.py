@@ -221,6 +221,28 @@ def test_non_commutative_ops_are_refused_before_anything_is_sent(hier):
     assert all(ck.run_local(body, size=3))
 
 
+def test_levels_never_run_what_cannot_run_inside_a_schedule(hier, monkeypatch):
+    # Forced by the environment for every allreduce, hier must not choose itself for its lanes, nor the
+    # node engine's shm (one node only) or MPI's own collective for its node level: the fallbacks run.
+    monkeypatch.setenv("COMMKIT_ALLREDUCE_ALGORITHM", "hier")
+    monkeypatch.setenv("COMMKIT_REDUCE_SCATTER_ALGORITHM", "shm")
+    monkeypatch.setenv("COMMKIT_ALLGATHERV_ALGORITHM", "native")
+    monkeypatch.setenv("COMMKIT_RANKS_PER_NODE", "2")
+
+    def body(comm):
+        y = comm.allreduce(_data(comm.rank, 11, 2, "int64"))
+        return y, comm.last_algorithm
+
+    got = ck.run_local(body, size=4)
+    total = np.sum([_data(r, 11, 2, "int64") for r in range(4)], axis=0)
+    for y, name in got:
+        assert name == "hier"
+        np.testing.assert_array_equal(y, total)
+    for collective in ("allreduce", "reduce_scatter", "allgatherv"):
+        assert hier._level(collective, 2, (5, 5) if collective != "allreduce" else 10, SUM).name in \
+            ck.selection.FALLBACK.get(collective, ("naive",))
+
+
 def test_it_is_chosen_only_by_name(hier):
     # Not in the default table: nothing measured it on a cluster yet.
     from commkit import selection

@@ -161,8 +161,9 @@ def _level(collective: str, p: int, count, op):
     except AlgorithmNotApplicable:  # a forced COMMKIT_<COLLECTIVE>_ALGORITHM this level cannot run
         alg = None
     if alg is None or alg.schedule is None or alg.name == NAME or algorithms.is_node_only(alg):
-        alg = next(a for a in map(lambda name: algorithms.get(collective, name), selection.FALLBACK[collective])
-                   if a.why_not(p, op) is None)
+        # The selector's fallbacks; the vector collectives have none there, and naive always applies.
+        names = selection.FALLBACK.get(collective, ("naive",))
+        alg = next(a for a in map(lambda name: algorithms.get(collective, name), names) if a.why_not(p, op) is None)
     return alg
 
 
