@@ -114,14 +114,15 @@ def buffer_sizes(collective: str, rank: int, size: int, count, root: int = 0) ->
     return count, count  # broadcast, reduce, allreduce, scan, exscan
 
 
-def steps(schedule, collective: str, rank: int, size: int, count=0, op=None, root: int = 0, segment=None):
+def steps(schedule, collective: str, rank: int, size: int, count=0, op=None, root: int = 0, segment=None,
+          nodes=None):
     """Call an algorithm's ``schedule`` with the arguments its collective's signature names.
 
     ``segment`` (elements) goes to a segmented algorithm's ``segment=`` parameter;
     None leaves the algorithm its default (``COMMKIT_SEGMENT_ELEMENTS`` or its own).
+    ``nodes`` (every rank's node) goes to a node-aware algorithm's ``nodes=`` parameter.
     """
     values = {"count": count, "op": op, "root": root}
     args = [values[name] for name in COLLECTIVES[collective].signature]
-    if segment is not None:
-        return schedule(rank, size, *args, segment=segment)
-    return schedule(rank, size, *args)
+    extra = {k: v for k, v in (("segment", segment), ("nodes", nodes)) if v is not None}
+    return schedule(rank, size, *args, **extra)

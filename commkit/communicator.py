@@ -48,6 +48,7 @@ from .plan import Plan, PersistentRequest, Slots, compile_ops, nonblocking_steps
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
+from .transports._arena import node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -301,6 +302,7 @@ class Communicator(VectorCollectives):
         self._entry = threading.Lock()
         self._scratch: dict = {}
         self._plans: dict = {}
+        self._nodes = None  # every rank's node, exchanged at the first node-aware call (see _node_args)
         self._layout = TagLayout(self._coll.tag_ub)
         # User tags use all but the top bit of the tag space; Python objects set it.
         p2p_bits = TagLayout(self._p2p.tag_ub).bits
@@ -838,7 +840,7 @@ class Communicator(VectorCollectives):
         else:
             steps = tuple(self._steps(alg, call, segment))
             self._refuse_input_writes(alg, call, segment, steps)
-            plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg),
+            plan = (choice, steps, alg.scratch(self.rank, self.size, call.arg, **self._node_args(alg)),
                     _inplace_safe(steps), alg.name, tagbase, signature)
         if len(self._plans) >= 512:
             self._plans.clear()
@@ -1302,7 +1304,16 @@ class Communicator(VectorCollectives):
 
     def _steps(self, alg, call: Call, segment=None, rank=None):
         return collectives.steps(alg.schedule, call.collective, self.rank if rank is None else rank, self.size,
-                                 call.arg, call.op, call.root, segment)
+                                 call.arg, call.op, call.root, segment, **self._node_args(alg))
+
+    def _node_args(self, alg) -> dict:
+        """``{"nodes": every rank's node}`` for a node-aware algorithm (exchanged once, at its first call), else {}."""
+        if not alg.node_aware:
+            return {}
+        if self._nodes is None:
+            tag = self._ctl_tag("nodes", self._next_seq())
+            self._nodes = tuple(self._ctl_allgather(node_name(self._coll), tag, self.timeout))
+        return {"nodes": self._nodes}
 
     def _native_args(self, call: Call):
         """What the library's collective takes: ``(send, recv, inplace, counts, prologue)``.

@@ -212,6 +212,35 @@ def test_any_placement_gives_the_same_results(hier, placement):
         np.testing.assert_array_equal(got[r][1][r], total)
 
 
+def test_the_communicator_hands_node_aware_schedules_its_nodes(hier):
+    # Every rank's node, as the communicator finds it: on the world the blocks of the emulation, and on
+    # a sub-communicator of every other rank each rank alone on its node (no longer blocks of its ranks).
+    seen = {}
+
+    def allreduce_spy(rank, size, count, op, nodes=None):
+        seen[(size, rank)] = hier.layout(size, nodes).members
+        yield from hier.allreduce_hier(rank, size, count, op, nodes=nodes)
+
+    algorithms.algorithm("allreduce", "hier_spy", commutative=True,
+                         scratch=lambda r, s, c, nodes=None: hier._allreduce_scratch(r, s, c, nodes))(allreduce_spy)
+    try:
+        def body(comm):
+            x = _data(comm.rank, 9, 1, "int64")
+            sub = comm.split(comm.rank % 2)
+            return comm.allreduce(x, algorithm="hier_spy"), sub.allreduce(x, algorithm="hier_spy")
+
+        with _ranks_per_node(2):
+            got = ck.run_local(body, size=6)
+    finally:
+        algorithms.unregister("allreduce", "hier_spy")
+    assert seen[(6, 0)] == ((0, 1), (2, 3), (4, 5))
+    assert seen[(3, 0)] == ((0,), (1,), (2,))
+    xs = [_data(r, 9, 1, "int64") for r in range(6)]
+    for r in range(6):
+        np.testing.assert_array_equal(got[r][0], np.sum(xs, axis=0))
+        np.testing.assert_array_equal(got[r][1], np.sum(xs[r % 2::2], axis=0))
+
+
 def test_non_commutative_ops_are_refused_before_anything_is_sent(hier):
     def body(comm):
         with pytest.raises(AlgorithmNotApplicable, match="commutative"):

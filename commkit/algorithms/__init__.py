@@ -153,6 +153,15 @@ def _default_scratch(rank, size, count):
     return 0
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_nodes(schedule) -> bool:
+    """Whether a schedule function has a ``nodes=`` parameter (asked once per function: planning asks often)."""
+    try:
+        return "nodes" in inspect.signature(schedule).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm for one collective.
@@ -215,6 +224,11 @@ class Algorithm:
             return "segment" in inspect.signature(self.schedule).parameters
         except (TypeError, ValueError):
             return False
+
+    @property
+    def node_aware(self) -> bool:
+        """Whether the schedule takes every rank's node (a ``nodes=`` parameter: :mod:`commkit.algorithms.hier`)."""
+        return self.schedule is not None and _takes_nodes(self.schedule)
 
     def why_not(self, size: int, op=None) -> str | None:
         """The reason this algorithm cannot run a call, or None if it can."""

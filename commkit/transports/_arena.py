@@ -48,6 +48,7 @@ schedule runs only on a communicator whose ranks all share one node.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import weakref
 
@@ -55,8 +56,8 @@ import numpy as np
 
 from ..errors import AlgorithmNotApplicable, CommError, InvalidArgument
 
-__all__ = ["Arena", "node_arena", "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES",
-           "DEFAULT_ARENA_BYTES", "LINE"]
+__all__ = ["Arena", "node_arena", "node_name", "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE",
+           "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
 
 LINE = 64
 """A cache line: the counter and the identity of each rank each have one to themselves."""
@@ -85,6 +86,23 @@ def _positive_env(name: str, default: int | None) -> int | None:
 def ranks_per_node() -> int | None:
     """``COMMKIT_RANKS_PER_NODE`` (consecutive world ranks per emulated node), or None when unset."""
     return _positive_env(ENV_RANKS_PER_NODE, None)
+
+
+def node_name(transport) -> str:
+    """The node ``transport``'s rank runs on, named alike by every rank of that node.
+
+    The host's name (MPI's processor name under MPI); with ``COMMKIT_RANKS_PER_NODE=k``
+    also the emulated node, ``world rank // k``, as the arena splits nodes.
+    """
+    if transport.name == "mpi":
+        from mpi4py import MPI
+
+        host, world = MPI.Get_processor_name(), MPI.COMM_WORLD.Get_rank()
+    else:
+        ranks = getattr(transport, "ranks", None)  # the threads world's world ranks
+        host, world = socket.gethostname(), None if ranks is None else ranks[transport.rank]
+    k = ranks_per_node()
+    return host if k is None or world is None else f"{host}/{world // k}"
 
 
 def arena_bytes() -> int:
