@@ -295,6 +295,8 @@ class Communicator(VectorCollectives):
         self._shaped: dict = {}  # shape plans (plan.py): (id of a cached plan, aliased, timed) -> Plan, _SEEN_ONCE or False
         self._by_shape: dict = {}  # the same shape plans by the arguments' kinds, for new arrays (see _fresh)
         self._by_shape_i: dict = {}  # the cached schedules of i-forms by the arguments' kinds (see _fresh)
+        self._fresh_hot: dict = {}  # collective -> the kinds and entry of its last call _fresh ran (see _fresh)
+        self._fresh_hot_i: dict = {}  # the same for the i-forms
         self._fresh_x = self._fresh_out = None  # weak references to the arrays of the last call _fresh ran
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
@@ -912,6 +914,7 @@ class Communicator(VectorCollectives):
                 if shaped:
                     if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later calls: _fresh
                         self._by_shape[call.fresh] = (shaped, steps is None)
+                        self._fresh_hot.pop(call.collective, None)  # (its last entry may be of this key)
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
                                   call.collective, self._seq, call.nbytes, self.size, name, choice.reason)
@@ -969,6 +972,7 @@ class Communicator(VectorCollectives):
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
                 self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan))
+                self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
         try:
@@ -1134,6 +1138,8 @@ class Communicator(VectorCollectives):
         self._shaped.clear()
         self._by_shape.clear()
         self._by_shape_i.clear()
+        self._fresh_hot.clear()
+        self._fresh_hot_i.clear()
         self._fresh_x = self._fresh_out = None
 
     def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False):
@@ -1159,27 +1165,47 @@ class Communicator(VectorCollectives):
         handling. ``collective`` has a result the shape of ``x`` on every rank
         (allreduce, scan, alltoall, broadcast), or with ``stacked`` one ``x`` per
         rank (allgather).
+
+        A loop's next call usually has the kinds of its last: each collective's
+        last entry (``_fresh_hot``, ``_fresh_hot_i``) is checked first, by
+        identity of the arguments and the element type, before the key is
+        built and looked up.
         """
         if type(x) is not np.ndarray or _trace_active or log.isEnabledFor(logging.DEBUG):
             return _GENERAL  # (the general path logs each call)
         if not (self._shapes_on or nonblocking and self._plans_on and not self._check and not self._closed):
             return _GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
-        if timeout is None:
-            timeout = self._timeout
-        form = _out_form(x, out)
-        try:
-            entry = (self._by_shape_i if nonblocking else self._by_shape).get(
-                _fresh_key(collective, op, algorithm, x, form, timeout))
-        except TypeError:  # an unhashable argument: the general path names it
+        form = 0 if out is None else _IN_PLACE if out is x else 1  # _out_form, written out
+        hot = self._fresh_hot_i if nonblocking else self._fresh_hot
+        h = hot.get(collective)
+        if (h is not None and h[0] is x.dtype and h[1] == x.shape and h[2] is op and h[3] is algorithm
+                and h[4] is timeout and h[5] == form and (timeout is not None or h[6] is self._timeout)):
+            entry, shape, timeout = h[7], h[8], h[9]  # (a given timeout was checked by the call that made h)
+        else:
+            given_timeout = timeout
+            if timeout is None:
+                timeout = self._timeout
+            try:
+                entry = (self._by_shape_i if nonblocking else self._by_shape).get(
+                    _fresh_key(collective, op, algorithm, x, form, timeout))
+            except TypeError:  # an unhashable argument: the general path names it
+                return _GENERAL
+            if entry is None:
+                return _GENERAL
+            if given_timeout is not None:
+                timeout = check_timeout(timeout)
+            shape = (self.size,) + x.shape if stacked else x.shape
+            hot[collective] = (x.dtype, x.shape, op, algorithm, given_timeout, form, self._timeout, entry, shape,
+                               timeout)
+        if not x.flags.c_contiguous:
             return _GENERAL
-        if entry is None or not x.flags.c_contiguous:
-            return _GENERAL
-        last = self._fresh_x
-        if (timeout is None and not nonblocking and last is not None and last() is x
-                and (out is None if self._fresh_out is None else self._fresh_out() is out)):
-            return _GENERAL
+        blocking_untimed = timeout is None and not nonblocking
+        if blocking_untimed:
+            last = self._fresh_x
+            if (last is not None and last() is x
+                    and (out is None if self._fresh_out is None else self._fresh_out() is out)):
+                return _GENERAL
         given_out = out
-        shape = (self.size,) + x.shape if stacked else x.shape
         if out is None:
             out = np.empty(shape, x.dtype)
         elif form == _IN_PLACE:
@@ -1190,8 +1216,6 @@ class Communicator(VectorCollectives):
                   # two arrays that each own their memory (the usual fresh pair) cannot share it
                   and (out.base is None and x.base is None and out is not x or not np.may_share_memory(x, out))):
             return _GENERAL
-        if timeout is not None:
-            timeout = check_timeout(timeout)
         if not self._entry.acquire(False):
             return _GENERAL
         try:
@@ -1200,11 +1224,11 @@ class Communicator(VectorCollectives):
                 if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
                     src = src.copy()
                 return self._fresh_request(collective, entry, src, dst, out, timeout)
-            # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id, never a
-            # weak reference's answer).
-            self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
             shaped, native = entry
-            if timeout is None:
+            if blocking_untimed:
+                # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
+                # never a weak reference's answer).
+                self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
                 shaped.run(src, dst)
             else:
                 seq = self._seq

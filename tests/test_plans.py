@@ -935,3 +935,64 @@ def test_a_library_collective_with_a_timeout_runs_a_timed_plan_that_gives_up():
     """
     result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", ["allreduce", "allgather"])
+def test_new_arrays_whose_kinds_change_every_call_stay_right(name):
+    """Calls that alternate between kinds (dtype, shape, op, out, timeout) each find their own shape plan:
+    the check of a collective's last kinds (``_fresh_hot``) never runs one kind's plan for another."""
+    forms = [("float64", (4,), "sum", None, None), ("float32", (4,), "sum", None, None),
+             ("float64", (2, 2), "max", "out", None), ("float64", (4,), "sum", "x", 30.0),
+             ("float64", (4,), "sum", None, 30.0), ("int64", (4,), "min", "out", 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for k in range(5):
+            for dtype, shape, op, with_out, timeout in forms:
+                x = (np.arange(4).reshape(shape) * (comm.rank + 1) + k).astype(dtype)
+                given = x.copy()
+                stack = (comm.size,) + shape if name == "allgather" else shape
+                out = np.empty(stack, dtype) if with_out == "out" else None
+                if with_out == "x" and name == "allreduce":
+                    out = x
+                if name == "allreduce":
+                    result = comm.allreduce(x, op, out=out, timeout=timeout)
+                else:
+                    result = comm.allgather(x, out=out, timeout=timeout)
+                assert result.dtype == np.dtype(dtype) and result.shape == stack
+                got.append((given, result.copy()))
+        return got, general
+
+    size = 3
+    per_rank = ck.run_local(body, size)
+    fold = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+    for r in range(size):
+        got, general = per_rank[r]
+        for case, (_, _, op, _, _) in enumerate(forms * 5):
+            inputs = [per_rank[q][0][case][0] for q in range(size)]
+            if name == "allgather":
+                want = np.stack(inputs)
+            else:
+                want = inputs[0].copy()
+                for more in inputs[1:]:
+                    want = fold[op](want, more)
+            np.testing.assert_array_equal(got[case][1], want, err_msg=f"case {case}")
+        assert len(general) <= 2 * len(forms), general  # each kind at most twice, then its shape plan
+
+
+@pytest.mark.timeout(60)  # the bug this catches hangs
+def test_a_default_timeout_set_between_calls_on_new_arrays_is_obeyed():
+    """A loop of untimed calls on new arrays, then ``comm.timeout`` set: the next call on a new array
+    times out when a peer never comes, instead of running the untimed plan of the kinds it repeats."""
+    def body(comm):
+        for k in range(4):
+            comm.allreduce(np.full(3, float(k)))
+        if comm.rank == 1:
+            return "left"
+        comm.timeout = 0.5
+        with pytest.raises(ck.CommTimeout):
+            comm.allreduce(np.full(3, 9.0))
+        return "timed out"
+
+    assert ck.run_local(body, 2) == ["timed out", "left"]
