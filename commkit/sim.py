@@ -116,6 +116,27 @@ Empty blocks (an empty range names no block) and a pipelined ring's segments
 (part of a block) run every rank; ``tests/test_sim.py`` compares the turning
 path with every rank run for p up to 67.
 
+Ranks alike in classes. A node algorithm with a root (a broadcast through the
+shared arena), or one whose ranks fold slices of a chunk that p does not divide
+(q + 1 elements on the first ranks, q on the rest), has ranks that differ, but
+only in a few ways: the root and every other rank; a long slice and a short one.
+Each of its steps names a whole chunk or one slice, and every rank waits on all
+p - 1 others, so a rank's steps are O(p) and every rank run one by one is
+O(p^2) steps (17 billion for allreduce shm at p = 65,535, 1 MiB). Such an
+algorithm declares which ranks are alike: its schedule function carries
+``alike(rank, size, *its arguments)``, a key equal for ranks that take the same
+steps with the same lengths and counter steps and whose waits name ranks of the
+same keys (:mod:`commkit.algorithms.node`). :func:`simulate` then runs the
+first rank of each class for its class (:func:`_simulate_alike`): ranks of a
+class take each step at the same moment, so a wait ends alpha after the later
+of its start and the publications of the classes its peers belong to, the
+engine's own arithmetic on the same numbers (times bit for bit the engine's).
+The last rank of each class is compared with its first, step by step; a
+deadlock, a step of another kind (a message) or a difference makes every rank
+run, which reports it. ``tests/test_sim.py`` compares the two for p up to 67,
+over one chunk and many, roots anywhere. A declaration that puts every rank in
+a class of its own leaves nothing to stand in, and every rank runs.
+
 The engine itself takes steps one by one, and every step comes from a
 schedule's generator: ``benchmarks/sim_speed.py --engine-rate`` measures the
 generators alone against the engine, the bound on any such engine.
@@ -124,10 +145,10 @@ When every rank runs. Where no symmetry may stand in, :func:`simulate` says
 why in :attr:`SimResult.fallback` (``commkit sim`` prints it):
 :func:`_why_every_rank` names what shows before any step runs (no symmetry
 declared, unequal blocks under an xor symmetry or for alltoallv, empty blocks,
-xor symmetry on a p that is not a power of two, events, another timing model),
-and the symmetric paths raise :class:`_Refused` naming the step rank 0 (or
-the witness) cannot stand for. A step of a kind the symmetric path does not
-know is one such refusal: the event engine, which checks every step, then runs
+xor symmetry on a p that is not a power of two, events, another timing model,
+classes of alike ranks each of one rank), and the symmetric paths and the
+classes raise :class:`_Refused` naming the step rank 0 (or the witness) cannot
+stand for. A step of a kind the symmetric path does not know is one such refusal: the event engine, which checks every step, then runs
 it, so a new kind of step is handled correctly (if slowly) before the fast
 paths learn it. ``benchmarks/sim_all.py`` lists the cases that still run
 every rank at p = 4095 ... 65,536.
@@ -218,7 +239,8 @@ class SimResult:
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
             declared symmetry let rank 0 stand for all (see the module docstring; on unequal
-            blocks one more rank's steps are read, as a witness, and not counted).
+            blocks one more rank's steps are read, as a witness, and not counted), or the
+            number of classes of ranks the algorithm declares alike (one rank run for each).
         steps_run: how many of the ``steps`` the simulator ran one by one: all of them, rank 0's
             when it stood for every rank, or, for a schedule in phases whose symmetric phase was
             computed for all ranks at once, the other phases' steps and rank 0's of that one.
@@ -412,11 +434,11 @@ def _outside(i, step) -> str:
     return f"rank 0's step {i} ({step!r}) names a rank or a buffer range outside the call"
 
 
-def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> str | None:
+def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing, root=0) -> str | None:
     """Why :func:`simulate` must run every rank one by one, as far as it shows before any step; None if not.
 
-    A symmetry (the algorithm's, or a phase's) can still be refused once rank 0's steps are seen
-    (:class:`_Refused`).
+    A symmetry (the algorithm's, or a phase's) or classes of alike ranks can still be refused
+    once the steps are seen (:class:`_Refused`).
     """
     if not use_symmetry:
         return "use_symmetry=False asks for every rank"
@@ -424,6 +446,15 @@ def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> 
         return "events=True records every rank's own steps"
     if timing is not None:
         return f"the {type(timing).__name__} model runs every rank (symmetry is used under alpha-beta only)"
+    if _alike_key(alg) is not None:
+        try:
+            classes = _alike_classes(alg, collective, p, count, root)[1]
+        except Exception as exc:  # noqa: BLE001 - the full simulation reports the schedule's own errors
+            return f"its declaration of alike ranks raised {type(exc).__name__}: {exc}"
+        if len(classes) == p and p > 1:
+            return (f"its declaration of alike ranks puts each of the {p} ranks in a class of its own, so no rank "
+                    f"can stand for another")
+        return None
     if alg.symmetry is None and alg.phases is None:
         return "it declares no symmetry and no phases, so no rank can stand for the others"
     if alg.phases is None and alg.symmetry == "xor" and not algorithms.is_pow2(p):
@@ -547,10 +578,15 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
     timing = _model(model, ranks_per_node, alpha, beta, gamma)
     factory = _factory(collective, alg.schedule, p, count, root, op)
     result = None
-    why = _why_every_rank(alg, collective, p, count, use_symmetry, events, timing)
+    why = _why_every_rank(alg, collective, p, count, use_symmetry, events, timing, root)
     if why is None:
         try:
-            if alg.symmetry is not None and not algorithms.even_blocks(collective, p, count):
+            if _alike_key(alg) is not None:
+                classes = _alike_classes(alg, collective, p, count, root)
+                sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in classes[1]]
+                result = _simulate_alike(factory, p, classes, sizes, itemsize, alpha, beta, gamma, collective,
+                                         algorithm)
+            elif alg.symmetry is not None and not algorithms.even_blocks(collective, p, count):
                 # A rotation (_why_every_rank refused the rest): the blocks turn with the rank.
                 blocks = _TurningBlocks(_block_lengths(collective, p, count),
                                         _all_buffer_sizes(collective, alg, p, count, root), p)
@@ -577,7 +613,7 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
 
 
 def why_every_rank(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsize: int = 4, count=None,
-                   model=None, ranks_per_node: int | None = None) -> str | None:
+                   root: int = 0, model=None, ranks_per_node: int | None = None) -> str | None:
     """Why :func:`simulate` will run every rank's steps one by one for this call; None if a symmetry may stand in.
 
     What shows before any step runs: the algorithm's declarations, the blocks, p and the model.
@@ -592,7 +628,7 @@ def why_every_rank(collective: str, algorithm: str, p: int, nbytes: int = 0, *, 
     if p == 1:
         return None
     timing = _model(model, ranks_per_node, None, None, None)
-    return _why_every_rank(alg, collective, p, count, True, False, timing)
+    return _why_every_rank(alg, collective, p, count, True, False, timing, root)
 
 
 def _is_count(c) -> bool:
@@ -940,6 +976,168 @@ def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamm
         alpha=alpha, beta=beta, gamma=gamma, messages=[msgs] * p, bytes_sent=[sent * itemsize] * p,
         bytes_received=[recvd * itemsize] * p, bytes_reduced=[reduced * itemsize] * p, finish=[t] * p,
         time=t, rounds=lt, steps=steps * p, wall=time.perf_counter() - started, ranks_simulated=1, steps_run=steps,
+    )
+
+
+def _alike_key(alg):
+    """The algorithm's declaration of which ranks take alike steps (``schedule.alike``), or None.
+
+    None too where the algorithm declares a symmetry or phases, which stand in with fewer ranks.
+    """
+    if alg.symmetry is not None or alg.phases is not None:
+        return None
+    return getattr(alg.schedule, "alike", None)
+
+
+def _alike_classes(alg, collective, p, count, root):
+    """The classes of alike ranks the algorithm declares: ``(class of each rank, first rank of each, another
+    rank of each or None, ranks in each)``, in order of their first rank."""
+    key = _alike_key(alg)
+    index: dict = {}
+    cls, first, other, members = [0] * p, [], [], []
+    for r in range(p):
+        c = index.setdefault(collectives.steps(key, collective, r, p, count, None, root), len(first))
+        cls[r] = c
+        if c == len(first):
+            first.append(r)
+            other.append(None)
+            members.append(1)
+        else:
+            other[c] = r  # the last rank of the class: the one compared with its first
+            members[c] += 1
+    return cls, first, other, members
+
+
+def _alike_shape(step, cls) -> tuple:
+    """What a step costs and waits for, the ranks it waits for as their classes: equal for alike ranks."""
+    kind = step.kind
+    if kind == WAIT:
+        return kind, step.k, frozenset(cls[q] for q in step.peers)
+    if kind == PUBLISH:
+        return kind, step.k
+    if kind == REDUCE_SLOTS:
+        return kind, step.dst[2] - step.dst[1], len(step.operands)
+    if kind in (PUT, GET, COPY):
+        return kind, step.dst[2] - step.dst[1]
+    return (kind,)
+
+
+def _simulate_alike(factory, p, classes, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
+    """Run one rank of each class of alike ranks for all of them, or raise :class:`_Refused` saying why not.
+
+    ``classes`` as :func:`_alike_classes` gives them; ``sizes``: the buffer sizes of each class's
+    first rank. Ranks of one class take the same steps, so they take each at the same moment:
+    the first rank of each class runs for its class, its clock the engine's own arithmetic on
+    the same numbers (so the times are bit for bit the engine's). A wait ends alpha after the
+    later of its start and the publications of the classes its peers are in; a class whose
+    first rank has not published that counter step yet holds the wait until it does, and a
+    wait that no class can end any more is a deadlock, which every rank run then reports.
+    The last rank of each class is compared with its first, step by step (lengths, counter
+    steps, the classes it waits for): what the declaration promises of every rank.
+    """
+    cls, first, other, members = classes
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
+    beta_e = beta * itemsize
+    started = time.perf_counter()
+    n = len(first)
+    gens = [iter(_schedule_of(factory, r)) for r in first]
+    witnesses = [None if w is None else iter(_schedule_of(factory, w)) for w in other]
+    t, lt, steps, reduced = [0.0] * n, [0] * n, [0] * n, [0] * n
+    held: list = [None] * n  # a class's wait that could not end yet: (step, the classes it waits for)
+    published = [([], [], []) for _ in range(n)]  # per class: counter steps, and when (t, lt) it published each
+    done = [False] * n
+
+    def compare(c, step):
+        w = witnesses[c]
+        if w is None:
+            return
+        theirs = next(w, None)
+        if theirs is None or _alike_shape(theirs, cls) != _alike_shape(step, cls):
+            raise _Refused(f"rank {other[c]}'s step {steps[c]} ({theirs!r}) is not rank {first[c]}'s ({step!r}) "
+                           f"though the algorithm declares them alike: its lengths, counter steps or the classes "
+                           f"it waits for differ")
+
+    def wait(c, step, named):
+        """End class c's wait for ``named`` classes' counter step ``step.k``: True, or False while one has not."""
+        rdy, lrdy = t[c], lt[c]
+        for d in named:
+            values, times, rounds = published[d]
+            j = bisect.bisect_left(values, step.k)
+            if j == len(values):
+                if d == c or done[d]:
+                    raise _Refused(f"rank {first[c]}'s step {steps[c]} ({step!r}) waits for a counter step that "
+                                   f"the ranks it waits for never publish first (a deadlock, which every rank shows)")
+                return False
+            if times[j] > rdy:
+                rdy = times[j]
+            if rounds[j] > lrdy:
+                lrdy = rounds[j]
+        t[c], lt[c] = rdy + alpha, lrdy + 1
+        return True
+
+    def advance(c) -> bool:
+        """Run class c until it waits for a class that has not published yet or ends; whether it took a step."""
+        moved = False
+        if held[c] is not None:
+            if not wait(c, *held[c]):
+                return False
+            held[c] = None
+            steps[c] += 1
+            moved = True
+        for step in gens[c]:
+            compare(c, step)
+            kind = step.kind
+            if kind == PUT or kind == GET:
+                t[c] += beta_e * (step.dst[2] - step.dst[1])
+            elif kind == REDUCE_SLOTS:
+                m, k = step.dst[2] - step.dst[1], len(step.operands)
+                t[c] += (gamma * (k - 1) if k > 1 else beta) * itemsize * m  # the engine's own products
+                reduced[c] += (k - 1) * m
+            elif kind == PUBLISH or kind == RELEASE:
+                values, times, rounds = published[c]
+                values.append(FINAL if kind == RELEASE else step.k)
+                times.append(t[c])
+                rounds.append(lt[c])
+            elif kind == WAIT and step.peers:
+                if min(step.peers) < 0 or max(step.peers) >= p:
+                    raise _Refused(_outside(steps[c], step))
+                named = {cls[q] for q in step.peers}
+                if not wait(c, step, named):
+                    held[c] = (step, named)
+                    return moved
+            elif kind == COPY:
+                name, lo, hi = step.dst
+                sname, slo, shi = step.src
+                if (not 0 <= lo <= hi <= sizes[c][name] or shi - slo != hi - lo
+                        or not 0 <= slo <= shi <= sizes[c][sname]):
+                    raise _Refused(_outside(steps[c], step))
+            elif kind != CLAIM and kind != WAIT:
+                raise _Refused(f"rank {first[c]}'s step {steps[c]} ({step!r}) is not a node-arena step or a Copy, "
+                               "which is all the classes of alike ranks run")
+            steps[c] += 1
+            moved = True
+        if witnesses[c] is not None and next(witnesses[c], None) is not None:
+            raise _Refused(f"rank {other[c]} takes more steps than rank {first[c]}, which the algorithm declares "
+                           "alike")
+        done[c] = True
+        return True
+
+    try:
+        while not all(done):
+            if not any([advance(c) for c in range(n) if not done[c]]):
+                raise _Refused("every class of alike ranks waits for a counter step no class publishes "
+                               "(a deadlock, which every rank shows)")
+    except _Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything unusual: the full simulation reports it properly
+        raise _Refused(f"a schedule raised {type(exc).__name__}: {exc}") from None
+    finish = [t[c] for c in cls]
+    return SimResult(
+        collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
+        alpha=alpha, beta=beta, gamma=gamma, messages=[0] * p, bytes_sent=[0] * p, bytes_received=[0] * p,
+        bytes_reduced=[reduced[c] * itemsize for c in cls], finish=finish, time=max(finish), rounds=max(lt),
+        steps=sum(s * m for s, m in zip(steps, members)), wall=time.perf_counter() - started, ranks_simulated=n,
+        steps_run=sum(steps),
     )
 
 
