@@ -12,8 +12,9 @@ at 4095 and 65,535 they do not: a rotation's blocks then turn with the rank, and
 rank 0's steps still stand for all, each computed for every rank with NumPy
 (O(p^2) work in arrays, the slowest runs at 65,535); an algorithm that declares
 classes of alike ranks (the node algorithms with a root or with slices of two
-lengths) runs one rank of each class; an xor symmetry or an algorithm that
-declares none runs every rank one by one. The goal is every
+lengths) runs one rank of each class; a schedule in chunks (alltoall shm) is
+evaluated chunk by chunk from the period its first chunks show; an xor symmetry
+or an algorithm that declares none runs every rank one by one. The goal is every
 run under ``--limit`` seconds (10 by default) on a quiet machine.
 
 Each run is a fresh Python process (``sim_speed.py --one``), stopped after

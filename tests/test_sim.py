@@ -682,6 +682,60 @@ def test_alike_ranks_at_4095_ranks_and_65535(coll):
             assert res.time >= want * (1 - 1e-12), p
 
 
+@given(t=st.one_of(st.just(0.0), st.floats(0, 1e3)), x=st.floats(1e-15, 1.0),
+       tie=st.integers(-60, -20), odd=st.integers(0, 1 << 40), n=st.integers(0, 3000))
+def test_adding_repeatedly_is_the_loop_bit_for_bit(t, x, tie, odd, n):
+    # The period of a schedule in chunks sums runs of equal copies this way: it must be the engine's
+    # loop of additions exactly, through binades and ties (an x whose last bit is half an ulp of t).
+    for step in (x, (2 * odd + 1) * 2.0 ** tie):
+        loop = t
+        for _ in range(n):
+            loop += step
+        assert sim._add_repeatedly(t, step, n) == loop, (t, step, n)
+
+
+def test_alltoall_shm_runs_its_chunks_by_their_period(monkeypatch):
+    # Each chunk of the alltoall is the first one's steps with its own length and counter step, so
+    # rank 0's first two chunks and its last are read and the rest evaluated from them: the same
+    # results as every rank, field by field, with many chunks of two lengths.
+    monkeypatch.setenv("COMMKIT_SEGMENT_ELEMENTS", "8")
+    for p in (3, 5, 16):
+        for c in (23, 37, 8 * p + 5):
+            args = dict(count=c, itemsize=S, alpha=A, beta=B, gamma=G)
+            fast = sim.simulate("alltoall", "shm", p, **args)
+            chunks = len(node._piece_chunks(c, p - 1, None))
+            assert fast.fallback is None and fast.rounds == chunks and chunks > 3, (p, c)
+            assert fast.steps_run < fast.steps // p, (p, c)  # not every chunk's steps were taken
+            assert _fields(fast) == _fields(sim.simulate("alltoall", "shm", p, use_symmetry=False, **args)), (p, c)
+    # 1 MiB a block at 4095 ranks: 16384 chunks, 134 million steps of rank 0's, taken from 3 chunks.
+    monkeypatch.delenv("COMMKIT_SEGMENT_ELEMENTS")
+    res = sim.simulate("alltoall", "shm", 4095, 1 << 20)
+    assert res.fallback is None and res.rounds == 16384 and res.steps_run < 30000
+    assert res.time == pytest.approx(cost.predict("alltoall", "shm", 4095, res.nbytes), rel=1e-8)
+
+
+def test_chunks_without_a_period_are_refused():
+    # A schedule in chunks whose chunks wait once more each time: no period, so every rank runs.
+    @node._in_chunks
+    def growing(rank, size, count):
+        others = [q for q in range(size) if q != rank]
+
+        def chunk(c, lo, hi):
+            yield Publish(c + 1)
+            for _ in range(c + 1):
+                yield Wait(others, c + 1)
+
+        return node._Chunks((Claim(0, size),), ((0, 1), (1, 2), (2, 3), (3, 4)), chunk, (Release(),))
+
+    algorithms.algorithm("alltoall", "growing", symmetry="rotation")(growing)
+    try:
+        res = sim.simulate("alltoall", "growing", 4, 64)
+        assert res.ranks_simulated == 4 and res.ok
+        assert res.fallback == "its chunks take different numbers of steps, so they have no period"
+    finally:
+        algorithms.unregister("alltoall", "growing")
+
+
 def test_node_arena_wait_before_any_rank_publishes_is_refused_and_deadlocks():
     # Every rank waits for a counter step before publishing it: rank 0's steps show no rank ever will,
     # so every rank runs, and the full simulation reports the deadlock.

@@ -43,6 +43,9 @@ Python), a copy into or out of the arena β per byte, a fold of k slots
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, NamedTuple
+
 from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, slot
 from . import algorithm
 from ._blocks import block_offsets
@@ -96,6 +99,38 @@ def _alike(key):
         fn.alike = key
         return fn
     return declare
+
+
+class _Chunks(NamedTuple):
+    """A schedule in chunks: ``head``, ``body(c, lo, hi)`` for each chunk ``(lo, hi)`` of ``chunks``, ``tail``.
+
+    Every chunk's steps are the first chunk's with each length that is the chunk's own
+    (``hi - lo``) taken from its chunk, and each counter step moved by the same amount a
+    chunk: what lets :mod:`commkit.sim` model the chunks by their period, not step by step.
+    """
+
+    head: tuple
+    chunks: tuple
+    body: Callable | None
+    tail: tuple
+
+
+def _in_chunks(fn):
+    """Make a schedule generator from ``fn(rank, size, ...) -> _Chunks``, the steps of its parts in order.
+
+    ``fn`` stays reachable as the schedule's ``chunked`` attribute, which :mod:`commkit.sim` reads;
+    the steps every transport runs are the same either way, so the schedule is written once.
+    """
+    @functools.wraps(fn)
+    def schedule(*args, **kwargs):
+        parts = fn(*args, **kwargs)
+        yield from parts.head
+        for c, (lo, hi) in enumerate(parts.chunks):
+            yield from parts.body(c, lo, hi)
+        yield from parts.tail
+
+    schedule.chunked = fn
+    return schedule
 
 
 def _chunk_lengths(count: int, segment) -> tuple:
@@ -680,6 +715,7 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
            cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
                len(_piece_chunks(int(n) // COST_ITEMSIZE, p - 1, None)) * a + 2 * (p - 1) * n * b),
            formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block", symmetry="rotation")
+@_in_chunks
 def alltoall_shm(rank, size, count, segment=None):
     """Shared-memory alltoall: each rank puts every block it sends in its slot, each rank gets the blocks for it.
 
@@ -702,14 +738,14 @@ def alltoall_shm(rank, size, count, segment=None):
         elems got  3        3        3        3
         critical path (commkit.sim, each term alone): 1 wait, 6 elements copied
     """
-    yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
+    mine = Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     if size == 1:
-        return
+        return _Chunks((mine,), (), None, ())
     pieces = _piece_chunks(count, size - 1, segment)
     others = _others(rank, size)
     width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
-    yield Claim(2 * width, size)
-    for c, (a, b) in enumerate(pieces):
+
+    def chunk(c, a, b):
         half = (c % 2) * width
         m = b - a
         # Chunk c: piece c of the block for every other rank, in rank order.
@@ -721,7 +757,8 @@ def alltoall_shm(rank, size, count, segment=None):
         for q in others:
             j = rank if rank < q else rank - 1
             yield Get(("out", q * count + a, q * count + b), slot(q, half + j * m, half + (j + 1) * m))
-    yield Release()
+
+    return _Chunks((mine, Claim(2 * width, size)), pieces, chunk, (Release(),))
 
 
 # -- barrier ------------------------------------------------------------------------------------------
