@@ -10,8 +10,11 @@ Powers of two and their neighbours below: at 4096 and 65,536 blocks split
 evenly and ranks are alike, so a declared symmetry lets rank 0 stand for all;
 at 4095 and 65,535 they do not: a rotation's blocks then turn with the rank, and
 rank 0's steps still stand for all, each computed for every rank with NumPy
-(O(p^2) work in arrays, the slowest runs at 65,535), while an xor symmetry or
-an algorithm that declares none runs every rank one by one. The goal is every
+(O(p^2) work in arrays, the slowest runs at 65,535); an algorithm that declares
+classes of alike ranks (the node algorithms with a root or with slices of two
+lengths) runs one rank of each class; a schedule in chunks (alltoall shm) is
+evaluated chunk by chunk from the period its first chunks show; an xor symmetry
+or an algorithm that declares none runs every rank one by one. The goal is every
 run under ``--limit`` seconds (10 by default) on a quiet machine.
 
 Each run is a fresh Python process (``sim_speed.py --one``), stopped after
@@ -111,8 +114,12 @@ def _cell(row) -> str:
         return f"> {row['timeout']:g} s cpu (stopped)"
     if "error" in row:
         return f"error: {row['error']}"
-    how = "one rank for all" if row["ranks_run"] == 1 else (
-        "symmetric phase" if row["steps_run"] < row["steps"] else "every rank")
+    if row["ranks_run"] == 1:
+        how = "one rank for all"
+    elif row["ranks_run"] < row["p"]:
+        how = f"a rank for each of {row['ranks_run']} classes"
+    else:
+        how = "symmetric phase" if row["steps_run"] < row["steps"] else "every rank"
     return f"{row['wall']:8.2f} s wall {row['cpu']:8.2f} s cpu  {row['steps']:>12} steps  ({how})"
 
 

@@ -74,6 +74,25 @@ steps, peers seen from the rank): a split into p parts gives rank 0 the
 longest part and rank p-1 the shortest, so slices that do not divide evenly
 show there, and every rank runs.
 
+Schedules in chunks. Rank 0 alone can still be too long to run step by step:
+the alltoall through the arena cuts each block into pieces of segment / (p-1)
+elements and takes 2(p - 1) steps a piece, 134 million steps of rank 0's at
+p = 4095 and 1 MiB a block, 34 billion at 65,535. Its chunks repeat: chunk c
+is chunk 0's steps with its own length and counter step c + 1. Such a schedule
+is built from its parts (:func:`commkit.algorithms.node._in_chunks`: a head,
+a body per chunk, a tail; the generator every transport runs yields their
+steps, so it is written once), and the symmetric path reads the parts
+(:func:`_symmetric_chunks`): the head and the tail step by step, and the
+first two chunks and the last, which must be one period (:func:`_period`:
+each length the chunk's own or the same in all, each counter step moved by
+one amount a chunk, the same peers); every chunk is then evaluated from that
+period, a run of equal copies at a time. A run of n copies of x adds x n
+times, which :func:`_add_repeatedly` does in a few operations per binade the
+sum crosses, the same sums as the loop, bit for bit (inside a binade each
+addition adds the same multiple of its ulp). Rank p-1's head, chunks read and
+tail are checked as above. At p = 65,535 the alltoall then reads 393,213 steps
+of rank 0's for its 262,144 chunks.
+
 Schedules in phases. A composite algorithm such as van de Geijn's broadcast
 (a binomial scatter, then a ring allgather) has a root, so no rank stands for
 the others, yet nearly all its steps (16.8 million of them at p = 4096) are in
@@ -116,6 +135,27 @@ Empty blocks (an empty range names no block) and a pipelined ring's segments
 (part of a block) run every rank; ``tests/test_sim.py`` compares the turning
 path with every rank run for p up to 67.
 
+Ranks alike in classes. A node algorithm with a root (a broadcast through the
+shared arena), or one whose ranks fold slices of a chunk that p does not divide
+(q + 1 elements on the first ranks, q on the rest), has ranks that differ, but
+only in a few ways: the root and every other rank; a long slice and a short one.
+Each of its steps names a whole chunk or one slice, and every rank waits on all
+p - 1 others, so a rank's steps are O(p) and every rank run one by one is
+O(p^2) steps (17 billion for allreduce shm at p = 65,535, 1 MiB). Such an
+algorithm declares which ranks are alike: its schedule function carries
+``alike(rank, size, *its arguments)``, a key equal for ranks that take the same
+steps with the same lengths and counter steps and whose waits name ranks of the
+same keys (:mod:`commkit.algorithms.node`). :func:`simulate` then runs the
+first rank of each class for its class (:func:`_simulate_alike`): ranks of a
+class take each step at the same moment, so a wait ends alpha after the later
+of its start and the publications of the classes its peers belong to, the
+engine's own arithmetic on the same numbers (times bit for bit the engine's).
+The last rank of each class is compared with its first, step by step; a
+deadlock, a step of another kind (a message) or a difference makes every rank
+run, which reports it. ``tests/test_sim.py`` compares the two for p up to 67,
+over one chunk and many, roots anywhere. A declaration that puts every rank in
+a class of its own leaves nothing to stand in, and every rank runs.
+
 The engine itself takes steps one by one, and every step comes from a
 schedule's generator: ``benchmarks/sim_speed.py --engine-rate`` measures the
 generators alone against the engine, the bound on any such engine.
@@ -124,10 +164,10 @@ When every rank runs. Where no symmetry may stand in, :func:`simulate` says
 why in :attr:`SimResult.fallback` (``commkit sim`` prints it):
 :func:`_why_every_rank` names what shows before any step runs (no symmetry
 declared, unequal blocks under an xor symmetry or for alltoallv, empty blocks,
-xor symmetry on a p that is not a power of two, events, another timing model),
-and the symmetric paths raise :class:`_Refused` naming the step rank 0 (or
-the witness) cannot stand for. A step of a kind the symmetric path does not
-know is one such refusal: the event engine, which checks every step, then runs
+xor symmetry on a p that is not a power of two, events, another timing model,
+classes of alike ranks each of one rank), and the symmetric paths and the
+classes raise :class:`_Refused` naming the step rank 0 (or the witness) cannot
+stand for. A step of a kind the symmetric path does not know is one such refusal: the event engine, which checks every step, then runs
 it, so a new kind of step is handled correctly (if slowly) before the fast
 paths learn it. ``benchmarks/sim_all.py`` lists the cases that still run
 every rank at p = 4095 ... 65,536.
@@ -139,6 +179,7 @@ import bisect
 import contextlib
 import gc
 import itertools
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -218,7 +259,8 @@ class SimResult:
         wall: seconds the simulation took.
         ranks_simulated: how many ranks' schedules were run: p, or 1 when the algorithm's
             declared symmetry let rank 0 stand for all (see the module docstring; on unequal
-            blocks one more rank's steps are read, as a witness, and not counted).
+            blocks one more rank's steps are read, as a witness, and not counted), or the
+            number of classes of ranks the algorithm declares alike (one rank run for each).
         steps_run: how many of the ``steps`` the simulator ran one by one: all of them, rank 0's
             when it stood for every rank, or, for a schedule in phases whose symmetric phase was
             computed for all ranks at once, the other phases' steps and rank 0's of that one.
@@ -412,11 +454,11 @@ def _outside(i, step) -> str:
     return f"rank 0's step {i} ({step!r}) names a rank or a buffer range outside the call"
 
 
-def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> str | None:
+def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing, root=0) -> str | None:
     """Why :func:`simulate` must run every rank one by one, as far as it shows before any step; None if not.
 
-    A symmetry (the algorithm's, or a phase's) can still be refused once rank 0's steps are seen
-    (:class:`_Refused`).
+    A symmetry (the algorithm's, or a phase's) or classes of alike ranks can still be refused
+    once the steps are seen (:class:`_Refused`).
     """
     if not use_symmetry:
         return "use_symmetry=False asks for every rank"
@@ -424,6 +466,15 @@ def _why_every_rank(alg, collective, p, count, use_symmetry, events, timing) -> 
         return "events=True records every rank's own steps"
     if timing is not None:
         return f"the {type(timing).__name__} model runs every rank (symmetry is used under alpha-beta only)"
+    if _alike_key(alg) is not None:
+        try:
+            classes = _alike_classes(alg, collective, p, count, root)[1]
+        except Exception as exc:  # noqa: BLE001 - the full simulation reports the schedule's own errors
+            return f"its declaration of alike ranks raised {type(exc).__name__}: {exc}"
+        if len(classes) == p and p > 1:
+            return (f"its declaration of alike ranks puts each of the {p} ranks in a class of its own, so no rank "
+                    f"can stand for another")
+        return None
     if alg.symmetry is None and alg.phases is None:
         return "it declares no symmetry and no phases, so no rank can stand for the others"
     if alg.phases is None and alg.symmetry == "xor" and not algorithms.is_pow2(p):
@@ -547,18 +598,26 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
     timing = _model(model, ranks_per_node, alpha, beta, gamma)
     factory = _factory(collective, alg.schedule, p, count, root, op)
     result = None
-    why = _why_every_rank(alg, collective, p, count, use_symmetry, events, timing)
+    why = _why_every_rank(alg, collective, p, count, use_symmetry, events, timing, root)
     if why is None:
         try:
-            if alg.symmetry is not None and not algorithms.even_blocks(collective, p, count):
+            if _alike_key(alg) is not None:
+                classes = _alike_classes(alg, collective, p, count, root)
+                sizes = [_buffer_sizes(collective, alg, r, p, count, root) for r in classes[1]]
+                result = _simulate_alike(factory, p, classes, sizes, itemsize, alpha, beta, gamma, collective,
+                                         algorithm)
+            elif alg.symmetry is not None and not algorithms.even_blocks(collective, p, count):
                 # A rotation (_why_every_rank refused the rest): the blocks turn with the rank.
                 blocks = _TurningBlocks(_block_lengths(collective, p, count),
                                         _all_buffer_sizes(collective, alg, p, count, root), p)
                 result = _simulate_turning(factory, p, blocks, itemsize, alpha, beta, gamma, collective, algorithm)
             elif alg.symmetry is not None and (alg.symmetry == "rotation" or algorithms.is_pow2(p)):
+                chunked = getattr(alg.schedule, "chunked", None)
+                parts = None if chunked is None else (
+                    lambda r: collectives.steps(chunked, collective, r, p, count, op, root))
                 result = _simulate_symmetric(factory, p, alg.symmetry,
                                              _buffer_sizes(collective, alg, 0, p, count, root),
-                                             itemsize, alpha, beta, gamma, collective, algorithm)
+                                             itemsize, alpha, beta, gamma, collective, algorithm, parts)
             else:
                 result = _simulate_phased(alg, collective, p, count, root, op, itemsize, alpha, beta, gamma,
                                           algorithm)
@@ -577,7 +636,7 @@ def simulate(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsi
 
 
 def why_every_rank(collective: str, algorithm: str, p: int, nbytes: int = 0, *, itemsize: int = 4, count=None,
-                   model=None, ranks_per_node: int | None = None) -> str | None:
+                   root: int = 0, model=None, ranks_per_node: int | None = None) -> str | None:
     """Why :func:`simulate` will run every rank's steps one by one for this call; None if a symmetry may stand in.
 
     What shows before any step runs: the algorithm's declarations, the blocks, p and the model.
@@ -592,7 +651,7 @@ def why_every_rank(collective: str, algorithm: str, p: int, nbytes: int = 0, *, 
     if p == 1:
         return None
     timing = _model(model, ranks_per_node, None, None, None)
-    return _why_every_rank(alg, collective, p, count, True, False, timing)
+    return _why_every_rank(alg, collective, p, count, True, False, timing, root)
 
 
 def _is_count(c) -> bool:
@@ -733,9 +792,11 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt, a
         sizes: rank 0's buffer sizes, which its ranges are checked against.
         alpha, beta_e, gamma_e: seconds per message, per element sent, per element reduced.
         t, lt: start times: a float and an int, or a float and an int NumPy array of p entries.
-        arena: for a whole schedule (one start time), ``(beta, gamma, itemsize, shape)`` to run
-            the node arena's one-sided steps with (the engine's own products), ``shape`` a list
-            that receives each such step's :func:`_one_sided_shape`; None refuses them.
+        arena: for a whole schedule (one start time), ``(beta, gamma, itemsize, shape, published,
+            times)`` to run the node arena's one-sided steps with (the engine's own products),
+            ``shape`` a list that receives each such step's :func:`_one_sided_shape`, ``published``
+            and ``times`` the counter steps rank 0 has published and when (t, lt), appended to
+            (a schedule in chunks runs in parts); None refuses them.
 
     Returns:
         ``(t, lt, messages, sent, received, reduced, steps)``: finish times as ``t`` and ``lt``
@@ -754,8 +815,9 @@ def _symmetric_steps(steps, p, symmetry, sizes, alpha, beta_e, gamma_e, t, lt, a
 
     msgs = sent = recvd = reduced = n_steps = 0
     if arena is not None:
-        arena_beta, arena_gamma, arena_itemsize, arena_shape = arena
-    published, pub_times = [], []  # rank 0's counter steps, and when (t, lt) it published each
+        arena_beta, arena_gamma, arena_itemsize, arena_shape, published, pub_times = arena
+    else:
+        published, pub_times = [], []  # rank 0's counter steps, and when (t, lt) it published each
     try:
         for step in steps:
             kind = step.kind
@@ -918,28 +980,372 @@ def _check_last_rank(factory, p, symmetry, shape) -> None:
                            f"symmetry): its lengths, counter steps or peers differ, so the ranks are not alike")
 
 
-def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
+def _add_repeatedly(t: float, x: float, n: int) -> float:
+    """``t`` after ``n`` times ``t += x`` in floating point, bit for bit, in O(binades crossed) operations.
+
+    Within one binade every sum is rounded to a multiple of the same ulp, and the amount an
+    addition adds is the same from one to the next (a tie rounds to an even multiple, so after
+    one tie in the binade the rest add the same too): so after three additions in one binade,
+    the next ones, while the sums stay clear of its top, add the difference of the last two. Near the top, and in a
+    new binade, it adds one by one again. Each step is the loop's own addition or a sum of exact
+    multiples of one ulp, so the result is the loop's.
+    """
+    if not x > 0.0:  # zero, negative or not a number: nothing here to learn from, and rare
+        for _ in range(n):
+            t += x
+        return t
+    while n >= 3:
+        a = t + x
+        b = a + x
+        c = b + x
+        n -= 3
+        d = c - b
+        if d == 0.0:  # x is below half an ulp of c: no further addition moves it
+            return c
+        exponent = math.frexp(a)[1]
+        t = c
+        if math.frexp(b)[1] != exponent or math.frexp(c)[1] != exponent:
+            continue  # a sum left the binade: b, on its ulps, may not have been rounded there
+        u = math.ulp(c)
+        # Sums from c + k*d up stay at least two ulps below the binade's top: their rounding stays in it.
+        k = min(n, max(0, int((math.ldexp(1.0, exponent) - 2 * u - c) // d) - 1))
+        t = c + k * d
+        n -= k
+    for _ in range(n):
+        t += x
+    return t
+
+
+def _parts_of(parts, rank: int):
+    """``parts(rank)``, a schedule's :class:`~commkit.algorithms.node._Chunks`, or :class:`_Refused` naming the rank."""
+    try:
+        return parts(rank)
+    except Exception as exc:  # noqa: BLE001 - the full simulation reports it properly
+        raise _Refused(f"rank {rank}'s schedule raised {type(exc).__name__}: {exc}") from None
+
+
+def _read_chunks(chunks) -> list:
+    """The chunks whose steps the period is read from and checked against: the first two and the last."""
+    return sorted({0, min(1, len(chunks) - 1), len(chunks) - 1}) if chunks else []
+
+
+def _chunk_steps(mine, seen) -> list:
+    """A schedule in chunks as steps: its head, the bodies of the chunks ``seen``, its tail."""
+    return [*mine.head, *(s for c in seen for s in mine.body(c, *mine.chunks[c])), *mine.tail]
+
+
+def _period(mine, seen, p):
+    """The steps of one chunk as runs the simulator evaluates for every chunk, or raise :class:`_Refused`.
+
+    Every chunk's steps must be the first's, each length either the chunk's own (``hi - lo``)
+    in every chunk read or the same in all, each counter step moved by one amount a chunk, and
+    each wait for the same peers; consecutive copies (or folds) of one length make one run.
+    Returns ``(runs, steps in a chunk)``; a run is ``("copy", own, n, times)``,
+    ``("fold", own, n, k, times)`` (``own``: n is the chunk's own length), ``("publish", k)``
+    or ``("wait", k)`` (k in the first chunk), the counter step's move a chunk appended.
+    """
+    bodies = {c: list(mine.body(c, *mine.chunks[c])) for c in seen}
+    lengths = {c: mine.chunks[c][1] - mine.chunks[c][0] for c in seen}
+    first = bodies[0]
+    if any(len(body) != len(first) for body in bodies.values()):
+        raise _Refused("its chunks take different numbers of steps, so they have no period")
+    counters = [i for i, step in enumerate(first) if step.kind in (PUBLISH, WAIT)]
+    move = bodies[1][counters[0]].k - first[counters[0]].k if counters and 1 in bodies else 0
+    runs: list = []
+    for i, step in enumerate(first):
+        kind = step.kind
+        others = [(c, bodies[c][i]) for c in seen if c]
+        if any(other.kind != kind for _, other in others):
+            raise _Refused(f"step {i} of its chunks is not of one kind in every chunk, so they have no period")
+        if kind in (PUT, GET, REDUCE_SLOTS):
+            n = step.dst[2] - step.dst[1]
+            k = len(step.operands) if kind == REDUCE_SLOTS else 0
+            sizes = [(c, other.dst[2] - other.dst[1], len(other.operands) if kind == REDUCE_SLOTS else 0)
+                     for c, other in others]
+            if any(ko != k for _, _, ko in sizes):
+                raise _Refused(f"step {i} of its chunks folds different numbers of slots from chunk to chunk")
+            if all(no == n for _, no, _ in sizes):
+                own = False
+            elif n == lengths[0] and all(no == lengths[c] for c, no, _ in sizes):
+                own, n = True, 0
+            else:
+                raise _Refused(f"step {i} of its chunks has a length that is neither its chunk's own nor the same "
+                               "in every chunk, so they have no period")
+            tag = "copy" if kind != REDUCE_SLOTS else "fold"
+            if runs and runs[-1][0] == tag and runs[-1][1:-1] == ((own, n) if tag == "copy" else (own, n, k)):
+                runs[-1] = (*runs[-1][:-1], runs[-1][-1] + 1)
+            else:
+                runs.append((tag, own, n, 1) if tag == "copy" else (tag, own, n, k, 1))
+        elif kind in (PUBLISH, WAIT):
+            if any(other.k != step.k + c * move for c, other in others):
+                raise _Refused(f"step {i} of its chunks does not move its counter step by {move} a chunk, so "
+                               "they have no period")
+            if kind == WAIT:
+                if any(set(other.peers) != set(step.peers) for _, other in others):
+                    raise _Refused(f"step {i} of its chunks waits for other ranks in other chunks")
+                if step.peers:
+                    if any(not 0 <= q < p for q in step.peers):
+                        raise _Refused(_outside(i, step))
+                    runs.append(("wait", step.k, move))
+            else:
+                runs.append(("publish", step.k, move))
+        else:
+            raise _Refused(f"step {i} of its chunks ({step!r}) is not a copy into or out of the arena, a fold, a "
+                           "publication or a wait, which is all a chunk's period holds")
+    return runs, len(first)
+
+
+def _symmetric_chunks(parts, p, symmetry, sizes, alpha, beta_e, gamma_e, arena):
+    """Run rank 0's schedule in chunks (``parts``) for every rank, its chunks by their period, or :class:`_Refused`.
+
+    The head and tail run as :func:`_symmetric_steps` runs them. Each chunk is the first one's
+    steps with its own lengths and counter steps (:func:`_period`, checked against the second
+    chunk's and the last's), evaluated as the symmetric path would evaluate its steps, one run
+    of equal copies at a time (:func:`_add_repeatedly`: the same sums, bit for bit). Rank p-1's
+    head, read chunks and tail are compared with rank 0's (:func:`_check_last_rank`).
+
+    Returns:
+        as :func:`_symmetric_steps`, the steps of every chunk counted, and the steps read.
+    """
+    arena_beta, arena_gamma, arena_itemsize, _, published, pub_times = arena
+    mine = _parts_of(parts, 0)
+    seen = _read_chunks(mine.chunks)
+    t, lt, msgs, sent, recvd, reduced, n_head = _symmetric_steps(mine.head, p, symmetry, sizes, alpha, beta_e,
+                                                                 gamma_e, 0.0, 0, arena)
+    runs, per_chunk = _period(mine, seen, p) if seen else ([], 0)
+    for c, (lo, hi) in enumerate(mine.chunks):
+        m = hi - lo
+        for run in runs:
+            tag = run[0]
+            if tag == "copy":
+                _, own, n, times = run
+                t = _add_repeatedly(t, beta_e * (m if own else n), times)
+            elif tag == "fold":
+                _, own, n, k, times = run
+                n = m if own else n
+                t = _add_repeatedly(t, (arena_gamma * (k - 1) if k > 1 else arena_beta) * arena_itemsize * n, times)
+                reduced += (k - 1) * n * times
+            elif tag == "publish":
+                published.append(run[1] + c * run[2])
+                pub_times.append((t, lt))
+            else:
+                k = run[1] + c * run[2]
+                j = bisect.bisect_left(published, k)
+                if j == len(published):
+                    raise _Refused(f"chunk {c} waits for a counter step ({k}) rank 0 has not published itself, so "
+                                   "no rank would (a deadlock, which every rank shows)")
+                pt, plt = pub_times[j]
+                t, lt = (t if t > pt else pt) + alpha, (lt if lt > plt else plt) + 1
+    t, lt, m_tail, s_tail, r_tail, d_tail, n_tail = _symmetric_steps(mine.tail, p, symmetry, sizes, alpha, beta_e,
+                                                                     gamma_e, t, lt, arena)
+    shape = [_one_sided_shape(step, 0, p, symmetry) for step in _chunk_steps(mine, seen) if step.kind in ONE_SIDED]
+    last = _parts_of(parts, p - 1)
+    if last.chunks != mine.chunks:
+        raise _Refused(f"rank {p - 1}'s chunks are not rank 0's, so the ranks are not alike")
+    _check_last_rank(lambda r: _chunk_steps(last, seen), p, symmetry, shape)
+    steps = n_head + per_chunk * len(mine.chunks) + n_tail
+    return (t, lt, msgs + m_tail, sent + s_tail, recvd + r_tail, reduced + d_tail, steps,
+            n_head + per_chunk * len(seen) + n_tail)
+
+
+def _simulate_symmetric(factory, p, symmetry, sizes, itemsize, alpha, beta, gamma, collective, algorithm,
+                        parts=None):
     """Run rank 0 alone for a schedule whose ranks are all alike, or raise :class:`_Refused` saying why not.
 
     Every rank takes step i at the same moment, so a transfer finishes at its start plus its cost
     (:func:`_symmetric_steps` with one start time for all). So does a node-arena step: every
     peer publishes a counter step when rank 0 does, so a wait for it ends alpha after the later
     of its start and rank 0's own publication (rank p-1's one-sided steps are checked alike).
+    A schedule in chunks (``parts``: each rank's :class:`~commkit.algorithms.node._Chunks`)
+    runs its chunks by their period (:func:`_symmetric_chunks`).
     """
     alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
     started = time.perf_counter()
-    rank0 = _schedule_of(factory, 0)
     shape: list = []
-    out = _symmetric_steps(rank0, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, 0.0, 0,
-                           arena=(beta, gamma, itemsize, shape))
-    if shape:
-        _check_last_rank(factory, p, symmetry, shape)
-    t, lt, msgs, sent, recvd, reduced, steps = out
+    arena = (beta, gamma, itemsize, shape, [], [])
+    if parts is not None:
+        try:
+            t, lt, msgs, sent, recvd, reduced, steps, run = _symmetric_chunks(
+                parts, p, symmetry, sizes, alpha, beta * itemsize, gamma * itemsize, arena)
+        except _Refused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a chunk's steps raised: the full simulation reports it properly
+            raise _Refused(f"its chunks raised {type(exc).__name__}: {exc}") from None
+    else:
+        rank0 = _schedule_of(factory, 0)
+        t, lt, msgs, sent, recvd, reduced, steps = _symmetric_steps(rank0, p, symmetry, sizes, alpha,
+                                                                    beta * itemsize, gamma * itemsize, 0.0, 0,
+                                                                    arena=arena)
+        if shape:
+            _check_last_rank(factory, p, symmetry, shape)
+        run = steps
     return SimResult(
         collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
         alpha=alpha, beta=beta, gamma=gamma, messages=[msgs] * p, bytes_sent=[sent * itemsize] * p,
         bytes_received=[recvd * itemsize] * p, bytes_reduced=[reduced * itemsize] * p, finish=[t] * p,
-        time=t, rounds=lt, steps=steps * p, wall=time.perf_counter() - started, ranks_simulated=1, steps_run=steps,
+        time=t, rounds=lt, steps=steps * p, wall=time.perf_counter() - started, ranks_simulated=1, steps_run=run,
+    )
+
+
+def _alike_key(alg):
+    """The algorithm's declaration of which ranks take alike steps (``schedule.alike``), or None.
+
+    None too where the algorithm declares a symmetry or phases, which stand in with fewer ranks.
+    """
+    if alg.symmetry is not None or alg.phases is not None:
+        return None
+    return getattr(alg.schedule, "alike", None)
+
+
+def _alike_classes(alg, collective, p, count, root):
+    """The classes of alike ranks the algorithm declares: ``(class of each rank, first rank of each, another
+    rank of each or None, ranks in each)``, in order of their first rank."""
+    key = _alike_key(alg)
+    index: dict = {}
+    cls, first, other, members = [0] * p, [], [], []
+    for r in range(p):
+        c = index.setdefault(collectives.steps(key, collective, r, p, count, None, root), len(first))
+        cls[r] = c
+        if c == len(first):
+            first.append(r)
+            other.append(None)
+            members.append(1)
+        else:
+            other[c] = r  # the last rank of the class: the one compared with its first
+            members[c] += 1
+    return cls, first, other, members
+
+
+def _alike_shape(step, cls) -> tuple:
+    """What a step costs and waits for, the ranks it waits for as their classes: equal for alike ranks."""
+    kind = step.kind
+    if kind == WAIT:
+        return kind, step.k, frozenset(cls[q] for q in step.peers)
+    if kind == PUBLISH:
+        return kind, step.k
+    if kind == REDUCE_SLOTS:
+        return kind, step.dst[2] - step.dst[1], len(step.operands)
+    if kind in (PUT, GET, COPY):
+        return kind, step.dst[2] - step.dst[1]
+    return (kind,)
+
+
+def _simulate_alike(factory, p, classes, sizes, itemsize, alpha, beta, gamma, collective, algorithm):
+    """Run one rank of each class of alike ranks for all of them, or raise :class:`_Refused` saying why not.
+
+    ``classes`` as :func:`_alike_classes` gives them; ``sizes``: the buffer sizes of each class's
+    first rank. Ranks of one class take the same steps, so they take each at the same moment:
+    the first rank of each class runs for its class, its clock the engine's own arithmetic on
+    the same numbers (so the times are bit for bit the engine's). A wait ends alpha after the
+    later of its start and the publications of the classes its peers are in; a class whose
+    first rank has not published that counter step yet holds the wait until it does, and a
+    wait that no class can end any more is a deadlock, which every rank run then reports.
+    The last rank of each class is compared with its first, step by step (lengths, counter
+    steps, the classes it waits for): what the declaration promises of every rank.
+    """
+    cls, first, other, members = classes
+    alpha, beta, gamma = cost.checked_constants(alpha, beta, gamma)
+    beta_e = beta * itemsize
+    started = time.perf_counter()
+    n = len(first)
+    gens = [iter(_schedule_of(factory, r)) for r in first]
+    witnesses = [None if w is None else iter(_schedule_of(factory, w)) for w in other]
+    t, lt, steps, reduced = [0.0] * n, [0] * n, [0] * n, [0] * n
+    held: list = [None] * n  # a class's wait that could not end yet: (step, the classes it waits for)
+    published = [([], [], []) for _ in range(n)]  # per class: counter steps, and when (t, lt) it published each
+    done = [False] * n
+
+    def compare(c, step):
+        w = witnesses[c]
+        if w is None:
+            return
+        theirs = next(w, None)
+        if theirs is None or _alike_shape(theirs, cls) != _alike_shape(step, cls):
+            raise _Refused(f"rank {other[c]}'s step {steps[c]} ({theirs!r}) is not rank {first[c]}'s ({step!r}) "
+                           f"though the algorithm declares them alike: its lengths, counter steps or the classes "
+                           f"it waits for differ")
+
+    def wait(c, step, named):
+        """End class c's wait for ``named`` classes' counter step ``step.k``: True, or False while one has not."""
+        rdy, lrdy = t[c], lt[c]
+        for d in named:
+            values, times, rounds = published[d]
+            j = bisect.bisect_left(values, step.k)
+            if j == len(values):
+                if d == c or done[d]:
+                    raise _Refused(f"rank {first[c]}'s step {steps[c]} ({step!r}) waits for a counter step that "
+                                   f"the ranks it waits for never publish first (a deadlock, which every rank shows)")
+                return False
+            if times[j] > rdy:
+                rdy = times[j]
+            if rounds[j] > lrdy:
+                lrdy = rounds[j]
+        t[c], lt[c] = rdy + alpha, lrdy + 1
+        return True
+
+    def advance(c) -> bool:
+        """Run class c until it waits for a class that has not published yet or ends; whether it took a step."""
+        moved = False
+        if held[c] is not None:
+            if not wait(c, *held[c]):
+                return False
+            held[c] = None
+            steps[c] += 1
+            moved = True
+        for step in gens[c]:
+            compare(c, step)
+            kind = step.kind
+            if kind == PUT or kind == GET:
+                t[c] += beta_e * (step.dst[2] - step.dst[1])
+            elif kind == REDUCE_SLOTS:
+                m, k = step.dst[2] - step.dst[1], len(step.operands)
+                t[c] += (gamma * (k - 1) if k > 1 else beta) * itemsize * m  # the engine's own products
+                reduced[c] += (k - 1) * m
+            elif kind == PUBLISH or kind == RELEASE:
+                values, times, rounds = published[c]
+                values.append(FINAL if kind == RELEASE else step.k)
+                times.append(t[c])
+                rounds.append(lt[c])
+            elif kind == WAIT and step.peers:
+                if min(step.peers) < 0 or max(step.peers) >= p:
+                    raise _Refused(_outside(steps[c], step))
+                named = {cls[q] for q in step.peers}
+                if not wait(c, step, named):
+                    held[c] = (step, named)
+                    return moved
+            elif kind == COPY:
+                name, lo, hi = step.dst
+                sname, slo, shi = step.src
+                if (not 0 <= lo <= hi <= sizes[c][name] or shi - slo != hi - lo
+                        or not 0 <= slo <= shi <= sizes[c][sname]):
+                    raise _Refused(_outside(steps[c], step))
+            elif kind != CLAIM and kind != WAIT:
+                raise _Refused(f"rank {first[c]}'s step {steps[c]} ({step!r}) is not a node-arena step or a Copy, "
+                               "which is all the classes of alike ranks run")
+            steps[c] += 1
+            moved = True
+        if witnesses[c] is not None and next(witnesses[c], None) is not None:
+            raise _Refused(f"rank {other[c]} takes more steps than rank {first[c]}, which the algorithm declares "
+                           "alike")
+        done[c] = True
+        return True
+
+    try:
+        while not all(done):
+            if not any([advance(c) for c in range(n) if not done[c]]):
+                raise _Refused("every class of alike ranks waits for a counter step no class publishes "
+                               "(a deadlock, which every rank shows)")
+    except _Refused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - anything unusual: the full simulation reports it properly
+        raise _Refused(f"a schedule raised {type(exc).__name__}: {exc}") from None
+    finish = [t[c] for c in cls]
+    return SimResult(
+        collective=collective, algorithm=algorithm, p=p, count=None, nbytes=0, itemsize=itemsize,
+        alpha=alpha, beta=beta, gamma=gamma, messages=[0] * p, bytes_sent=[0] * p, bytes_received=[0] * p,
+        bytes_reduced=[reduced[c] * itemsize for c in cls], finish=finish, time=max(finish), rounds=max(lt),
+        steps=sum(s * m for s, m in zip(steps, members)), wall=time.perf_counter() - started, ranks_simulated=n,
+        steps_run=sum(steps),
     )
 
 

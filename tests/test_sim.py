@@ -576,6 +576,166 @@ def test_node_arena_ranks_that_are_not_alike_are_refused_by_the_last_ranks_steps
         algorithms.unregister("allreduce", "shm_claimed_rotation")
 
 
+ALIKE = [(c, n) for c, n in ALL if sim._alike_key(algorithms.get(c, n)) is not None]
+
+
+def alike_counts(coll, p):
+    """Counts for the classes of alike ranks: a rank's block or slice long, short or empty, over several chunks."""
+    if coll == "reduce_scatter":
+        rng = np.random.default_rng(p)
+        return [(0,) * p, (9,) * p, tuple(q % 3 for q in range(p)), tuple(int(c) for c in rng.integers(1, 30, p))]
+    return [0, 1, 7, 9, 3 * p + 2, 41, 8 * p + 5]
+
+
+@pytest.mark.parametrize("coll,name", ALIKE)
+def test_alike_ranks_give_the_full_simulations_result(coll, name, monkeypatch):
+    # The proof behind running one rank of each class the algorithm declares alike: the same results as
+    # every rank, field by field (times bit for bit), at p from 2 to 67, one chunk or many (small
+    # segments: slices long and short, a rank's class changing from chunk to chunk), roots anywhere.
+    declared = sim._alike_key(algorithms.get(coll, name))
+    assert declared is not None and algorithms.get(coll, name).symmetry is None
+    stood_in = 0
+    for segment in ("8", None):
+        if segment:
+            monkeypatch.setenv("COMMKIT_SEGMENT_ELEMENTS", segment)
+        else:
+            monkeypatch.delenv("COMMKIT_SEGMENT_ELEMENTS", raising=False)
+        for p in (1, 2, 3, 5, 8, 13, 31, 67):
+            for c in alike_counts(coll, p):
+                for root in sorted({0, p // 2, p - 1} if coll in ROOTED else {0}):
+                    where = f"{coll}_{name} p={p} count={c} root={root} segment={segment}"
+                    args = dict(count=c, root=root, itemsize=S, alpha=A, beta=B, gamma=G)
+                    fast = sim.simulate(coll, name, p, **args)
+                    full = sim.simulate(coll, name, p, use_symmetry=False, **args)
+                    assert _fields(fast) == _fields(full), where
+                    classes = len(set(collectives.steps(declared, coll, r, p, sim._check_count(coll, c, p), None,
+                                                        root) for r in range(p)))
+                    if classes < p:
+                        assert fast.fallback is None and fast.ranks_simulated == classes, (where, fast.fallback)
+                        assert fast.steps_run < fast.steps, where
+                        stood_in += 1
+                    elif p > 1:
+                        assert "in a class of its own" in fast.fallback and fast.ranks_simulated == p, where
+    assert stood_in
+
+
+def _declared_alike(schedule, key):
+    """A new schedule function running ``schedule``, declaring ``key`` its classes of alike ranks."""
+    def declared(*args, **kwargs):
+        return schedule(*args, **kwargs)
+
+    declared.alike = key
+    return declared
+
+
+def test_ranks_declared_alike_that_are_not_are_refused_by_another_ranks_steps():
+    # Every rank of allreduce shm declared alike: at count 131082 on 3 ranks each of its 3 chunks (43694
+    # elements) splits into slices of 14565, 14565 and 14564, so rank 2 folds less than rank 0. Rank 0's
+    # steps cannot show it; rank 2's, the last of the class, do, and every rank runs.
+    algorithms.algorithm("allreduce", "shm_all_alike")(
+        _declared_alike(node.allreduce_shm, lambda rank, size, count, op: ()))
+    try:
+        args = dict(count=131082, itemsize=S, alpha=A, beta=B, gamma=G)
+        res = sim.simulate("allreduce", "shm_all_alike", 3, **args)
+        assert res.ranks_simulated == 3
+        assert res.fallback.startswith("rank 2's step ") and "declares them alike" in res.fallback, res.fallback
+        assert _fields(res) == dict(_fields(sim.simulate("allreduce", "shm", 3, **args)), algorithm="shm_all_alike")
+        # Slices that divide evenly: rank 0 stands for all, with the full simulation's result.
+        args["count"] = 131076
+        res = sim.simulate("allreduce", "shm_all_alike", 3, **args)
+        assert res.ranks_simulated == 1 and res.fallback is None
+        assert _fields(res) == dict(_fields(sim.simulate("allreduce", "shm", 3, use_symmetry=False, **args)),
+                                    algorithm="shm_all_alike")
+    finally:
+        algorithms.unregister("allreduce", "shm_all_alike")
+
+
+def test_alike_ranks_that_wait_for_what_no_class_publishes_deadlock_in_the_full_run():
+    # The root waits for the others' counter step 1, and they for the root's: no class can go on, so
+    # every rank runs and the full simulation names who waits for whom.
+    def crossed(rank, size, count, root):
+        yield Claim(0, size)
+        yield Wait([q for q in range(size) if q != rank] if rank == root else [root], 1)
+        yield Publish(1)
+        yield Release()
+
+    algorithms.algorithm("broadcast", "crossed")(_declared_alike(crossed, lambda rank, size, count, root: rank == root))
+    try:
+        res = sim.simulate("broadcast", "crossed", 5, 64)
+        assert res.ranks_simulated == 5 and res.deadlocked
+        assert res.fallback.startswith("every class of alike ranks waits"), res.fallback
+    finally:
+        algorithms.unregister("broadcast", "crossed")
+
+
+@pytest.mark.parametrize("coll", sorted(c for c, _ in ALIKE))
+def test_alike_ranks_at_4095_ranks_and_65535(coll):
+    # One rank of each class stands for all (every rank run one by one took over 15 s of CPU or ran out
+    # of memory here), and the time is the formula's where the formula is exact.
+    for p in (4095, 65535) if coll in ("broadcast", "gather", "scatter") else (4095,):
+        res = sim.simulate(coll, "shm", p, 1 << 20)
+        assert res.fallback is None and res.ok and res.ranks_simulated <= 3, (p, res.fallback)
+        want = cost.predict(coll, "shm", p, res.nbytes)
+        if algorithms.get(coll, "shm").cost_is_exact(p, res.count):
+            assert res.time == pytest.approx(want, rel=1e-12), p
+        else:
+            assert res.time >= want * (1 - 1e-12), p
+
+
+@given(t=st.one_of(st.just(0.0), st.floats(0, 1e3)), x=st.floats(1e-15, 1.0),
+       tie=st.integers(-60, -20), odd=st.integers(0, 1 << 40), n=st.integers(0, 3000))
+def test_adding_repeatedly_is_the_loop_bit_for_bit(t, x, tie, odd, n):
+    # The period of a schedule in chunks sums runs of equal copies this way: it must be the engine's
+    # loop of additions exactly, through binades and ties (an x whose last bit is half an ulp of t).
+    for step in (x, (2 * odd + 1) * 2.0 ** tie):
+        loop = t
+        for _ in range(n):
+            loop += step
+        assert sim._add_repeatedly(t, step, n) == loop, (t, step, n)
+
+
+def test_alltoall_shm_runs_its_chunks_by_their_period(monkeypatch):
+    # Each chunk of the alltoall is the first one's steps with its own length and counter step, so
+    # rank 0's first two chunks and its last are read and the rest evaluated from them: the same
+    # results as every rank, field by field, with many chunks of two lengths.
+    monkeypatch.setenv("COMMKIT_SEGMENT_ELEMENTS", "8")
+    for p in (3, 5, 16):
+        for c in (23, 37, 8 * p + 5):
+            args = dict(count=c, itemsize=S, alpha=A, beta=B, gamma=G)
+            fast = sim.simulate("alltoall", "shm", p, **args)
+            chunks = len(node._piece_chunks(c, p - 1, None))
+            assert fast.fallback is None and fast.rounds == chunks and chunks > 3, (p, c)
+            assert fast.steps_run < fast.steps // p, (p, c)  # not every chunk's steps were taken
+            assert _fields(fast) == _fields(sim.simulate("alltoall", "shm", p, use_symmetry=False, **args)), (p, c)
+    # 1 MiB a block at 4095 ranks: 16384 chunks, 134 million steps of rank 0's, taken from 3 chunks.
+    monkeypatch.delenv("COMMKIT_SEGMENT_ELEMENTS")
+    res = sim.simulate("alltoall", "shm", 4095, 1 << 20)
+    assert res.fallback is None and res.rounds == 16384 and res.steps_run < 30000
+    assert res.time == pytest.approx(cost.predict("alltoall", "shm", 4095, res.nbytes), rel=1e-8)
+
+
+def test_chunks_without_a_period_are_refused():
+    # A schedule in chunks whose chunks wait once more each time: no period, so every rank runs.
+    @node._in_chunks
+    def growing(rank, size, count):
+        others = [q for q in range(size) if q != rank]
+
+        def chunk(c, lo, hi):
+            yield Publish(c + 1)
+            for _ in range(c + 1):
+                yield Wait(others, c + 1)
+
+        return node._Chunks((Claim(0, size),), ((0, 1), (1, 2), (2, 3), (3, 4)), chunk, (Release(),))
+
+    algorithms.algorithm("alltoall", "growing", symmetry="rotation")(growing)
+    try:
+        res = sim.simulate("alltoall", "growing", 4, 64)
+        assert res.ranks_simulated == 4 and res.ok
+        assert res.fallback == "its chunks take different numbers of steps, so they have no period"
+    finally:
+        algorithms.unregister("alltoall", "growing")
+
+
 def test_node_arena_wait_before_any_rank_publishes_is_refused_and_deadlocks():
     # Every rank waits for a counter step before publishing it: rank 0's steps show no rank ever will,
     # so every rank runs, and the full simulation reports the deadlock.
@@ -1229,6 +1389,25 @@ def test_commkit_sim_says_when_every_rank_runs(capsys):
     assert any(line.startswith("commkit sim: every rank's steps run one by one for ring, ring_pipelined, ring_textbook: "
                                "the blocks are unequal") and "some are empty" in line for line in err), err
 
+
+
+def test_commkit_sim_says_when_a_node_algorithm_runs_every_rank(capsys):
+    from commkit.cli import main
+
+    # Two ranks of a gather: the root and one other, each a class of its own, so both run.
+    assert main(["sim", "gather", "-p", "2", "-s", "64", "-a", "shm"]) == 0
+    assert capsys.readouterr().err == ("commkit sim: every rank's steps ran one by one: its declaration of alike "
+                                       "ranks puts each of the 2 ranks in a class of its own, so no rank can stand "
+                                       "for another.\n")
+    assert main(["sim", "gather", "-p", "2", "-s", "64"]) == 0
+    assert ("commkit sim: every rank's steps run one by one for shm: its declaration of alike ranks puts each of "
+            "the 2 ranks in a class of its own, so no rank can stand for another.") in capsys.readouterr().err
+    # Slices of two lengths at 4095 ranks: one rank of each class stands for its class, and nothing is said.
+    assert main(["sim", "allreduce", "-p", "4095", "-s", "1M", "-a", "shm"]) == 0
+    assert capsys.readouterr().err == ""
+    # Another timing model runs every rank, node algorithms too, and says so.
+    assert main(["sim", "broadcast", "-p", "16", "-s", "1M", "-a", "shm", "--model", "loggp"]) == 0
+    assert "the LogGP model runs every rank" in capsys.readouterr().err
 
 def test_the_engine_pauses_the_cyclic_collector_and_restores_it():
     import gc

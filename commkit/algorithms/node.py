@@ -43,6 +43,9 @@ Python), a copy into or out of the arena β per byte, a fold of k slots
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, NamedTuple
+
 from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, slot
 from . import algorithm
 from ._blocks import block_offsets
@@ -83,6 +86,71 @@ def _piece_chunks(count: int, parts: int, segment) -> tuple:
     return partition(count, -(-count // piece))
 
 
+def _alike(key):
+    """Declare which ranks take alike steps, for :mod:`commkit.sim`: ``key(rank, size, *the schedule's arguments)``.
+
+    Ranks with equal keys take the same steps with the same lengths and counter steps,
+    and each of their waits names peers of the same keys; the simulator then runs one
+    rank of each key for all of them (its classes of alike ranks). Nothing changes when
+    the schedule runs: the key is an attribute of the function, read by the simulator
+    alone, and ``tests/test_sim.py`` holds every key to running every rank.
+    """
+    def declare(fn):
+        fn.alike = key
+        return fn
+    return declare
+
+
+class _Chunks(NamedTuple):
+    """A schedule in chunks: ``head``, ``body(c, lo, hi)`` for each chunk ``(lo, hi)`` of ``chunks``, ``tail``.
+
+    Every chunk's steps are the first chunk's with each length that is the chunk's own
+    (``hi - lo``) taken from its chunk, and each counter step moved by the same amount a
+    chunk: what lets :mod:`commkit.sim` model the chunks by their period, not step by step.
+    """
+
+    head: tuple
+    chunks: tuple
+    body: Callable | None
+    tail: tuple
+
+
+def _in_chunks(fn):
+    """Make a schedule generator from ``fn(rank, size, ...) -> _Chunks``, the steps of its parts in order.
+
+    ``fn`` stays reachable as the schedule's ``chunked`` attribute, which :mod:`commkit.sim` reads;
+    the steps every transport runs are the same either way, so the schedule is written once.
+    """
+    @functools.wraps(fn)
+    def schedule(*args, **kwargs):
+        parts = fn(*args, **kwargs)
+        yield from parts.head
+        for c, (lo, hi) in enumerate(parts.chunks):
+            yield from parts.body(c, lo, hi)
+        yield from parts.tail
+
+    schedule.chunked = fn
+    return schedule
+
+
+def _chunk_lengths(count: int, segment) -> tuple:
+    """The distinct lengths of :func:`_chunks` (one or two), without listing the chunks."""
+    if not count:
+        return ()
+    k = -(-count // segment_elements(segment))
+    short, extra = divmod(count, k)
+    return (short, short + 1) if extra else (short,)
+
+
+def _slice_key(index: int, size: int, count: int, segment) -> tuple:
+    """Which of a chunk's slices (``partition(m, size)``) slice ``index`` is, long or short, for each chunk length m.
+
+    The long slices come first, so a rank whose slice is long sees every other slice as
+    every other long-sliced rank does (one long fewer, then the short ones, in order).
+    """
+    return tuple(index < m % size for m in _chunk_lengths(count, segment))
+
+
 # -- allreduce ----------------------------------------------------------------------------------------
 
 def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
@@ -106,11 +174,19 @@ def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
     return t
 
 
+def _allreduce_alike(rank, size, count, op, segment=None):
+    """Ranks alike in :func:`allreduce_shm`: all of them for small vectors, else by their slices' lengths."""
+    if count <= min(SMALL, segment_elements(segment)):
+        return ()
+    return _slice_key(rank, size, count, segment)
+
+
 @algorithm("allreduce", "shm",
            cost=lambda p, n, a, b, g: _allreduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                       g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
                    "+ ⌈m/p⌉((p-1)γ + β)")
+@_alike(_allreduce_alike)
 def allreduce_shm(rank, size, count, op, segment=None):
     """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
 
@@ -205,11 +281,21 @@ def _reduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
     return t
 
 
+def _reduce_alike(rank, size, count, op, root, segment=None):
+    """Ranks alike in :func:`reduce_shm`: the root alone; the others all, or by their slices' lengths."""
+    if rank == root:
+        return ("root",)
+    if count <= min(SMALL, segment_elements(segment)):
+        return ()
+    return _slice_key((rank - root) % size, size, count, segment)
+
+
 @algorithm("reduce", "shm",
            cost=lambda p, n, a, b, g: _reduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                    g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌈m/p⌉)β "
                    "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's")
+@_alike(_reduce_alike)
 def reduce_shm(rank, size, count, op, root, segment=None):
     """Shared-memory reduce: every rank folds a 1/p slice of every rank's slot, and the root copies the slices out.
 
@@ -302,10 +388,16 @@ def _broadcast_time(p, count, alpha, beta_e, segment=None):
     return max(root_t, late)
 
 
+def _rooted_alike(rank, size, count, root, segment=None):
+    """Ranks alike in the broadcast, gather and scatter: the root alone, and every other rank."""
+    return rank == root
+
+
 @algorithm("broadcast", "shm",
            cost=lambda p, n, a, b, g: _broadcast_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE),
            formula="per chunk of m bytes: the root mβ, every other rank α + mβ after it; from the third chunk "
                    "on the root first waits (α) for the chunk two before to be read; 2nβ + α for one chunk")
+@_alike(_rooted_alike)
 def broadcast_shm(rank, size, count, root, segment=None):
     """Shared-memory broadcast: the root puts each chunk in its slot once, every other rank gets it.
 
@@ -336,7 +428,7 @@ def broadcast_shm(rank, size, count, root, segment=None):
         return
     chunks = _chunks(count, segment)
     width = chunks[0][1] - chunks[0][0] if chunks else 0
-    others = _others(root, size)
+    others = _others(root, size) if rank == root else None  # only the root names every other rank
     yield Claim(2 * width, size)
     for c, (a, b) in enumerate(chunks):
         half = (c % 2) * width
@@ -419,6 +511,7 @@ def _gather_time(p, count, alpha, beta_e, segment=None):
            formula="per chunk of m bytes of a block: every other rank mβ, the root α + (p-1)mβ after it; from "
                    "the third chunk on the others first wait (α) for the root to read the chunk two before; "
                    "α + nβ for one chunk, n the bytes gathered")
+@_alike(_rooted_alike)
 def gather_shm(rank, size, count, root, segment=None):
     """Shared-memory gather: every rank puts its block in its slot, the root gets every block.
 
@@ -447,7 +540,7 @@ def gather_shm(rank, size, count, root, segment=None):
         return
     chunks = _chunks(count, segment)
     width = chunks[0][1] - chunks[0][0] if chunks else 0
-    others = _others(root, size)
+    others = _others(root, size) if rank == root else None  # only the root names every other rank
     yield Claim(2 * width, size)
     for c, (a, b) in enumerate(chunks):
         half = (c % 2) * width
@@ -487,6 +580,7 @@ def _scatter_time(p, count, alpha, beta_e, segment=None):
            formula="per chunk of m bytes of a block: the root (p-1)mβ, every other rank α + mβ after it; from "
                    "the third chunk on the root first waits (α) for the chunk two before to be read; "
                    "α + nβ for one chunk, n the bytes of the root's input")
+@_alike(_rooted_alike)
 def scatter_shm(rank, size, count, root, segment=None):
     """Shared-memory scatter: the root puts every other rank's block in its slot once, each rank gets its own.
 
@@ -515,7 +609,7 @@ def scatter_shm(rank, size, count, root, segment=None):
     if size == 1:
         return
     pieces = _piece_chunks(count, size - 1, segment)
-    others = _others(root, size)
+    others = _others(root, size) if rank == root else None  # only the root names every other rank
     width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
     yield Claim(2 * width, size)
     for c, (a, b) in enumerate(pieces):
@@ -528,7 +622,7 @@ def scatter_shm(rank, size, count, root, segment=None):
                 yield Put(slot(root, half + j * m, half + (j + 1) * m), ("in", q * count + a, q * count + b))
             yield Publish(c + 1)
         else:
-            j = others.index(rank)
+            j = rank - (rank > root)  # my place among the others, the root left out
             yield Wait([root], c + 1)
             yield Get(("out", a, b), slot(root, half + j * m, half + (j + 1) * m))
             yield Publish(c + 1)
@@ -555,9 +649,15 @@ def _reduce_scatter_time(p, n, alpha, beta, gamma):
     return k * alpha + n * beta + (p - 1) / p * n * gamma
 
 
+def _reduce_scatter_alike(rank, size, counts, op, segment=None):
+    """Ranks alike in :func:`reduce_scatter_shm`: those whose blocks are equally long (they fold equal pieces)."""
+    return counts[rank]
+
+
 @algorithm("reduce_scatter", "shm", cost=lambda p, n, a, b, g: _reduce_scatter_time(p, n, a, b, g),
            formula="Kα + nβ + ((p-1)/p)nγ, K the chunks, n the bytes of one rank's input",
            cost_exact="even", cost_bound="lower")
+@_alike(_reduce_scatter_alike)
 def reduce_scatter_shm(rank, size, counts, op, segment=None):
     """Shared-memory reduce-scatter: each rank folds its own block from every rank's slot, straight into its output.
 
@@ -615,6 +715,7 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
            cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
                len(_piece_chunks(int(n) // COST_ITEMSIZE, p - 1, None)) * a + 2 * (p - 1) * n * b),
            formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block", symmetry="rotation")
+@_in_chunks
 def alltoall_shm(rank, size, count, segment=None):
     """Shared-memory alltoall: each rank puts every block it sends in its slot, each rank gets the blocks for it.
 
@@ -637,14 +738,14 @@ def alltoall_shm(rank, size, count, segment=None):
         elems got  3        3        3        3
         critical path (commkit.sim, each term alone): 1 wait, 6 elements copied
     """
-    yield Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
+    mine = Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     if size == 1:
-        return
+        return _Chunks((mine,), (), None, ())
     pieces = _piece_chunks(count, size - 1, segment)
     others = _others(rank, size)
     width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
-    yield Claim(2 * width, size)
-    for c, (a, b) in enumerate(pieces):
+
+    def chunk(c, a, b):
         half = (c % 2) * width
         m = b - a
         # Chunk c: piece c of the block for every other rank, in rank order.
@@ -656,7 +757,8 @@ def alltoall_shm(rank, size, count, segment=None):
         for q in others:
             j = rank if rank < q else rank - 1
             yield Get(("out", q * count + a, q * count + b), slot(q, half + j * m, half + (j + 1) * m))
-    yield Release()
+
+    return _Chunks((mine, Claim(2 * width, size)), pieces, chunk, (Release(),))
 
 
 # -- barrier ------------------------------------------------------------------------------------------
