@@ -158,12 +158,21 @@ def tree_down(parent, kids, first, base, segs, src="out"):
     ``segs`` are the segments of the piece of the vector that starts at element ``base``.
     """
     lag = 0 if parent is None else 1
-    for t in range(first + len(segs) + lag):
-        got = _at(base, segs, t - first, "out") if parent is not None else None
-        passed = _at(base, segs, t - first - lag, src)
+    # Segment k as (lo, hi) of the whole vector, or None when empty (computed once: a simulation at
+    # 65,536 ranks asks for every rank's ticks).
+    at = [(base + lo, base + hi) if hi > lo else None for lo, hi in segs]
+    n = len(at)
+    for _ in range(first):
+        yield _IDLE
+    for k in range(n + lag):
+        got = at[k] if parent is not None and k < n else None
+        passed = at[k - lag] if k >= lag else None
+        if got is None and passed is None:
+            yield _IDLE
+            continue
         # Pass the segment received last tick on to my children while the next one arrives.
-        yield Transfer(sends=[(c, passed) for c in kids] if passed is not None else (),
-                       recvs=[(parent, got)] if got is not None else ())
+        yield Transfer(sends=[(c, (src, *passed)) for c in kids] if passed is not None else (),
+                       recvs=[(parent, ("out", *got))] if got is not None else ())
 
 
 def tree_up(parent, kids, first, base, segs, op, width, slot=0):
@@ -211,9 +220,12 @@ def together(*parts):
     tick with nothing at all yields nothing. The parts' order is kept inside every transfer.
     """
     for ticks in itertools.zip_longest(*parts, fillvalue=_IDLE):
-        sends = [m for tick in ticks for m in tick.sends]
-        recvs = [m for tick in ticks for m in tick.recvs]
-        local = [s for tick in ticks for s in tick.overlap]
+        sends, recvs, local = [], [], []
+        for tick in ticks:
+            if tick is not _IDLE:  # (most ticks of a rank deep in a large tree)
+                sends += tick.sends
+                recvs += tick.recvs
+                local += tick.overlap
         if not sends and not recvs:
             yield from local
         elif len(sends) == 1 and len(recvs) == 1:
