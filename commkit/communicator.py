@@ -79,7 +79,7 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
     return collective, op, algorithm, x.dtype, x.shape, form, timeout is None
 
 
-_FRESH = frozenset(("allreduce", "scan"))  # the reductions _fresh runs (and broadcast): a result of x's shape
+_FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _fresh runs (and broadcast, allgather ...)
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -1142,7 +1142,7 @@ class Communicator(VectorCollectives):
         self._fresh_hot_i.clear()
         self._fresh_x = self._fresh_out = None
 
-    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False):
+    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None):
         """A call on new arrays of a shape already run: checked here and run from its cache; else _GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
@@ -1164,7 +1164,8 @@ class Communicator(VectorCollectives):
         (``_by_shape_i``), as the general path would, without its argument
         handling. ``collective`` has a result the shape of ``x`` on every rank
         (allreduce, scan, alltoall, broadcast), or with ``stacked`` one ``x`` per
-        rank (allgather).
+        rank (allgather), or with ``root`` on that rank only (reduce: the
+        others run into scratch, given no ``out``, and return None).
 
         A loop's next call usually has the kinds of its last: each collective's
         last entry (``_fresh_hot``, ``_fresh_hot_i``) is checked first, by
@@ -1179,7 +1180,8 @@ class Communicator(VectorCollectives):
         hot = self._fresh_hot_i if nonblocking else self._fresh_hot
         h = hot.get(collective)
         if (h is not None and h[0] is x.dtype and h[1] == x.shape and h[2] is op and h[3] is algorithm
-                and h[4] is timeout and h[5] == form and (timeout is not None or h[6] is self._timeout)):
+                and h[4] is timeout and h[5] == form and (timeout is not None or h[6] is self._timeout)
+                and h[10] == root):
             entry, shape, timeout = h[7], h[8], h[9]  # (a given timeout was checked by the call that made h)
         else:
             given_timeout = timeout
@@ -1187,7 +1189,7 @@ class Communicator(VectorCollectives):
                 timeout = self._timeout
             try:
                 entry = (self._by_shape_i if nonblocking else self._by_shape).get(
-                    _fresh_key(collective, op, algorithm, x, form, timeout))
+                    _fresh_key(collective, op if root is None else (op, root), algorithm, x, form, timeout))
             except TypeError:  # an unhashable argument: the general path names it
                 return _GENERAL
             if entry is None:
@@ -1196,7 +1198,7 @@ class Communicator(VectorCollectives):
                 timeout = check_timeout(timeout)
             shape = (self.size,) + x.shape if stacked else x.shape
             hot[collective] = (x.dtype, x.shape, op, algorithm, given_timeout, form, self._timeout, entry, shape,
-                               timeout)
+                               timeout, root)
         if not x.flags.c_contiguous:
             return _GENERAL
         blocking_untimed = timeout is None and not nonblocking
@@ -1206,8 +1208,13 @@ class Communicator(VectorCollectives):
                     and (out is None if self._fresh_out is None else self._fresh_out() is out)):
                 return _GENERAL
         given_out = out
-        if out is None:
-            out = np.empty(shape, x.dtype)
+        result = None
+        if root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
+            if out is not None:
+                return _GENERAL  # (the general path checks it)
+            out = self._scratch_buffer(np, x.dtype, x.size, nonblocking, role="reduce-out")
+        elif out is None:
+            out = result = np.empty(shape, x.dtype)
         elif form == _IN_PLACE:
             if not x.flags.writeable:
                 return _GENERAL
@@ -1216,6 +1223,8 @@ class Communicator(VectorCollectives):
                   # two arrays that each own their memory (the usual fresh pair) cannot share it
                   and (out.base is None and x.base is None and out is not x or not np.may_share_memory(x, out))):
             return _GENERAL
+        if given_out is not None:
+            result = out
         if not self._entry.acquire(False):
             return _GENERAL
         try:
@@ -1223,7 +1232,7 @@ class Communicator(VectorCollectives):
             if nonblocking:
                 if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
                     src = src.copy()
-                return self._fresh_request(collective, entry, src, dst, out, timeout)
+                return self._fresh_request(collective, entry, src, dst, result, timeout)
             shaped, native = entry
             if blocking_untimed:
                 # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
@@ -1238,7 +1247,7 @@ class Communicator(VectorCollectives):
                     raise self._gave_up(collective, seq, exc, native) from None
         finally:
             self._entry.release()
-        return out
+        return result
 
     def _nonblocking_steps(self, call: Call, plan):
         """The i-form of ``call``'s shape compiled (:func:`commkit.plan.nonblocking_steps`), or None."""
@@ -1462,8 +1471,8 @@ class Communicator(VectorCollectives):
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
         if collective in _FRESH and x is given and nonblocking != "init":
-            call.fresh = _fresh_key(collective, given_op, algorithm, x, _out_form(given, given_out),
-                                    self._timeout if timeout is None else timeout)
+            call.fresh = _fresh_key(collective, (given_op, root) if rooted else given_op, algorithm, x,
+                                    _out_form(given, given_out), self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None):
@@ -1539,10 +1548,18 @@ class Communicator(VectorCollectives):
         if plan is not None and plan.ready(x):
             self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+            result = self._fresh("reduce", x, out, op, algorithm, timeout, root=root)
+            if result is not _GENERAL:
+                return result
         return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
 
     def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`reduce`."""
+        if type(root) is int:
+            request = self._fresh("reduce", x, out, op, algorithm, timeout, nonblocking=True, root=root)
+            if request is not _GENERAL:
+                return request
         return self._reduction("reduce", x, op, out, algorithm, timeout, True, root, rooted=True)
 
     def reduce_init(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:

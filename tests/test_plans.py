@@ -996,3 +996,51 @@ def test_a_default_timeout_set_between_calls_on_new_arrays_is_obeyed():
         return "timed out"
 
     assert ck.run_local(body, 2) == ["timed out", "left"]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_right(size):
+    """``reduce`` and ``ireduce`` on new arrays take the fresh-array path too: the root gets the result
+    (in a new array, its ``out`` or in place), every other rank None, and inputs stay untouched."""
+    forms = [(0, "float64", "sum", None, None), (size - 1, "int32", "max", "out", None),
+             (size // 2, "float32", "sum", "x", 30.0), (0, "int64", "prod", None, 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for root, dtype, op, with_out, timeout in forms:
+            for k in range(5):
+                for nonblocking in (False, True):
+                    x = (np.arange(6) % 4 + comm.rank + k).astype(dtype)
+                    given = x.copy()
+                    out = None
+                    if comm.rank == root:
+                        out = x if with_out == "x" else np.full(6, -1, dtype) if with_out else None
+                    call = comm.ireduce if nonblocking else comm.reduce
+                    result = call(x, op, root, out=out, timeout=timeout)
+                    if nonblocking:
+                        result = result.wait()
+                    if comm.rank != root:
+                        assert result is None
+                        np.testing.assert_array_equal(x, given)
+                    else:
+                        assert out is None or result is out
+                        if with_out != "x":
+                            np.testing.assert_array_equal(x, given)
+                    got.append((given, None if result is None else result.copy()))
+        return got, general
+
+    per_rank = ck.run_local(body, size)
+    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
+    case = 0
+    for root, dtype, op, _, _ in forms:
+        for k in range(5):
+            for _ in range(2):
+                want = per_rank[0][0][case][0].copy()
+                for q in range(1, size):
+                    want = fold[op](want, per_rank[q][0][case][0]).astype(dtype)
+                np.testing.assert_array_equal(per_rank[root][0][case][1], want, err_msg=f"{op} root {root} call {k}")
+                case += 1
+    for r in range(size):
+        # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
+        assert len(per_rank[r][1]) <= 3 * 2 * len(forms), per_rank[r][1]
