@@ -14,7 +14,7 @@ This script times that: every call of every column gets a *new* input array,
 made the same way in every column (``base.copy()``, inside the timed loop:
 the allocation a program pays is counted on both sides), and every column
 that writes a result allocates it anew, as the program would. The columns,
-for allreduce (float64, ``op`` sum), broadcast (root 0) and allgather:
+for allreduce (float64, ``op`` sum), broadcast (root 0), allgather and reduce (root 0):
 
 * ``raw new``: the mpi4py call on a ``Dup`` of COMM_WORLD, into a new result
   (``y = np.empty_like(x); raw.Allreduce(x, y, MPI.SUM)``; ``raw.Bcast(x, 0)``,
@@ -30,7 +30,8 @@ for allreduce (float64, ``op`` sum), broadcast (root 0) and allgather:
   one changed line.
 
 The same for the other collectives (``broadcast``/``ibroadcast``/``Bcast``/``Ibcast``,
-``allgather``/``iallgather``/``Allgather``/``Iallgather``). Every column of one
+``allgather``/``iallgather``/``Allgather``/``Iallgather``, ``reduce``/``ireduce``/``Reduce``/``Ireduce``:
+ranks other than the root pass mpi4py no receive buffer and get None from commkit). Every column of one
 collective and size is measured interleaved in one job: each sweep runs every
 column for ``--calls`` calls after a barrier, in an order that rotates from sweep
 to sweep, on new input data (small integers, so every result is exact and the
@@ -61,7 +62,7 @@ import _tasks  # noqa: E402
 import numpy as np  # noqa: E402
 from _report import emit, fmt_size, fmt_us, script_header  # noqa: E402
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce")
 DTYPE = np.float64
 RAW, NEW_X, NEW_X_OUT, RAW_I, I_FORM, TIMED, FACE = (
     "raw new", "commkit new x", "commkit new x, out", "raw i", "commkit i", "commkit timed", "face")
@@ -158,6 +159,28 @@ def columns(collective, comm, raw, face):
                 NEW_X_OUT: lambda x: comm.broadcast(x, 0, out=np.empty_like(x)),
                 RAW_I: raw_i, I_FORM: lambda x: comm.ibroadcast(x, 0).wait(),
                 TIMED: lambda x: comm.broadcast(x, 0, timeout=TIMEOUT), FACE: face_call}
+    if collective == "reduce":  # root 0: the others get None, and pass no receive buffer to mpi4py
+        root = comm.rank == 0
+
+        def raw_new(x):
+            y = np.empty_like(x) if root else None
+            raw.Reduce(x, y, MPI.SUM, 0)
+            return y
+
+        def raw_i(x):
+            y = np.empty_like(x) if root else None
+            raw.Ireduce(x, y, MPI.SUM, 0).Wait()
+            return y
+
+        def face_call(x):
+            y = np.empty_like(x) if root else None
+            face.Reduce(x, y, MPI.SUM, 0)
+            return y
+
+        return {RAW: raw_new, NEW_X: lambda x: comm.reduce(x, "sum", 0),
+                NEW_X_OUT: lambda x: comm.reduce(x, "sum", 0, out=np.empty_like(x) if root else None),
+                RAW_I: raw_i, I_FORM: lambda x: comm.ireduce(x, "sum", 0).wait(),
+                TIMED: lambda x: comm.reduce(x, "sum", 0, timeout=TIMEOUT), FACE: face_call}
     assert collective == "allgather", collective
 
     def raw_new(x):
@@ -186,9 +209,11 @@ def data(sweep: int, rank: int, n: int) -> np.ndarray:
     return ((np.arange(n) * (2 * sweep + 1) + 5 * rank + sweep) % 23 - 11).astype(DTYPE)
 
 
-def expected(collective: str, sweep: int, p: int, n: int) -> np.ndarray:
-    """What every rank's result must be when rank r's input is ``data(sweep, r, n)``."""
+def expected(collective: str, sweep: int, p: int, n: int, rank: int = 0):
+    """What rank ``rank``'s result must be when rank r's input is ``data(sweep, r, n)`` (None off a reduce's root)."""
     inputs = [data(sweep, r, n) for r in range(p)]
+    if collective == "reduce":
+        return np.sum(inputs, axis=0) if rank == 0 else None
     if collective == "allreduce":
         return np.sum(inputs, axis=0)
     if collective == "broadcast":
@@ -220,13 +245,13 @@ def measure(comm, raw, face, collective, nbytes, args):
     wrong = 0
     for sweep in range(args.sweeps):
         base = data(sweep, comm.rank, n)
-        want = expected(collective, sweep, comm.size, n)
+        want = expected(collective, sweep, comm.size, n, comm.rank)
         k = sweep % len(names)
         for name in names[k:] + names[:k]:
             raw.Barrier()
             seconds, result = _timed(calls[name], base, args.calls)
             samples[name].append(raw.allreduce(seconds / args.calls, op=MPI.MAX))
-            if not np.array_equal(result, want):  # shapes and values
+            if not (result is None if want is None else np.array_equal(result, want)):  # shapes and values
                 wrong += 1
                 print(f"rank {comm.rank}: {collective} {nbytes} B `{name}` returned a wrong result in sweep "
                       f"{sweep}.", file=sys.stderr, flush=True)
