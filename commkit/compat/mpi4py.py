@@ -634,10 +634,16 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
-        msg = self._kept(buf, 0, True)
-        if msg is not None and root.__class__ is int and 0 <= root < self._size:
-            self._blocking["broadcast"](msg.array, root, out=msg.array)  # the short path: a NumPy array seen before
-            return
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: a buffer seen before
+            msg = self._kept(buf, 0, True)
+            if msg is not None:
+                try:
+                    self._blocking["broadcast"](msg.array, root, out=msg.array)
+                except BaseException:
+                    self._detach()
+                    raise
+                self._returned(msg)
+                return
         self._bcast(buf, root, False)
 
     def Ibcast(self, buf, root: int = 0) -> Request:
@@ -676,11 +682,23 @@ class Comm(MPI.Intracomm):
             InvalidArgument: ``root`` is not a rank.
         """
         if root.__class__ is int and 0 <= root < self._size:
-            short = self._short(sendbuf if self._rank == root else _IN_PLACE,
-                                recvbuf if self._rank == root else sendbuf, op)
+            at_root = self._rank == root
+            short = self._short(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
             if short is not None:
                 x, kop = short
-                self._blocking["reduce"](x, kop, root, out=recvbuf if self._rank == root else None)
+                self._blocking["reduce"](x, kop, root, out=recvbuf if at_root else None)
+                return
+            # Buffers seen before, of any kind (the other ranks' send buffer is their only one).
+            kept = self._kept_reduction(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
+            if kept is not None:
+                send, recv, kop = kept
+                try:
+                    self._blocking["reduce"](send.array, kop, root, out=recv.array if at_root else None)
+                except BaseException:
+                    self._detach()
+                    raise
+                if at_root:
+                    self._returned(recv)
                 return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -732,6 +750,16 @@ class Comm(MPI.Intracomm):
         if short is not None:
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
+            return
+        kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
+        if kept is not None:
+            send, recv, kop = kept
+            try:
+                self._allreduce(send.array, kop, out=recv.array)
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -848,15 +876,22 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if root.__class__ is int and 0 <= root < self._size:  # the short path: NumPy arrays seen before
-            send = self._kept(sendbuf, 0, False)
-            if send is not None:
-                if self._rank != root:
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
+            if self._rank != root:
+                send = self._kept(sendbuf, 0, False)
+                if send is not None:
                     self._blocking["gather"](send.array, root)
                     return
+            else:
                 recv = self._kept(recvbuf, self._size, True)
-                if recv is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-                    self._blocking["gather"](send.array, root, out=recv.shaped)
+                send = self._kept(sendbuf, 0, False) if recv is not None else None
+                if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+                    try:
+                        self._blocking["gather"](send.array, root, out=recv.shaped)
+                    except BaseException:
+                        self._detach()
+                        raise
+                    self._returned(recv)
                     return
         self._gather(sendbuf, recvbuf, root, False)
 
@@ -895,16 +930,18 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if root.__class__ is int and 0 <= root < self._size:  # the short path: NumPy arrays seen before
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
             recv = self._kept(recvbuf, 0, True)
-            if recv is not None:
-                if self._rank != root:
-                    self._blocking["scatter"](None, root, out=recv.array)
-                    return
-                send = self._kept(sendbuf, self._size, False)
-                if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-                    self._blocking["scatter"](send.shaped, root, out=recv.array)
-                    return
+            send = self._kept(sendbuf, self._size, False) if recv is not None and self._rank == root else None
+            if recv is not None and (self._rank != root or send is not None and send.count == recv.count
+                                     and not same_memory(send.array, recv.array)):
+                try:
+                    self._blocking["scatter"](None if send is None else send.shaped, root, out=recv.array)
+                except BaseException:
+                    self._detach()
+                    raise
+                self._returned(recv)
+                return
         self._scatter(sendbuf, recvbuf, root, False)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -944,12 +981,16 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
-        send = self._kept(sendbuf, 0, False)  # the short path: NumPy arrays seen before
-        if send is not None:
-            recv = self._kept(recvbuf, self._size, True)
-            if recv is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
+        send = self._kept(sendbuf, 0, False) if recv is not None else None
+        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+            try:
                 self._blocking["allgather"](send.array, out=recv.shaped)
-                return
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
+            return
         self._allgather(sendbuf, recvbuf, False)
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:
@@ -991,12 +1032,16 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or send and receive blocks of
                 different sizes.
         """
-        send = self._kept(sendbuf, self._size, False)  # the short path: NumPy arrays seen before
-        if send is not None:
-            recv = self._kept(recvbuf, self._size, True)
-            if recv is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
+        send = self._kept(sendbuf, self._size, False) if recv is not None else None
+        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+            try:
                 self._blocking["alltoall"](send.shaped, out=recv.shaped)
-                return
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
+            return
         self._alltoall(sendbuf, recvbuf, False)
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
@@ -1473,19 +1518,63 @@ class Comm(MPI.Intracomm):
             return self._keep(key, buf, msg)
         return self._stage(key, buf, msg, writable, blocks) if blocking else msg
 
-    def _kept(self, buf, blocks: int, writable: bool):
-        """The kept byte message of ``buf``, a plain NumPy array an earlier call parsed (``_raw``), else None.
+    def _kept(self, spec, blocks: int, writable: bool, raw: bool = True):
+        """The message an earlier call made of ``spec``, ready for this call; None where the spec needs parsing.
 
-        The blocking data-movement collectives' short path: one dict lookup
-        stands for the parse, since a kept message is exactly what ``_raw``
-        would make of the array again.
+        The blocking collectives' short path: a plain NumPy array, ``[buf,
+        datatype]`` or ``[buf, count, datatype]`` over one (its kept views,
+        see :meth:`_keep`), or a buffer of another kind given the same ways
+        (its kept copy, filled from the buffer now: :class:`_Staged`). One
+        dict lookup stands for the parse, since the kept message is exactly
+        what :meth:`_raw` (``raw``) or :meth:`_typed` would make of the spec
+        again; anything else (and every error) takes the general path.
         """
-        if type(buf) is not _ndarray:
+        t = spec.__class__
+        if t is _ndarray:
+            buf, count, datatype = spec, None, None
+        elif t is list or t is tuple:
+            n = len(spec)
+            if n == 2:
+                buf, count, datatype = spec[0], None, spec[1]
+            elif n == 3:
+                buf, count, datatype = spec
+            else:
+                return None
+            if datatype is None or datatype.__class__ is int:  # [buf, count]: mpi4py reads a count there
+                return None
+        else:
+            buf, count, datatype = spec, None, None
+        if buf.__class__ is _ndarray:
+            key = _spec_key(raw, buf, count, None, datatype, blocks)
+            msg = self._views.get(key) if key is not None else None
+            if msg is None or msg.source is not buf or (writable and not buf.flags.writeable):
+                return None
+            return msg
+        if buf.__class__ in _STAGED_TYPES:
+            return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf)
+        return None
+
+    def _returned(self, msg) -> None:
+        """A short path's call returned: a kept copy's result goes into the user's buffer, and its view goes."""
+        if msg.finish is not None:
+            msg.finish()
+        if self._attached:
+            self._detach()
+
+    def _kept_reduction(self, sendbuf, recvbuf, op):
+        """``(send, recv, commkit op)`` of a reduction whose buffers :meth:`_kept` has, for an op of mpi4py's; or None."""
+        fast = _FAST_OPS.get(id(op))
+        if fast is None:
             return None
-        msg = self._views.get((True, id(buf), None, None, buf.dtype, blocks))
-        if msg is None or msg.source is not buf or (writable and not buf.flags.writeable):
+        recv = self._kept(recvbuf, 0, True, False)
+        if recv is None or recv.dtype not in fast[1]:
             return None
-        return msg
+        if sendbuf is _IN_PLACE or sendbuf is None:
+            return recv, recv, fast[0]
+        send = self._kept(sendbuf, 0, False, False)
+        if send is None or send.dtype is not recv.dtype or send.count != recv.count:
+            return None
+        return send, recv, fast[0]
 
     def _typed(self, spec, name: str, op, *, blocks: int = 0, writable: bool = False,
                blocking: bool = False) -> _Message:
