@@ -167,10 +167,13 @@ requests they call mpi4py's).
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
 import logging
+import mmap
 import threading
+import weakref
 from functools import partial
 
 import mpi4py
@@ -202,6 +205,12 @@ _PACK_TAG = 0
 # communicator's compiled plans (which they let it reuse), they keep small arrays alive.
 _VIEWS = 32
 _VIEW_BYTES = 1 << 20
+# Buffers NumPy must view afresh at every call (a kept view would hold an export of their
+# memory, and the program could no longer resize a bytearray, close an mmap or release a
+# memoryview), which a blocking call moves through a kept copy up to this size: see _Staged.
+_STAGED_TYPES = frozenset((bytearray, bytes, array.array, mmap.mmap, memoryview))
+_STAGE_BYTES = 64 << 10
+_weakref = weakref.ref
 
 # The builtin MPI ops commkit computes, with the NumPy dtype kinds MPI defines each
 # for: integers, floating point and complex for the arithmetic ops, no complex for
@@ -320,15 +329,22 @@ def _announced(what: str | None):
     ranks' call raises :class:`commkit.errors.PeerFailed` naming the rank and its
     error, and nobody waits. Persistent ``*_init`` calls are local and are not
     announced. ``what`` None: the call's second argument names it (``_reduction``).
+
+    Whatever way the call ends, the fresh views of the buffers it staged go
+    (see :class:`_Staged`).
     """
     def wrap(fn):
         @functools.wraps(fn)
         def run(self, *args):
             comm = self.comm
-            if not comm.check or isinstance(args[-1], _Init):
-                return fn(self, *args)
-            with comm.announce_errors(what or args[1]):
-                return fn(self, *args)
+            try:
+                if not comm.check or isinstance(args[-1], _Init):
+                    return fn(self, *args)
+                with comm.announce_errors(what or args[1]):
+                    return fn(self, *args)
+            finally:
+                if self._attached:
+                    self._detach()
         return run
     return wrap
 
@@ -377,6 +393,8 @@ class Comm(MPI.Intracomm):
         self._timeout, self._check = timeout, check
         self._self = None  # MPI.COMM_SELF duplicate that packs what the face cannot view, made on first use
         self._views: dict = {}  # parsed specs over plain NumPy arrays: see _keep
+        self._stages: dict = {}  # kept copies of other buffers' messages, for blocking calls: see _Staged
+        self._attached: list = []  # the _Staged messages of the call under way that hold a view to let go
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
@@ -492,6 +510,7 @@ class Comm(MPI.Intracomm):
         """
         MPI.Intracomm.Free(self)
         self._views.clear()
+        self._stages.clear()
         comm = self.__dict__.get("comm")
         if comm is not None:
             comm.free()
@@ -615,11 +634,16 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
-        msg = self._views.get((True, id(buf), None, None, buf.dtype, 0)) if type(buf) is _ndarray else None
-        if msg is not None and msg.source is buf and root.__class__ is int and 0 <= root < self._size \
-                and buf.flags.writeable:
-            self._blocking["broadcast"](msg.array, root, out=msg.array)  # the short path: a NumPy array seen before
-            return
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: a buffer seen before
+            msg = self._kept(buf, 0, True)
+            if msg is not None:
+                try:
+                    self._blocking["broadcast"](msg.array, root, out=msg.array)
+                except BaseException:
+                    self._detach()
+                    raise
+                self._returned(msg)
+                return
         self._bcast(buf, root, False)
 
     def Ibcast(self, buf, root: int = 0) -> Request:
@@ -638,7 +662,7 @@ class Comm(MPI.Intracomm):
         root = self._root(root)
         is_root = self._rank == root
         prep = _prep(mode)
-        msg = self._raw(buf, "buf", writable=not is_root)
+        msg = self._raw(buf, "buf", writable=not is_root, blocking=mode is False)
         out = msg.array if _writeable(msg.array) else None  # a read-only root buffer is only read
         x = self._payload(msg, prep) if is_root else msg.array
         return self._start("broadcast", mode, msg.finish, x, root, out=out, prep=prep)
@@ -658,11 +682,23 @@ class Comm(MPI.Intracomm):
             InvalidArgument: ``root`` is not a rank.
         """
         if root.__class__ is int and 0 <= root < self._size:
-            short = self._short(sendbuf if self._rank == root else _IN_PLACE,
-                                recvbuf if self._rank == root else sendbuf, op)
+            at_root = self._rank == root
+            short = self._short(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
             if short is not None:
                 x, kop = short
-                self._blocking["reduce"](x, kop, root, out=recvbuf if self._rank == root else None)
+                self._blocking["reduce"](x, kop, root, out=recvbuf if at_root else None)
+                return
+            # Buffers seen before, of any kind (the other ranks' send buffer is their only one).
+            kept = self._kept_reduction(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
+            if kept is not None:
+                send, recv, kop = kept
+                try:
+                    self._blocking["reduce"](send.array, kop, root, out=recv.array if at_root else None)
+                except BaseException:
+                    self._detach()
+                    raise
+                if at_root:
+                    self._returned(recv)
                 return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -681,12 +717,12 @@ class Comm(MPI.Intracomm):
             root = self._root(root)
             if self._rank != root:
                 _not_in_place(sendbuf, "Reduce", "sendbuf", "only at the root")
-                send = self._typed(sendbuf, "sendbuf", kop)
+                send = self._typed(sendbuf, "sendbuf", kop, blocking=mode is False)
                 return self._start("reduce", mode, None, send.array, kop[0], root)
-            send, recv = self._reduction_buffers("Reduce", sendbuf, recvbuf, kop)
+            send, recv = self._reduction_buffers("Reduce", sendbuf, recvbuf, kop, mode is False)
         except _PassThrough as why:
             return self._pass("Reduce", mode, why, sendbuf, recvbuf, op, root)
-        return self._start("reduce", mode, None, send.array, kop[0], root, out=recv.array)
+        return self._start("reduce", mode, recv.finish, send.array, kop[0], root, out=recv.array)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Reduce into every process's ``recvbuf``; ``sendbuf=MPI.IN_PLACE`` (or None) reduces ``recvbuf`` itself.
@@ -714,6 +750,16 @@ class Comm(MPI.Intracomm):
         if short is not None:
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
+            return
+        kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
+        if kept is not None:
+            send, recv, kop = kept
+            try:
+                self._allreduce(send.array, kop, out=recv.array)
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -808,12 +854,12 @@ class Comm(MPI.Intracomm):
     def _reduction(self, collective, what, sendbuf, recvbuf, op, mode):
         try:
             kop = _op(op)
-            send, recv = self._reduction_buffers(what, sendbuf, recvbuf, kop)
+            send, recv = self._reduction_buffers(what, sendbuf, recvbuf, kop, mode is False)
         except _PassThrough as why:
             return self._pass(what, mode, why, sendbuf, recvbuf, op)
         # Rank 0's result of an exclusive scan is undefined: leave its buffer alone.
         out = None if collective == "exscan" and self._rank == 0 else recv.array
-        return self._start(collective, mode, None, send.array, kop[0], out=out)
+        return self._start(collective, mode, recv.finish, send.array, kop[0], out=out)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather every process's ``sendbuf`` into ``root``'s ``recvbuf``, in rank order.
@@ -830,6 +876,23 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
+            if self._rank != root:
+                send = self._kept(sendbuf, 0, False)
+                if send is not None:
+                    self._blocking["gather"](send.array, root)
+                    return
+            else:
+                recv = self._kept(recvbuf, self._size, True)
+                send = self._kept(sendbuf, 0, False) if recv is not None else None
+                if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+                    try:
+                        self._blocking["gather"](send.array, root, out=recv.shaped)
+                    except BaseException:
+                        self._detach()
+                        raise
+                    self._returned(recv)
+                    return
         self._gather(sendbuf, recvbuf, root, False)
 
     def Igather(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -846,10 +909,10 @@ class Comm(MPI.Intracomm):
         prep = _prep(mode)
         if rank != root:
             _not_in_place(sendbuf, "Gather", "sendbuf", "only at the root")
-            send = self._raw(sendbuf, "sendbuf")
+            send = self._raw(sendbuf, "sendbuf", blocking=mode is False)
             return self._start("gather", mode, None, self._payload(send, prep), root, prep=prep)
-        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
-        x = self._own_block(sendbuf, recv, "Gather", prep)
+        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True, blocking=mode is False)
+        x = self._own_block(sendbuf, recv, "Gather", prep, mode is False)
         return self._start("gather", mode, recv.finish, x, root, out=recv.shaped, prep=prep)
 
     def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -867,6 +930,18 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
+            recv = self._kept(recvbuf, 0, True)
+            send = self._kept(sendbuf, self._size, False) if recv is not None and self._rank == root else None
+            if recv is not None and (self._rank != root or send is not None and send.count == recv.count
+                                     and not same_memory(send.array, recv.array)):
+                try:
+                    self._blocking["scatter"](None if send is None else send.shaped, root, out=recv.array)
+                except BaseException:
+                    self._detach()
+                    raise
+                self._returned(recv)
+                return
         self._scatter(sendbuf, recvbuf, root, False)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -883,13 +958,13 @@ class Comm(MPI.Intracomm):
         prep = _prep(mode)
         if rank != root:
             _not_in_place(recvbuf, "Scatter", "recvbuf", "only at the root")
-            recv = self._raw(recvbuf, "recvbuf", writable=True)
+            recv = self._raw(recvbuf, "recvbuf", writable=True, blocking=mode is False)
             return self._start("scatter", mode, recv.finish, None, root, out=recv.array)
-        send = self._raw(sendbuf, "sendbuf", blocks=size)
+        send = self._raw(sendbuf, "sendbuf", blocks=size, blocking=mode is False)
         x = self._payload(send, prep, shaped=True)
         finish = out = None  # with IN_PLACE the root keeps its block where it is, in sendbuf
         if not _in_place(recvbuf):
-            recv = self._raw(recvbuf, "recvbuf", writable=True)
+            recv = self._raw(recvbuf, "recvbuf", writable=True, blocking=mode is False)
             _match("Scatter", send, recv, "per-process send count")
             out, finish = recv.array, recv.finish
         return self._start("scatter", mode, finish, x, root, out=out, prep=prep)
@@ -906,6 +981,16 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
+        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
+        send = self._kept(sendbuf, 0, False) if recv is not None else None
+        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+            try:
+                self._blocking["allgather"](send.array, out=recv.shaped)
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
+            return
         self._allgather(sendbuf, recvbuf, False)
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:
@@ -920,17 +1005,17 @@ class Comm(MPI.Intracomm):
     def _allgather(self, sendbuf, recvbuf, mode):
         size = self._size
         prep = _prep(mode)
-        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
-        x = self._own_block(sendbuf, recv, "Allgather", prep)
+        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True, blocking=mode is False)
+        x = self._own_block(sendbuf, recv, "Allgather", prep, mode is False)
         return self._start("allgather", mode, recv.finish, x, out=recv.shaped, prep=prep)
 
-    def _own_block(self, sendbuf, recv, what, prep):
+    def _own_block(self, sendbuf, recv, what, prep, blocking):
         """The bytes this rank contributes to a gather into ``recv`` (its block there with IN_PLACE)."""
         rank, count = self._rank, recv.count
         if _in_place(sendbuf):
             # Copied: the algorithm writes recvbuf while it may still read the input.
             return self._snapshot(recv, recv.array[rank * count:(rank + 1) * count], prep)
-        send = self._raw(sendbuf, "sendbuf")
+        send = self._raw(sendbuf, "sendbuf", blocking=blocking)
         _match(what, send, recv, "send size", "per-process receive size")
         x = self._payload(send, prep)
         return _copy(x, prep) if same_memory(x, recv.array) else x
@@ -947,6 +1032,16 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or send and receive blocks of
                 different sizes.
         """
+        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
+        send = self._kept(sendbuf, self._size, False) if recv is not None else None
+        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+            try:
+                self._blocking["alltoall"](send.shaped, out=recv.shaped)
+            except BaseException:
+                self._detach()
+                raise
+            self._returned(recv)
+            return
         self._alltoall(sendbuf, recvbuf, False)
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
@@ -961,11 +1056,11 @@ class Comm(MPI.Intracomm):
     def _alltoall(self, sendbuf, recvbuf, mode):
         size = self._size
         prep = _prep(mode)
-        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True)
+        recv = self._raw(recvbuf, "recvbuf", blocks=size, writable=True, blocking=mode is False)
         if _in_place(sendbuf):
             x = self._snapshot(recv, recv.shaped, prep)
         else:
-            send = self._raw(sendbuf, "sendbuf", blocks=size)
+            send = self._raw(sendbuf, "sendbuf", blocks=size, blocking=mode is False)
             _match("Alltoall", send, recv, "per-process send size", "per-process receive size")
             x = self._payload(send, prep, shaped=True)
             if same_memory(x, recv.array):
@@ -1394,13 +1489,22 @@ class Comm(MPI.Intracomm):
             prep.append(msg.refresh)
         return _copy(view, prep)
 
-    def _raw(self, spec, name: str, *, blocks: int = 0, writable: bool = False) -> _Message:
-        """A buffer spec as bytes (data-movement collectives); MPI packs what the face cannot view."""
+    def _raw(self, spec, name: str, *, blocks: int = 0, writable: bool = False, blocking: bool = False) -> _Message:
+        """A buffer spec as bytes (data-movement collectives); MPI packs what the face cannot view.
+
+        ``blocking``: the message of a blocking call, which may go through a
+        :class:`_Staged` copy (never kept past the call's end).
+        """
         buf, count, displ, datatype = _split(spec, name)
         key = _cache_key(True, buf, count, displ, datatype, blocks)
         if key is not None:
             msg = self._views.get(key)
             if msg is not None and msg.source is buf and (not writable or buf.flags.writeable):
+                return msg
+        elif blocking and type(buf) in _STAGED_TYPES:
+            key = _spec_key((True, writable), buf, count, displ, datatype, blocks)
+            msg = self._fill(key, buf)
+            if msg is not None:
                 return msg
         try:
             msg = _view(buf, count, displ, datatype, blocks, writable, name)
@@ -1409,34 +1513,141 @@ class Comm(MPI.Intracomm):
         array = msg.array
         if array.dtype is not _UINT8:
             array = array.view(_UINT8)
-        return self._keep(key, buf, _Message(array, msg.count * msg.dtype.itemsize, _UINT8, blocks=blocks))
+        msg = _Message(array, msg.count * msg.dtype.itemsize, _UINT8, blocks=blocks)
+        if type(buf) is _ndarray:
+            return self._keep(key, buf, msg)
+        return self._stage(key, buf, msg, writable, blocks) if blocking else msg
 
-    def _typed(self, spec, name: str, op, *, blocks: int = 0, writable: bool = False) -> _Message:
+    def _kept(self, spec, blocks: int, writable: bool, raw: bool = True):
+        """The message an earlier call made of ``spec``, ready for this call; None where the spec needs parsing.
+
+        The blocking collectives' short path: a plain NumPy array, ``[buf,
+        datatype]`` or ``[buf, count, datatype]`` over one (its kept views,
+        see :meth:`_keep`), or a buffer of another kind given the same ways
+        (its kept copy, filled from the buffer now: :class:`_Staged`). One
+        dict lookup stands for the parse, since the kept message is exactly
+        what :meth:`_raw` (``raw``) or :meth:`_typed` would make of the spec
+        again; anything else (and every error) takes the general path.
+        """
+        t = spec.__class__
+        if t is _ndarray:
+            buf, count, datatype = spec, None, None
+        elif t is list or t is tuple:
+            n = len(spec)
+            if n == 2:
+                buf, count, datatype = spec[0], None, spec[1]
+            elif n == 3:
+                buf, count, datatype = spec
+            else:
+                return None
+            if datatype is None or datatype.__class__ is int:  # [buf, count]: mpi4py reads a count there
+                return None
+        else:
+            buf, count, datatype = spec, None, None
+        if buf.__class__ is _ndarray:
+            key = _spec_key(raw, buf, count, None, datatype, blocks)
+            msg = self._views.get(key) if key is not None else None
+            if msg is None or msg.source is not buf or (writable and not buf.flags.writeable):
+                return None
+            return msg
+        if buf.__class__ in _STAGED_TYPES:
+            return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf)
+        return None
+
+    def _returned(self, msg) -> None:
+        """A short path's call returned: a kept copy's result goes into the user's buffer, and its view goes."""
+        if msg.finish is not None:
+            msg.finish()
+        if self._attached:
+            self._detach()
+
+    def _kept_reduction(self, sendbuf, recvbuf, op):
+        """``(send, recv, commkit op)`` of a reduction whose buffers :meth:`_kept` has, for an op of mpi4py's; or None."""
+        fast = _FAST_OPS.get(id(op))
+        if fast is None:
+            return None
+        recv = self._kept(recvbuf, 0, True, False)
+        if recv is None or recv.dtype not in fast[1]:
+            return None
+        if sendbuf is _IN_PLACE or sendbuf is None:
+            return recv, recv, fast[0]
+        send = self._kept(sendbuf, 0, False, False)
+        if send is None or send.dtype is not recv.dtype or send.count != recv.count:
+            return None
+        return send, recv, fast[0]
+
+    def _typed(self, spec, name: str, op, *, blocks: int = 0, writable: bool = False,
+               blocking: bool = False) -> _Message:
         """A buffer spec of a reduction as a typed array; raises _PassThrough where MPI must reduce it.
 
-        ``op`` is what :func:`_op` returns: the commkit op and the dtypes it runs on here.
+        ``op`` is what :func:`_op` returns: the commkit op and the dtypes it runs on here;
+        ``blocking`` as for :meth:`_raw`.
         """
         buf, count, displ, datatype = _split(spec, name)
         key = _cache_key(False, buf, count, displ, datatype, blocks)
-        msg = self._views.get(key) if key is not None else None
-        if msg is None or msg.source is not buf or (writable and not buf.flags.writeable):
+        msg = None
+        if key is not None:
+            msg = self._views.get(key)
+            if msg is not None and (msg.source is not buf or (writable and not buf.flags.writeable)):
+                msg = None
+        elif blocking and type(buf) in _STAGED_TYPES:
+            key = _spec_key((False, writable), buf, count, displ, datatype, blocks)
+            msg = self._fill(key, buf)
+        if msg is None:
             try:
                 msg = _view(buf, count, displ, datatype, blocks, writable, name)
             except _Opaque as why:
                 raise _PassThrough(str(why)) from None
-            msg = self._keep(key, buf, msg)
+            if type(buf) is _ndarray:
+                msg = self._keep(key, buf, msg)
+            elif blocking:
+                msg = self._stage(key, buf, msg, writable, blocks)
         if msg.dtype not in op[1]:
             raise _PassThrough(f"MPI does not define {op[0].name} for {msg.dtype}")
         return msg
 
-    def _reduction_buffers(self, what, sendbuf, recvbuf, op):
+    def _reduction_buffers(self, what, sendbuf, recvbuf, op, blocking):
         """The send and receive messages of a reduction at a rank that gets a result."""
-        recv = self._typed(recvbuf, "recvbuf", op, writable=True)
+        recv = self._typed(recvbuf, "recvbuf", op, writable=True, blocking=blocking)
         if _in_place(sendbuf):
             return recv, recv
-        send = self._typed(sendbuf, "sendbuf", op)
+        send = self._typed(sendbuf, "sendbuf", op, blocking=blocking)
         _match(what, send, recv)
         return send, recv
+
+    def _fill(self, key, buf):
+        """The kept :class:`_Staged` message of ``key``, filled from ``buf`` for this call; None if it has none."""
+        msg = self._stages.get(key) if key is not None else None
+        if msg is None or not msg.attach(buf):
+            return None
+        if msg.finish is not None:
+            self._attached.append(msg)
+        return msg
+
+    def _stage(self, key, buf, msg: _Message, writable: bool, blocks: int) -> _Message:
+        """``msg`` (a fresh view of ``buf``, not a NumPy array) as a kept :class:`_Staged` message, where it may be.
+
+        Only up to :data:`_STAGE_BYTES` (larger messages are worth no copy:
+        the communicator's general path costs little beside moving them) and
+        for buffers NumPy views as one run of bytes; else ``msg`` itself.
+        """
+        if key is None or msg.array.nbytes > _STAGE_BYTES or type(msg.array) is not _ndarray:
+            return msg
+        try:
+            mem = np.frombuffer(buf, _UINT8)
+        except (ValueError, BufferError, TypeError):  # e.g. a memoryview with strides: the fresh view serves
+            return msg
+        stages = self._stages
+        if len(stages) >= _VIEWS:
+            stages.clear()
+        stages[key] = _Staged(msg, buf, mem, writable, blocks)
+        return self._fill(key, buf) or msg
+
+    def _detach(self) -> None:
+        """Let go of the fresh views the call that ends attached (see :class:`_Staged`)."""
+        for msg in self._attached:
+            msg.detach()
+        self._attached.clear()
 
     def _keep(self, key, buf, msg: _Message) -> _Message:
         """Keep ``msg`` (the views of a plain NumPy array) for the next call with the same spec.
@@ -1897,6 +2108,67 @@ class _Message:
         return head
 
 
+class _Staged(_Message):
+    """A blocking call's message over a buffer that is not a NumPy array, through a kept copy.
+
+    NumPy views a ``bytearray``, ``array.array``, ``mmap`` or ``memoryview``
+    through an export of its memory, and while one lives the program cannot
+    resize, close or release the buffer (mpi4py releases it when the call
+    returns). So the face keeps no view of such a buffer across calls: it
+    keeps this message, whose ``array`` is a stage of the message's size that
+    the communicator sees on every call (and so replays the plan it compiled
+    for it). :meth:`attach` views the buffer afresh and copies the message's
+    bytes into the stage; for a receive buffer ``finish`` copies the result
+    back and lets the view go. The face detaches what a call attached when
+    the call ends, also when it raises (see :func:`_announced`).
+    """
+
+    __slots__ = ("_bytes", "_lo", "_hi", "_total", "_owner", "_user")
+
+    def __init__(self, msg: _Message, buf, mem, writable: bool, blocks: int):
+        nbytes = msg.array.nbytes
+        stage = np.empty(nbytes, _UINT8)
+        super().__init__(stage if msg.dtype is _UINT8 else stage.view(msg.dtype), msg.count, msg.dtype, None, blocks)
+        self.finish = self._unstage if writable else None
+        self._bytes = stage
+        # Where the message lies in the buffer's bytes: where its view begins, from where the buffer's does.
+        self._lo = msg.array.__array_interface__["data"][0] - mem.__array_interface__["data"][0]
+        self._hi, self._total = self._lo + nbytes, mem.size
+        # A memoryview kept alive would keep its object's memory exported: only a weak reference to it.
+        self._owner = buf if type(buf) in (bytearray, bytes) else _weakref(buf)
+        self._user = None
+        self.source = buf  # a kept message: copy_of and head keep their arrays (see _Message)
+
+    def attach(self, buf) -> bool:
+        """Copy the message's bytes from ``buf`` into the stage; False where ``buf`` is not this message's any more.
+
+        For a receive buffer the fresh view is kept until :meth:`_unstage` (or
+        the call's end) lets it go.
+        """
+        owner = self._owner
+        if (owner if type(owner) is not _weakref else owner()) is not buf:
+            return False
+        try:
+            mem = np.frombuffer(buf, _UINT8)
+        except (ValueError, BufferError, TypeError):  # released, closed, or no longer one run of bytes
+            return False
+        if mem.size != self._total or (self.finish is not None and not mem.flags.writeable):
+            return False
+        user = mem[self._lo:self._hi]
+        self._bytes[...] = user
+        if self.finish is not None:
+            self._user = user
+        return True
+
+    def _unstage(self) -> None:
+        user, self._user = self._user, None
+        user[...] = self._bytes
+
+    def detach(self) -> None:
+        """Let the fresh view go (a call that raised before ``finish``)."""
+        self._user = None
+
+
 def _in_place(spec) -> bool:
     """Whether ``spec`` asks for in-place operation: mpi4py reads None as ``MPI.IN_PLACE`` there."""
     return spec is _IN_PLACE or spec is None
@@ -1928,18 +2200,24 @@ def _split(spec, name: str):
 
 def _cache_key(raw: bool, buf, count, displ, datatype, blocks: int):
     """The view-cache key of a spec over a plain NumPy array (None for any other spec)."""
-    if type(buf) is not _ndarray or (count is not None and count.__class__ is not int) or (
-            displ is not None and displ.__class__ is not int):
+    if type(buf) is not _ndarray:
+        return None
+    return _spec_key(raw, buf, count, displ, datatype, blocks)
+
+
+def _spec_key(tag, buf, count, displ, datatype, blocks: int):
+    """A key naming the buffer by identity and the rest of its spec by value (None where it cannot)."""
+    if (count is not None and count.__class__ is not int) or (displ is not None and displ.__class__ is not int):
         return None
     if datatype is None:
-        typekey = buf.dtype
+        typekey = buf.dtype if type(buf) is _ndarray else None
     elif datatype.__class__ is str:
         typekey = datatype
     elif isinstance(datatype, _MPI_DATATYPE) and datatype.handle in _DTYPES:
         typekey = datatype.handle  # predefined: a handle no other datatype takes
     else:
         return None
-    return raw, id(buf), count, displ, typekey, blocks
+    return tag, id(buf), count, displ, typekey, blocks
 
 
 def _view(buf, count, displ, datatype, blocks: int, writable: bool, name: str) -> _Message:
