@@ -532,7 +532,7 @@ class Comm(MPI.Intracomm):
         """mpi4py's ``bcast``: ``root``'s object on every rank (a scalar travels as its value, not pickled)."""
         if root.__class__ is not int or not 0 <= root < self._size:
             return MPI.Intracomm.bcast(self, obj, root)  # mpi4py's own error
-        rec, _, locks = self._object_records()
+        rec, _, locks, _ = self._object_records()
         with locks[0]:
             if self._rank == root:
                 _encode(obj, rec)
@@ -582,7 +582,11 @@ class Comm(MPI.Intracomm):
         if records is None:
             table = MPI._comm_lock_table(self)
             locks = tuple(table.setdefault(key, threading.Lock()) for key in ("bcast", "allgather"))
-            records = self._records = (np.zeros(4, np.int64), np.zeros((self._size, 4), np.int64), locks)
+            every = np.zeros((self._size, 4), np.int64)
+            # The columns _gathered reads, viewed once: every rank's kind, and its value as a float and an int.
+            mine = np.zeros(4, np.int64)
+            columns = (every[:, 0], every.view(np.float64)[:, 2], every[:, 2], mine.view(np.float64))
+            records = self._records = (mine, every, locks, columns)
         return records
 
     def _gathered(self, sendobj, root):
@@ -591,13 +595,26 @@ class Comm(MPI.Intracomm):
         None, on every rank, where some rank's object is not a scalar: the
         caller then runs mpi4py's own method, which pickles.
         """
-        rec, records, locks = self._object_records()
+        rec, records, locks, (kinds, floats, ints, rec_floats) = self._object_records()
         with locks[1]:
-            _encode(sendobj, rec)
+            if sendobj.__class__ is float:  # _encode's commonest case, written out
+                rec[0] = _FLOAT
+                rec_floats[2] = sendobj
+            else:
+                _encode(sendobj, rec)
             self._blocking["allgather"](rec, out=records)
-            if (records[:, 0] == _PICKLED).any():
+            kinds = set(kinds.tolist())  # (one call into NumPy: a tiny array's own ops cost more)
+            if _PICKLED in kinds:
                 return None
-            return [_decode(r) for r in records] if root is None or self._rank == root else []
+            if root is not None and self._rank != root:
+                return []
+            if len(kinds) == 1:  # every rank sent the same kind: all at once
+                kind = kinds.pop()
+                if kind == _FLOAT:
+                    return floats.tolist()
+                if kind == _INT:
+                    return ints.tolist()
+            return [_decode(r) for r in records]
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -1814,6 +1831,8 @@ def _decode(rec):
 
 def _mpi4py_order(objects, op):
     """``op`` over every rank's object in the order mpi4py's ``reduce``/``allreduce`` apply it."""
+    if len(objects) == 2:  # both orders below are then this one call
+        return op(objects[0], objects[1])
     if not _FAST_REDUCE:  # mpi4py.rc.fast_reduce = False: mpi4py gathers and folds left to right
         return functools.reduce(op, objects)
     return _binomial(objects, op)
