@@ -198,6 +198,12 @@ def main(argv=None):
     parser.add_argument("--forms", default=";".join(FORMS),
                         help="which buffer forms, separated by ';' (their names hold commas; default all)")
     args = parser.parse_args(argv)
+    unknown = [c for c in args.collectives.split(",") if c not in COLLECTIVES]
+    if unknown:
+        parser.error(f"--collectives takes names from {', '.join(COLLECTIVES)} (mpi4py's spelling); got {unknown}")
+    unknown = [f for f in args.forms.split(";") if f not in FORMS]
+    if unknown:
+        parser.error(f"--forms takes names from {'; '.join(FORMS)}; got {unknown}")
     world = MPI.COMM_WORLD
     raw, face = world.Dup(), wrap(world)
     rank, p = world.Get_rank(), world.Get_size()
