@@ -1858,3 +1858,39 @@ def test_short_paths_keep_every_check_of_the_general_path(face):
     both = np.arange(6, dtype=np.float64)
     comm.Allgather(both, both)
     assert both.tolist() == list(range(6))
+
+
+NEW_ARRAYS = r'''
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+
+raw = MPI.COMM_WORLD.Dup()
+face = wrap(MPI.COMM_WORLD)
+rank, size = raw.Get_rank(), raw.Get_size()
+for k in range(6):  # new arrays every call, each rank its own view of the same bytes
+    # Bcast: the root's float64 array; the others receive the same 16 bytes as int32, a (2, 2) array, or bytes.
+    kinds = [np.zeros(2, np.float64), np.zeros(4, np.int32), np.zeros((2, 2), np.int32), np.zeros(16, np.uint8)]
+    bufs = [kinds[rank % 4].copy() for _ in range(2)]
+    if rank == 0:
+        bufs = [np.array([1.5 + k, -2.25]), np.array([1.5 + k, -2.25])]
+    raw.Bcast(bufs[0], 0)
+    face.Bcast(bufs[1], 0)
+    assert bufs[0].tobytes() == bufs[1].tobytes(), (k, bufs)
+    # Allgather: 12 bytes from each rank (3 int32), received as int16 (p * 12 bytes) or as bytes.
+    send = np.arange(3, dtype=np.int32) + 10 * rank + k
+    recvs = [np.zeros(6 * size, np.int16) if rank % 2 else np.zeros(12 * size, np.uint8) for _ in range(2)]
+    raw.Allgather(send, recvs[0])
+    face.Allgather(send, recvs[1])
+    assert recvs[0].tobytes() == recvs[1].tobytes(), (k, recvs)
+print(f"rank {rank}: ok")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_new_numpy_arrays_of_any_type_give_mpi4py_bytes_through_bcast_and_allgather(mpi, nprocs):
+    """The face's direct path for NumPy arrays moves bytes, as its general path and MPI do: ranks that view
+    one message as different types (float64 at the root, int32 or bytes elsewhere) still meet."""
+    result = mpi(nprocs, NEW_ARRAYS, timeout=120)
+    assert result.stdout.count(": ok") == nprocs, result.stdout

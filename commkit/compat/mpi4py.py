@@ -394,6 +394,7 @@ class Comm(MPI.Intracomm):
         self._self = None  # MPI.COMM_SELF duplicate that packs what the face cannot view, made on first use
         self._views: dict = {}  # parsed specs over plain NumPy arrays: see _keep
         self._stages: dict = {}  # kept copies of other buffers' messages, for blocking calls: see _Staged
+        self._byte_views: dict = {}  # the byte views of the NumPy arrays of the last few calls: see _bytes_of
         self._attached: list = []  # the _Staged messages of the call under way that hold a view to let go
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
@@ -511,6 +512,7 @@ class Comm(MPI.Intracomm):
         MPI.Intracomm.Free(self)
         self._views.clear()
         self._stages.clear()
+        self._byte_views.clear()
         comm = self.__dict__.get("comm")
         if comm is not None:
             comm.free()
@@ -651,8 +653,14 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
-        if root.__class__ is int and 0 <= root < self._size:  # the short path: a buffer seen before
-            msg = self._kept(buf, 0, True)
+        if root.__class__ is int and 0 <= root < self._size:
+            if _plain_array(buf) and not self.comm.check:  # a NumPy array, new or not
+                # Its bytes, in place, as the general path moves them (every rank's message alike, whatever
+                # form each rank gave its buffer in).
+                data = self._bytes_of(buf)
+                self._blocking["broadcast"](data, root, out=data)
+                return
+            msg = self._kept(buf, 0, True)  # the short path: a buffer seen before
             if msg is not None:
                 try:
                     self._blocking["broadcast"](msg.array, root, out=msg.array)
@@ -998,7 +1006,13 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
-        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
+        p = self._size
+        if (_plain_array(sendbuf) and _plain_array(recvbuf) and recvbuf.nbytes == p * sendbuf.nbytes
+                and not self.comm.check and not same_memory(sendbuf, recvbuf)):
+            # NumPy arrays, new or not: their bytes, as the general path moves them.
+            self._blocking["allgather"](self._bytes_of(sendbuf), out=self._bytes_of(recvbuf, p))
+            return
+        recv = self._kept(recvbuf, p, True)  # the short path: buffers seen before
         send = self._kept(sendbuf, 0, False) if recv is not None else None
         if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
             try:
@@ -1535,6 +1549,26 @@ class Comm(MPI.Intracomm):
             return self._keep(key, buf, msg)
         return self._stage(key, buf, msg, writable, blocks) if blocking else msg
 
+    def _bytes_of(self, array, blocks: int = 0):
+        """The bytes of a NumPy array (:func:`_plain_array`), as the general path moves them; ``blocks`` rows.
+
+        The same view object for the same array while it is among the last few
+        seen, so that a loop repeating a call on its arrays runs the
+        communicator's plan for them (found by identity); new arrays get a new
+        view each (a cheap one: the cache holds a handful, strongly).
+        """
+        cache = self._byte_views
+        hit = cache.get(id(array))
+        if hit is not None and hit[0] is array and hit[2] == blocks:
+            return hit[1]
+        data = array.reshape(-1).view(_BYTE)
+        if blocks:
+            data = data.reshape(blocks, -1)
+        if len(cache) >= 8:
+            cache.clear()
+        cache[id(array)] = (array, data, blocks)
+        return data
+
     def _kept(self, spec, blocks: int, writable: bool, raw: bool = True):
         """The message an earlier call made of ``spec``, ready for this call; None where the spec needs parsing.
 
@@ -1827,6 +1861,18 @@ def _decode(rec):
         return complex(f[2], f[3])
     dtype = _SCALAR_DTYPES[int(kind)]
     return rec.view(np.uint8)[16:16 + dtype.itemsize].view(dtype)[0]
+
+
+_BYTE = np.dtype(np.uint8)
+
+
+def _plain_array(buf) -> bool:
+    """Whether ``buf`` is a NumPy array the communicator takes as mpi4py would read it: whole, C-contiguous,
+    writeable, of a native numeric type, at least one dimension (a message of ``buf.size`` elements)."""
+    if buf.__class__ is not _ndarray or not buf.ndim:
+        return False
+    flags = buf.flags
+    return flags.c_contiguous and flags.writeable and buf.dtype.kind in "biufc" and buf.dtype.isnative
 
 
 def _mpi4py_order(objects, op):
