@@ -16,20 +16,35 @@ EMPTY = ("tmp", 0, 0)
 
 
 def _linear_reduce(rank, size, count, op, root):
-    """Root receives each rank's vector in rank order and folds it into ``out``."""
+    """Root receives each rank's vector in rank order and folds it into ``out``.
+
+    The textbook form copies rank 0's vector into ``out`` and folds every other
+    one into it. Where rank 0's and rank 1's vectors do not both arrive in
+    ``tmp`` (the root is one of them), the first fold reads both where they lie
+    instead, ``Reduce(out, rank 1's, src=rank 0's)``: the same values in the same
+    order, one copy fewer.
+    """
     if rank != root:
         yield Send(root, ("in", 0, count))
         return
+    whole, mine, incoming = ("out", 0, count), ("in", 0, count), ("tmp", 0, count)
+    first = None  # rank 0's vector, where its copy into out was left for the first fold
     for source in range(size):
-        operand = ("in", 0, count)
+        operand = mine
         if source != root:
             # Wait for rank `source`'s vector; ranks are folded in rank order.
-            yield Recv(source, ("tmp", 0, count))
-            operand = ("tmp", 0, count)
+            yield Recv(source, incoming)
+            operand = incoming
         if source == 0:
-            yield Copy(("out", 0, count), operand)
+            if size > 1 and root <= 1:
+                first = operand
+            else:
+                yield Copy(whole, operand)
+        elif first is not None:
+            yield Reduce(whole, operand, op, src=first)
+            first = None
         else:
-            yield Reduce(("out", 0, count), operand, op)
+            yield Reduce(whole, operand, op)
 
 
 def _linear_bcast(rank, size, count, root):
