@@ -662,12 +662,7 @@ class Comm(MPI.Intracomm):
                 return
             msg = self._kept(buf, 0, True)  # the short path: a buffer seen before
             if msg is not None:
-                try:
-                    self._blocking["broadcast"](msg.array, root, out=msg.array)
-                except BaseException:
-                    self._detach()
-                    raise
-                self._returned(msg)
+                self._run_kept(self._blocking["broadcast"], msg, msg.array, root, out=msg.array)
                 return
         self._bcast(buf, root, False)
 
@@ -717,13 +712,8 @@ class Comm(MPI.Intracomm):
             kept = self._kept_reduction(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
             if kept is not None:
                 send, recv, kop = kept
-                try:
-                    self._blocking["reduce"](send.array, kop, root, out=recv.array if at_root else None)
-                except BaseException:
-                    self._detach()
-                    raise
-                if at_root:
-                    self._returned(recv)
+                self._run_kept(self._blocking["reduce"], recv if at_root else None, send.array, kop, root,
+                               out=recv.array if at_root else None)
                 return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -779,12 +769,7 @@ class Comm(MPI.Intracomm):
         kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
         if kept is not None:
             send, recv, kop = kept
-            try:
-                self._allreduce(send.array, kop, out=recv.array)
-            except BaseException:
-                self._detach()
-                raise
-            self._returned(recv)
+            self._run_kept(self._allreduce, recv, send.array, kop, out=recv.array)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -911,12 +896,7 @@ class Comm(MPI.Intracomm):
                 recv = self._kept(recvbuf, self._size, True)
                 send = self._kept(sendbuf, 0, False) if recv is not None else None
                 if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-                    try:
-                        self._blocking["gather"](send.array, root, out=recv.shaped)
-                    except BaseException:
-                        self._detach()
-                        raise
-                    self._returned(recv)
+                    self._run_kept(self._blocking["gather"], recv, send.array, root, out=recv.shaped)
                     return
         self._gather(sendbuf, recvbuf, root, False)
 
@@ -960,12 +940,8 @@ class Comm(MPI.Intracomm):
             send = self._kept(sendbuf, self._size, False) if recv is not None and self._rank == root else None
             if recv is not None and (self._rank != root or send is not None and send.count == recv.count
                                      and not same_memory(send.array, recv.array)):
-                try:
-                    self._blocking["scatter"](None if send is None else send.shaped, root, out=recv.array)
-                except BaseException:
-                    self._detach()
-                    raise
-                self._returned(recv)
+                self._run_kept(self._blocking["scatter"], recv, None if send is None else send.shaped, root,
+                               out=recv.array)
                 return
         self._scatter(sendbuf, recvbuf, root, False)
 
@@ -1015,12 +991,7 @@ class Comm(MPI.Intracomm):
         recv = self._kept(recvbuf, p, True)  # the short path: buffers seen before
         send = self._kept(sendbuf, 0, False) if recv is not None else None
         if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-            try:
-                self._blocking["allgather"](send.array, out=recv.shaped)
-            except BaseException:
-                self._detach()
-                raise
-            self._returned(recv)
+            self._run_kept(self._blocking["allgather"], recv, send.array, out=recv.shaped)
             return
         self._allgather(sendbuf, recvbuf, False)
 
@@ -1066,12 +1037,7 @@ class Comm(MPI.Intracomm):
         recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
         send = self._kept(sendbuf, self._size, False) if recv is not None else None
         if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-            try:
-                self._blocking["alltoall"](send.shaped, out=recv.shaped)
-            except BaseException:
-                self._detach()
-                raise
-            self._returned(recv)
+            self._run_kept(self._blocking["alltoall"], recv, send.shaped, out=recv.shaped)
             return
         self._alltoall(sendbuf, recvbuf, False)
 
@@ -1605,6 +1571,19 @@ class Comm(MPI.Intracomm):
             return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf)
         return None
 
+    def _run_kept(self, run, kept, *args, **kwargs) -> None:
+        """Run a short path's call, ``run(*args, **kwargs)``; then ``kept`` (a kept message, or None) gets its result.
+
+        Whatever way the call ends, the fresh views of the buffers it staged go.
+        """
+        try:
+            run(*args, **kwargs)
+        except BaseException:
+            self._detach()
+            raise
+        if kept is not None:
+            self._returned(kept)
+
     def _returned(self, msg) -> None:
         """A short path's call returned: a kept copy's result goes into the user's buffer, and its view goes."""
         if msg.finish is not None:
@@ -1613,7 +1592,7 @@ class Comm(MPI.Intracomm):
             self._detach()
 
     def _kept_reduction(self, sendbuf, recvbuf, op):
-        """``(send, recv, commkit op)`` of a reduction whose buffers :meth:`_kept` has, for an op of mpi4py's; or None."""
+        """``(send, recv, commkit op)`` of a reduction whose buffers :meth:`_kept` has, for an mpi4py op; or None."""
         fast = _FAST_OPS.get(id(op))
         if fast is None:
             return None
