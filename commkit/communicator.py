@@ -1251,12 +1251,13 @@ class Communicator(VectorCollectives):
 
     def _nonblocking_steps(self, call: Call, plan):
         """The i-form of ``call``'s shape compiled (:func:`commkit.plan.nonblocking_steps`), or None."""
-        if call.xp is not np or plan[1] is None:
+        _, steps, scratch_n, inplace_safe, name, _, _ = plan
+        if call.xp is not np or steps is None:
             return None
         src = stand_in(len(call.src), call.dtype)
-        dst = src if call.aliased and plan[3] else stand_in(len(call.dst), call.dtype)
-        bufs = {"in": src, "out": dst, "tmp": stand_in(plan[2], call.dtype)}
-        return nonblocking_steps(plan[1], bufs, self._coll, call.collective, plan[4])
+        dst = src if call.aliased and inplace_safe else stand_in(len(call.dst), call.dtype)
+        bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
+        return nonblocking_steps(steps, bufs, self._coll, call.collective, name)
 
     def _fresh_request(self, collective, entry, src, dst, result, timeout):
         """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""

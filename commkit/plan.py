@@ -271,7 +271,9 @@ class _Names:
     that run's buffer (``_b_in[0:4]``, one line in ``sliced`` per range), as is
     a list or tuple holding one; a constant that may share memory with a
     compiled-against buffer is added to ``unsafe`` (the plan is then not
-    generated: it could touch memory that is not the run's).
+    generated: it could touch memory that is not the run's). Names are kept by
+    ``id()``, so every value named is held here until generation ends: a
+    temporary freed meanwhile could hand its id, and its name, to another.
     """
 
     def __init__(self, ns: dict, slots=None):
@@ -280,12 +282,14 @@ class _Names:
         self.sliced: list = []
         self.ranges: dict = {}
         self.unsafe: list = []
+        self.named: list = []  # every value given a name (see above)
 
     def const(self, value) -> str:
         consts, slots, sliced = self.consts, self.slots, self.sliced
         name = consts.get(id(value))
         if name is not None:
             return name
+        self.named.append(value)
         if slots:
             hit = slots.get(id(value))
             if hit is not None and hit[0] is value:
@@ -491,10 +495,9 @@ def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
     ns = {"_post": chan.post}
     names = _Names(ns, slots)
     const = names.const
-    body, alive = [], []
+    body = []
 
     def local(ops) -> None:
-        alive.append(ops)
         for _, op, _, _, _ in ops:
             spec = getattr(op, "inline", None)
             if spec is None or spec[2] is not None:
@@ -508,7 +511,6 @@ def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
             continue
         sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
         recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
-        alive.append((sends, recvs))  # names are given by id: no list may be freed and its id reused
         body.append(f"# schedule step {index}: {_one_line(step)}")
         body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
         body.append(f"_pending = _post({const(sends)}, {const(recvs)}, tag)")
