@@ -1860,6 +1860,219 @@ def test_short_paths_keep_every_check_of_the_general_path(face):
     assert both.tolist() == list(range(6))
 
 
+IN_PLACE_SHORT = r"""
+import array
+import mmap
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from commkit.compat import mpi4py as face_module
+from commkit.compat.mpi4py import wrap
+
+# Count the calls that take the general path (the parse): a short path never gets there.
+general = [0]
+for name in ("_bcast", "_reduce", "_reduction", "_gather", "_scatter", "_allgather", "_alltoall"):
+    def counted(self, *args, _run=getattr(face_module.Comm, name)):
+        general[0] += 1
+        return _run(self, *args)
+    setattr(face_module.Comm, name, counted)
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+raw, face = world.Dup(), wrap(world)
+rng = np.random.default_rng(int(sys.argv[1]))
+N = 3  # float64s per block
+KINDS = ["numpy", "typed", "count", "bytearray", "array", "mmap", "memoryview", "read-only"]
+
+
+class Buf:
+    # n float64s in a buffer of one kind, named in the call the way an mpi4py program names it.
+    def __init__(self, kind, n, blocks):
+        self.kind = kind
+        if kind in ("numpy", "typed", "count", "read-only"):
+            self.obj = np.zeros(n)
+        elif kind == "bytearray":
+            self.obj = bytearray(8 * n)
+        elif kind == "array":
+            self.obj = array.array("d", bytes(8 * n))
+        elif kind == "mmap":
+            self.obj = mmap.mmap(-1, 8 * n)
+        else:
+            self.backing = array.array("d", bytes(8 * n))
+            self.obj = memoryview(self.backing)
+        typed = kind in ("typed", "bytearray", "mmap")  # bytes have no element type of their own
+        self.spec = [self.obj, MPI.DOUBLE] if typed else [self.obj, n // blocks, MPI.DOUBLE] if kind == "count" \
+            else self.obj
+
+    def write(self, values):
+        if self.kind == "read-only":
+            self.obj.flags.writeable = True
+        view = memoryview(self.obj).cast("B")
+        view[:] = values.tobytes()
+        view.release()
+        if self.kind == "read-only":
+            self.obj.flags.writeable = False
+
+    def read(self):
+        return bytes(memoryview(self.obj).cast("B"))
+
+    def let_go(self):  # raises BufferError while anything still views the buffer
+        if self.kind == "bytearray":
+            self.obj.extend(b"x")
+        elif self.kind == "array":
+            self.obj.append(0.0)
+        elif self.kind == "mmap":
+            self.obj.close()
+        elif self.kind == "memoryview":
+            self.obj.release()
+            self.backing.append(0.0)
+
+
+def cases():
+    # (collective, root, kind of this rank's buffers, how IN_PLACE is written): each rank its own kind.
+    index = 0
+    for collective in ("Gather", "Scatter", "Allgather", "Alltoall", "Reduce", "Allreduce", "Bcast"):
+        for root in range(size) if collective in ("Gather", "Scatter", "Reduce", "Bcast") else [0]:
+            for in_place in (MPI.IN_PLACE, None):
+                kind = KINDS[(rank + index) % len(KINDS)]
+                index += 1
+                yield collective, root, kind, in_place
+
+
+def run(comm, collective, root, in_place, one, many):
+    IP = in_place
+    if collective == "Gather":
+        comm.Gather(IP if rank == root else one.spec, many.spec, root)
+    elif collective == "Scatter":
+        comm.Scatter(many.spec, IP if rank == root else one.spec, root)
+    elif collective == "Allgather":
+        comm.Allgather(IP, many.spec)
+    elif collective == "Alltoall":
+        comm.Alltoall(IP, many.spec)
+    elif collective == "Reduce":
+        comm.Reduce(IP if rank == root else one.spec, many.spec if rank == root else None, MPI.SUM, root)
+    elif collective == "Allreduce":
+        comm.Allreduce(IP, one.spec, MPI.SUM)
+    else:
+        comm.Bcast(one.spec, root)
+
+
+compared, slow = 0, []
+for collective, root, kind, in_place in cases():
+    blocks = size if collective in ("Gather", "Scatter", "Allgather", "Alltoall") else 1
+    # A read-only buffer only where this rank only sends from it: the others are NumPy arrays.
+    only_sends = {"Gather": rank != root, "Reduce": rank != root, "Bcast": rank == root}.get(collective, False)
+    one_kind = kind if kind != "read-only" or only_sends else "numpy"
+    many_kind = kind if kind != "read-only" else "numpy"
+    made = {c: (Buf(one_kind, N, 1), Buf(many_kind, N * blocks, blocks)) for c in ("raw", "face")}
+    for repeat in range(4):  # the same buffers every call, new data in them each time
+        values = [rng.integers(-50, 50, n).astype(np.float64) for n in (N, N * blocks)]
+        for c in ("raw", "face"):
+            for buf, v in zip(made[c], values):
+                buf.write(v)
+        run(raw, collective, root, in_place, *made["raw"])
+        before = general[0]
+        run(face, collective, root, in_place, *made["face"])
+        if repeat >= 2 and general[0] != before:  # the first calls parse; the later ones must not
+            slow.append(f"{collective} root {root} {kind} {in_place}")
+        for r, f in zip(made["raw"], made["face"]):
+            assert r.read() == f.read(), (collective, root, kind, in_place, repeat, r.read(), f.read())
+        compared += 1
+    for buf in made["face"]:
+        buf.let_go()
+raw.Free()
+for line in slow:
+    print(f"rank {rank} GENERAL PATH {line}")
+print(f"rank {rank}: {compared} calls identical")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_in_place_and_send_only_buffers_take_the_short_path_with_mpi4py_results(mpi, nprocs):
+    """IN_PLACE (or None) in Gather, Scatter, Allgather, Alltoall, Reduce and Allreduce, a Bcast root's
+    buffer and a Reduce's send buffer off the root, each rank with a buffer of its own kind: a call
+    repeated on the same buffers parses nothing after the first, gives mpi4py's results, and leaves
+    every buffer free to resize, close or release."""
+    result = mpi(nprocs, IN_PLACE_SHORT, timeout=180, args=(nprocs * 11,))
+    counts = re.findall(r"rank \d+: (\d+) calls identical", result.stdout)
+    assert len(counts) == nprocs and all(int(c) > 40 for c in counts), result.stdout
+    assert "GENERAL PATH" not in result.stdout, result.stdout
+
+
+IN_PLACE_ERRORS = r"""
+import numpy as np
+from mpi4py import MPI
+
+import commkit
+from commkit.compat.mpi4py import wrap
+
+world = MPI.COMM_WORLD
+rank, size = world.Get_rank(), world.Get_size()
+face, fresh = wrap(world), wrap(world.Dup())  # fresh has seen no buffer: every call of it parses
+N = 3
+other = (rank + 1) % size
+ba = {c: bytearray(8 * N * size) for c in ("Allgather", "Alltoall", "Gather", "Scatter")}
+ro = np.zeros(N * size)
+send = bytearray(8 * N)
+# Warm the face on every buffer, so that the calls below find them kept.
+face.Allgather(MPI.IN_PLACE, [ba["Allgather"], MPI.DOUBLE])
+face.Allgather(MPI.IN_PLACE, ro)
+face.Alltoall(MPI.IN_PLACE, [ba["Alltoall"], MPI.DOUBLE])
+for root in range(size):
+    face.Gather(MPI.IN_PLACE if rank == root else send, [ba["Gather"], MPI.DOUBLE] if rank == root else None, root)
+    face.Scatter([ba["Scatter"], MPI.DOUBLE] if rank == root else None, MPI.IN_PLACE if rank == root else send, root)
+    face.Reduce(MPI.IN_PLACE if rank == root else [send, N, MPI.DOUBLE], [ba["Gather"], N, MPI.DOUBLE], MPI.SUM, root)
+for buf in ba.values():
+    buf.extend(b"x")  # no longer whole float64s: every call below on it is wrong on this rank
+del send[8:]  # now shorter than the count its spec asks for
+ro.flags.writeable = False
+# Each is wrong on this rank alone and raises before anything is sent, so each rank calls alone.
+wrong = {
+    "Allgather resized": lambda c: c.Allgather(MPI.IN_PLACE, [ba["Allgather"], MPI.DOUBLE]),
+    "Allgather read-only": lambda c: c.Allgather(None, ro),
+    "Alltoall resized": lambda c: c.Alltoall(MPI.IN_PLACE, [ba["Alltoall"], MPI.DOUBLE]),
+    "Gather resized root": lambda c: c.Gather(MPI.IN_PLACE, [ba["Gather"], MPI.DOUBLE], rank),
+    "Scatter resized root": lambda c: c.Scatter([ba["Scatter"], MPI.DOUBLE], None, rank),
+    "Reduce short send": lambda c: c.Reduce([send, N, MPI.DOUBLE], None, MPI.SUM, other),
+}
+if size > 1:
+    wrong.update({
+        "Gather IN_PLACE off the root": lambda c: c.Gather(MPI.IN_PLACE, [ba["Gather"], MPI.DOUBLE], other),
+        "Scatter IN_PLACE off the root": lambda c: c.Scatter(None, MPI.IN_PLACE, other),
+        "Reduce IN_PLACE off the root": lambda c: c.Reduce(MPI.IN_PLACE, None, MPI.SUM, other),
+    })
+for what, call in wrong.items():
+    messages = []
+    for c in (face, fresh):
+        try:
+            call(c)
+        except commkit.InvalidBuffer as error:
+            messages.append(str(error))
+        else:
+            raise AssertionError(f"{what}: no error")
+    assert messages[0] == messages[1] and messages[0].endswith("."), (what, messages)
+    print(f"rank {rank} {what}: {messages[0]}")
+out = np.zeros(size)
+face.Allgather(np.full(1, float(rank)), out)  # the ranks are still together
+assert out.tolist() == list(range(size))
+print(f"rank {rank}: errors as the general path raises them")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [1, 2, 3])
+def test_short_paths_for_in_place_raise_the_general_paths_errors(mpi, nprocs):
+    """Buffers the face keeps, then made wrong (resized, read-only, IN_PLACE off the root, a count past
+    the end): the call raises what a face that never saw them raises, before anything is sent."""
+    result = mpi(nprocs, IN_PLACE_ERRORS, timeout=120)
+    assert result.stdout.count("errors as the general path raises them") == nprocs, result.stdout
+    assert "IN_PLACE is valid as recvbuf only at the root" in result.stdout or nprocs == 1, result.stdout
+    assert "read-only" in result.stdout, result.stdout
+
+
 NEW_ARRAYS = r'''
 import numpy as np
 from mpi4py import MPI

@@ -396,6 +396,7 @@ class Comm(MPI.Intracomm):
         self._stages: dict = {}  # kept copies of other buffers' messages, for blocking calls: see _Staged
         self._byte_views: dict = {}  # the byte views of the NumPy arrays of the last few calls: see _bytes_of
         self._attached: list = []  # the _Staged messages of the call under way that hold a view to let go
+        self._apart_pair = (_NOTHING, _NOTHING)  # the last kept send and receive messages found apart: see _apart
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
@@ -660,9 +661,12 @@ class Comm(MPI.Intracomm):
                 data = self._bytes_of(buf)
                 self._blocking["broadcast"](data, root, out=data)
                 return
-            msg = self._kept(buf, 0, True)  # the short path: a buffer seen before
+            at_root = self._rank == root
+            msg = self._kept(buf, 0, not at_root, fill=at_root)  # the short path: a buffer seen before
             if msg is not None:
-                self._run_kept(self._blocking["broadcast"], msg, msg.array, root, out=msg.array)
+                # As the general path: the root's buffer is only read, and written only where it may be.
+                out = msg.array if not at_root or _writeable(msg.array) else None
+                self._run_kept(self._blocking["broadcast"], msg, msg.array, root, out=out)
                 return
         self._bcast(buf, root, False)
 
@@ -702,19 +706,25 @@ class Comm(MPI.Intracomm):
             InvalidArgument: ``root`` is not a rank.
         """
         if root.__class__ is int and 0 <= root < self._size:
-            at_root = self._rank == root
-            short = self._short(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
-            if short is not None:
-                x, kop = short
-                self._blocking["reduce"](x, kop, root, out=recvbuf if at_root else None)
-                return
-            # Buffers seen before, of any kind (the other ranks' send buffer is their only one).
-            kept = self._kept_reduction(sendbuf if at_root else _IN_PLACE, recvbuf if at_root else sendbuf, op)
-            if kept is not None:
-                send, recv, kop = kept
-                self._run_kept(self._blocking["reduce"], recv if at_root else None, send.array, kop, root,
-                               out=recv.array if at_root else None)
-                return
+            if self._rank == root:
+                short = self._short(sendbuf, recvbuf, op)
+                if short is not None:
+                    self._blocking["reduce"](short[0], short[1], root, out=recvbuf)
+                    return
+                kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
+                if kept is not None:
+                    send, recv, kop = kept
+                    self._run_kept(self._blocking["reduce"], recv, send.array, kop, root, out=recv.array)
+                    return
+            else:  # the other ranks only send, from their send buffer (never IN_PLACE there)
+                short = self._short(_IN_PLACE, sendbuf, op)
+                if short is not None:
+                    self._blocking["reduce"](short[0], short[1], root)
+                    return
+                kept = self._kept_send(sendbuf, op)
+                if kept is not None:
+                    self._run_kept(self._blocking["reduce"], None, kept[0].array, kept[1], root)
+                    return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
     def Ireduce(self, sendbuf, recvbuf, op=MPI.SUM, root: int = 0) -> Request:
@@ -892,10 +902,17 @@ class Comm(MPI.Intracomm):
                 if send is not None:
                     self._blocking["gather"](send.array, root)
                     return
-            else:
+            elif sendbuf is _IN_PLACE or sendbuf is None:  # the root's block already sits in recvbuf
                 recv = self._kept(recvbuf, self._size, True)
+                if recv is not None:
+                    # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
+                    x = recv.copy_of(recv.row(root))
+                    self._run_kept(self._blocking["gather"], recv, x, root, out=recv.shaped)
+                    return
+            else:
+                recv = self._kept(recvbuf, self._size, True, fill=False)
                 send = self._kept(sendbuf, 0, False) if recv is not None else None
-                if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
+                if send is not None and send.count == recv.count and self._apart(send, recv):
                     self._run_kept(self._blocking["gather"], recv, send.array, root, out=recv.shaped)
                     return
         self._gather(sendbuf, recvbuf, root, False)
@@ -936,13 +953,22 @@ class Comm(MPI.Intracomm):
             InvalidArgument: ``root`` is not a rank.
         """
         if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
-            recv = self._kept(recvbuf, 0, True)
-            send = self._kept(sendbuf, self._size, False) if recv is not None and self._rank == root else None
-            if recv is not None and (self._rank != root or send is not None and send.count == recv.count
-                                     and not same_memory(send.array, recv.array)):
-                self._run_kept(self._blocking["scatter"], recv, None if send is None else send.shaped, root,
-                               out=recv.array)
-                return
+            if self._rank != root:
+                recv = self._kept(recvbuf, 0, True, fill=False)
+                if recv is not None:
+                    self._run_kept(self._blocking["scatter"], recv, None, root, out=recv.array)
+                    return
+            elif recvbuf is _IN_PLACE or recvbuf is None:  # the root's block stays where it is, in sendbuf
+                send = self._kept(sendbuf, self._size, False)
+                if send is not None:
+                    self._run_kept(self._blocking["scatter"], None, send.shaped, root)
+                    return
+            else:
+                recv = self._kept(recvbuf, 0, True, fill=False)
+                send = self._kept(sendbuf, self._size, False) if recv is not None else None
+                if send is not None and send.count == recv.count and self._apart(send, recv):
+                    self._run_kept(self._blocking["scatter"], recv, send.shaped, root, out=recv.array)
+                    return
         self._scatter(sendbuf, recvbuf, root, False)
 
     def Iscatter(self, sendbuf, recvbuf, root: int = 0) -> Request:
@@ -988,11 +1014,19 @@ class Comm(MPI.Intracomm):
             # NumPy arrays, new or not: their bytes, as the general path moves them.
             self._blocking["allgather"](self._bytes_of(sendbuf), out=self._bytes_of(recvbuf, p))
             return
-        recv = self._kept(recvbuf, p, True)  # the short path: buffers seen before
-        send = self._kept(sendbuf, 0, False) if recv is not None else None
-        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-            self._run_kept(self._blocking["allgather"], recv, send.array, out=recv.shaped)
-            return
+        # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
+        in_place = sendbuf is _IN_PLACE or sendbuf is None
+        recv = self._kept(recvbuf, p, True, fill=in_place)
+        if in_place:
+            if recv is not None:
+                # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
+                self._run_kept(self._blocking["allgather"], recv, recv.copy_of(recv.row(self._rank)), out=recv.shaped)
+                return
+        else:
+            send = self._kept(sendbuf, 0, False) if recv is not None else None
+            if send is not None and send.count == recv.count and self._apart(send, recv):
+                self._run_kept(self._blocking["allgather"], recv, send.array, out=recv.shaped)
+                return
         self._allgather(sendbuf, recvbuf, False)
 
     def Iallgather(self, sendbuf, recvbuf) -> Request:
@@ -1034,11 +1068,19 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or send and receive blocks of
                 different sizes.
         """
-        recv = self._kept(recvbuf, self._size, True)  # the short path: buffers seen before
-        send = self._kept(sendbuf, self._size, False) if recv is not None else None
-        if send is not None and send.count == recv.count and not same_memory(send.array, recv.array):
-            self._run_kept(self._blocking["alltoall"], recv, send.shaped, out=recv.shaped)
-            return
+        # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
+        in_place = sendbuf is _IN_PLACE or sendbuf is None
+        recv = self._kept(recvbuf, self._size, True, fill=in_place)
+        if in_place:
+            if recv is not None:
+                # Copied, as the general path does: the algorithm writes recvbuf while it reads the blocks.
+                self._run_kept(self._blocking["alltoall"], recv, recv.copy_of(recv.shaped), out=recv.shaped)
+                return
+        else:
+            send = self._kept(sendbuf, self._size, False) if recv is not None else None
+            if send is not None and send.count == recv.count and self._apart(send, recv):
+                self._run_kept(self._blocking["alltoall"], recv, send.shaped, out=recv.shaped)
+                return
         self._alltoall(sendbuf, recvbuf, False)
 
     def Ialltoall(self, sendbuf, recvbuf) -> Request:
@@ -1535,16 +1577,18 @@ class Comm(MPI.Intracomm):
         cache[id(array)] = (array, data, blocks)
         return data
 
-    def _kept(self, spec, blocks: int, writable: bool, raw: bool = True):
+    def _kept(self, spec, blocks: int, writable: bool, raw: bool = True, fill: bool = True):
         """The message an earlier call made of ``spec``, ready for this call; None where the spec needs parsing.
 
         The blocking collectives' short path: a plain NumPy array, ``[buf,
         datatype]`` or ``[buf, count, datatype]`` over one (its kept views,
         see :meth:`_keep`), or a buffer of another kind given the same ways
-        (its kept copy, filled from the buffer now: :class:`_Staged`). One
-        dict lookup stands for the parse, since the kept message is exactly
-        what :meth:`_raw` (``raw``) or :meth:`_typed` would make of the spec
-        again; anything else (and every error) takes the general path.
+        (its kept copy, filled from the buffer now unless ``fill`` is False,
+        for a buffer the call only writes: :class:`_Staged`). One dict lookup
+        stands for the parse, since the kept message is exactly what
+        :meth:`_raw` (``raw``) or :meth:`_typed` would make of the spec again,
+        with ``writable`` as the general path asks it; anything else (and
+        every error) takes the general path.
         """
         t = spec.__class__
         if t is _ndarray:
@@ -1568,7 +1612,7 @@ class Comm(MPI.Intracomm):
                 return None
             return msg
         if buf.__class__ in _STAGED_TYPES:
-            return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf)
+            return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf, fill)
         return None
 
     def _run_kept(self, run, kept, *args, **kwargs) -> None:
@@ -1584,6 +1628,20 @@ class Comm(MPI.Intracomm):
         if kept is not None:
             self._returned(kept)
 
+    def _apart(self, send, recv) -> bool:
+        """Whether kept messages ``send`` and ``recv`` lie apart in memory (else the general path copies one).
+
+        A kept message's array never moves (a view of the user's array, which
+        NumPy will not resize while it is viewed, or a stage of the face's own),
+        so the last pair found apart is remembered and found again by identity.
+        """
+        if self._apart_pair[0] is send and self._apart_pair[1] is recv:
+            return True
+        if same_memory(send.array, recv.array):
+            return False
+        self._apart_pair = (send, recv)
+        return True
+
     def _returned(self, msg) -> None:
         """A short path's call returned: a kept copy's result goes into the user's buffer, and its view goes."""
         if msg.finish is not None:
@@ -1596,15 +1654,26 @@ class Comm(MPI.Intracomm):
         fast = _FAST_OPS.get(id(op))
         if fast is None:
             return None
-        recv = self._kept(recvbuf, 0, True, False)
+        in_place = sendbuf is _IN_PLACE or sendbuf is None
+        recv = self._kept(recvbuf, 0, True, False, in_place)
         if recv is None or recv.dtype not in fast[1]:
             return None
-        if sendbuf is _IN_PLACE or sendbuf is None:
+        if in_place:
             return recv, recv, fast[0]
         send = self._kept(sendbuf, 0, False, False)
         if send is None or send.dtype is not recv.dtype or send.count != recv.count:
             return None
         return send, recv, fast[0]
+
+    def _kept_send(self, sendbuf, op):
+        """``(send, commkit op)`` of a reduction's send buffer (a rank that gets no result) :meth:`_kept` has; or None."""
+        fast = _FAST_OPS.get(id(op))
+        if fast is None:
+            return None
+        send = self._kept(sendbuf, 0, False, False)
+        if send is None or send.dtype not in fast[1]:
+            return None
+        return send, fast[0]
 
     def _typed(self, spec, name: str, op, *, blocks: int = 0, writable: bool = False,
                blocking: bool = False) -> _Message:
@@ -1645,10 +1714,13 @@ class Comm(MPI.Intracomm):
         _match(what, send, recv)
         return send, recv
 
-    def _fill(self, key, buf):
-        """The kept :class:`_Staged` message of ``key``, filled from ``buf`` for this call; None if it has none."""
+    def _fill(self, key, buf, fill: bool = True):
+        """The kept :class:`_Staged` message of ``key``, attached to ``buf`` for this call; None if it has none.
+
+        ``fill``: the call reads the message, so its bytes are copied into the stage.
+        """
         msg = self._stages.get(key) if key is not None else None
-        if msg is None or not msg.attach(buf):
+        if msg is None or not msg.attach(buf, fill):
             return None
         if msg.finish is not None:
             self._attached.append(msg)
@@ -2114,7 +2186,7 @@ class _Message:
     cache.
     """
 
-    __slots__ = ("_head", "_scratch", "array", "count", "dtype", "finish", "refresh", "shaped", "source")
+    __slots__ = ("_head", "_row", "_scratch", "array", "count", "dtype", "finish", "refresh", "shaped", "source")
 
     def __init__(self, array, count, dtype, finish=None, blocks=0):
         self.array = array
@@ -2124,7 +2196,7 @@ class _Message:
         self.refresh = None
         self.shaped = array.reshape(blocks, count) if blocks else array
         self.source = None
-        self._scratch = self._head = None
+        self._scratch = self._head = self._row = None
 
     def copy_of(self, view):
         """A copy of ``view`` (part of this message) that an in-place call reads while it writes the message.
@@ -2151,6 +2223,15 @@ class _Message:
                 self._head = head
         return head
 
+    def row(self, i: int):
+        """Block ``i`` of a message of blocks (a rank's own block in an in-place gather); the same view every call."""
+        row = self._row
+        if row is None or row[0] != i:
+            row = (i, self.shaped[i])
+            if self.source is not None:
+                self._row = row
+        return row[1]
+
 
 class _Staged(_Message):
     """A blocking call's message over a buffer that is not a NumPy array, through a kept copy.
@@ -2167,7 +2248,7 @@ class _Staged(_Message):
     the call ends, also when it raises (see :func:`_announced`).
     """
 
-    __slots__ = ("_bytes", "_lo", "_hi", "_total", "_owner", "_user")
+    __slots__ = ("_bytes", "_lo", "_hi", "_total", "_whole", "_owner", "_user")
 
     def __init__(self, msg: _Message, buf, mem, writable: bool, blocks: int):
         nbytes = msg.array.nbytes
@@ -2178,16 +2259,19 @@ class _Staged(_Message):
         # Where the message lies in the buffer's bytes: where its view begins, from where the buffer's does.
         self._lo = msg.array.__array_interface__["data"][0] - mem.__array_interface__["data"][0]
         self._hi, self._total = self._lo + nbytes, mem.size
+        self._whole = self._lo == 0 and nbytes == mem.size
         # A memoryview kept alive would keep its object's memory exported: only a weak reference to it.
         self._owner = buf if type(buf) in (bytearray, bytes) else _weakref(buf)
         self._user = None
         self.source = buf  # a kept message: copy_of and head keep their arrays (see _Message)
 
-    def attach(self, buf) -> bool:
-        """Copy the message's bytes from ``buf`` into the stage; False where ``buf`` is not this message's any more.
+    def attach(self, buf, fill: bool = True) -> bool:
+        """View ``buf`` afresh for this call; False where ``buf`` is not this message's any more.
 
-        For a receive buffer the fresh view is kept until :meth:`_unstage` (or
-        the call's end) lets it go.
+        ``fill``: copy the message's bytes into the stage (a call that reads
+        them); a call that only writes the message skips that copy. For a
+        receive buffer the fresh view is kept until :meth:`_unstage` (or the
+        call's end) lets it go.
         """
         owner = self._owner
         if (owner if type(owner) is not _weakref else owner()) is not buf:
@@ -2196,10 +2280,13 @@ class _Staged(_Message):
             mem = np.frombuffer(buf, _UINT8)
         except (ValueError, BufferError, TypeError):  # released, closed, or no longer one run of bytes
             return False
-        if mem.size != self._total or (self.finish is not None and not mem.flags.writeable):
+        if mem.size != self._total:
             return False
-        user = mem[self._lo:self._hi]
-        self._bytes[...] = user
+        # No writeable check: whether a bytearray, bytes, array.array, mmap or memoryview can be
+        # written is fixed when it is made, and a receive buffer's stage was made from a writable view.
+        user = mem if self._whole else mem[self._lo:self._hi]
+        if fill:
+            self._bytes[...] = user
         if self.finish is not None:
             self._user = user
         return True
