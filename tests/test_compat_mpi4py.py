@@ -1833,6 +1833,32 @@ def test_a_call_that_fails_after_copying_a_buffer_leaves_it_free(face):
     recv.extend(b"x")  # BufferError while the face held a view of it
 
 
+def test_a_short_path_call_that_raises_lets_its_buffers_go_untouched(face):
+    """A call on kept copies that fails inside the communicator writes nothing back and holds no view."""
+    MPI, comm = face
+    send, recv = bytearray(b"s" * 16), bytearray(b"r" * 16)
+    calls = {"allgather": lambda: comm.Allgather(send, recv), "alltoall": lambda: comm.Alltoall(MPI.IN_PLACE, recv)}
+    for name, call in calls.items():
+        call()
+        call()  # kept now: the next call takes the short path
+        recv[:] = b"q" * 16
+        ran = []
+
+        def fail(*args, **kwargs):
+            ran.append(args)
+            raise RuntimeError("the communicator failed")
+
+        run, comm._blocking[name] = comm._blocking[name], fail
+        try:
+            with pytest.raises(RuntimeError, match="the communicator failed"):
+                call()
+        finally:
+            comm._blocking[name] = run
+        assert ran and recv == bytearray(b"q" * 16)
+    recv.extend(b"x")  # BufferError while the face held a view of it
+    send.extend(b"x")
+
+
 def test_short_paths_keep_every_check_of_the_general_path(face):
     """A NumPy array seen before skips the parse, never a check: what the general path refuses, it refuses."""
     import commkit

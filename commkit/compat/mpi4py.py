@@ -666,7 +666,7 @@ class Comm(MPI.Intracomm):
             if msg is not None:
                 # As the general path: the root's buffer is only read, and written only where it may be.
                 out = msg.array if not at_root or _writeable(msg.array) else None
-                self._run_kept(self._blocking["broadcast"], msg, msg.array, root, out=out)
+                self._run_kept(self._blocking["broadcast"], msg.array, root, out=out)
                 return
         self._bcast(buf, root, False)
 
@@ -714,7 +714,7 @@ class Comm(MPI.Intracomm):
                 kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
                 if kept is not None:
                     send, recv, kop = kept
-                    self._run_kept(self._blocking["reduce"], recv, send.array, kop, root, out=recv.array)
+                    self._run_kept(self._blocking["reduce"], send.array, kop, root, out=recv.array)
                     return
             else:  # the other ranks only send, from their send buffer (never IN_PLACE there)
                 short = self._short(_IN_PLACE, sendbuf, op)
@@ -723,7 +723,7 @@ class Comm(MPI.Intracomm):
                     return
                 kept = self._kept_send(sendbuf, op)
                 if kept is not None:
-                    self._run_kept(self._blocking["reduce"], None, kept[0].array, kept[1], root)
+                    self._run_kept(self._blocking["reduce"], kept[0].array, kept[1], root)
                     return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -779,7 +779,7 @@ class Comm(MPI.Intracomm):
         kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
         if kept is not None:
             send, recv, kop = kept
-            self._run_kept(self._allreduce, recv, send.array, kop, out=recv.array)
+            self._run_kept(self._allreduce, send.array, kop, out=recv.array)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -907,13 +907,13 @@ class Comm(MPI.Intracomm):
                 if recv is not None:
                     # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
                     x = recv.copy_of(recv.row(root))
-                    self._run_kept(self._blocking["gather"], recv, x, root, out=recv.shaped)
+                    self._run_kept(self._blocking["gather"], x, root, out=recv.shaped)
                     return
             else:
                 recv = self._kept(recvbuf, self._size, True, fill=False)
                 send = self._kept(sendbuf, 0, False) if recv is not None else None
                 if send is not None and send.count == recv.count and self._apart(send, recv):
-                    self._run_kept(self._blocking["gather"], recv, send.array, root, out=recv.shaped)
+                    self._run_kept(self._blocking["gather"], send.array, root, out=recv.shaped)
                     return
         self._gather(sendbuf, recvbuf, root, False)
 
@@ -956,18 +956,18 @@ class Comm(MPI.Intracomm):
             if self._rank != root:
                 recv = self._kept(recvbuf, 0, True, fill=False)
                 if recv is not None:
-                    self._run_kept(self._blocking["scatter"], recv, None, root, out=recv.array)
+                    self._run_kept(self._blocking["scatter"], None, root, out=recv.array)
                     return
             elif recvbuf is _IN_PLACE or recvbuf is None:  # the root's block stays where it is, in sendbuf
                 send = self._kept(sendbuf, self._size, False)
                 if send is not None:
-                    self._run_kept(self._blocking["scatter"], None, send.shaped, root)
+                    self._run_kept(self._blocking["scatter"], send.shaped, root)
                     return
             else:
                 recv = self._kept(recvbuf, 0, True, fill=False)
                 send = self._kept(sendbuf, self._size, False) if recv is not None else None
                 if send is not None and send.count == recv.count and self._apart(send, recv):
-                    self._run_kept(self._blocking["scatter"], recv, send.shaped, root, out=recv.array)
+                    self._run_kept(self._blocking["scatter"], send.shaped, root, out=recv.array)
                     return
         self._scatter(sendbuf, recvbuf, root, False)
 
@@ -1020,12 +1020,12 @@ class Comm(MPI.Intracomm):
         if in_place:
             if recv is not None:
                 # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
-                self._run_kept(self._blocking["allgather"], recv, recv.copy_of(recv.row(self._rank)), out=recv.shaped)
+                self._run_kept(self._blocking["allgather"], recv.copy_of(recv.row(self._rank)), out=recv.shaped)
                 return
         else:
             send = self._kept(sendbuf, 0, False) if recv is not None else None
             if send is not None and send.count == recv.count and self._apart(send, recv):
-                self._run_kept(self._blocking["allgather"], recv, send.array, out=recv.shaped)
+                self._run_kept(self._blocking["allgather"], send.array, out=recv.shaped)
                 return
         self._allgather(sendbuf, recvbuf, False)
 
@@ -1074,12 +1074,12 @@ class Comm(MPI.Intracomm):
         if in_place:
             if recv is not None:
                 # Copied, as the general path does: the algorithm writes recvbuf while it reads the blocks.
-                self._run_kept(self._blocking["alltoall"], recv, recv.copy_of(recv.shaped), out=recv.shaped)
+                self._run_kept(self._blocking["alltoall"], recv.copy_of(recv.shaped), out=recv.shaped)
                 return
         else:
             send = self._kept(sendbuf, self._size, False) if recv is not None else None
             if send is not None and send.count == recv.count and self._apart(send, recv):
-                self._run_kept(self._blocking["alltoall"], recv, send.shaped, out=recv.shaped)
+                self._run_kept(self._blocking["alltoall"], send.shaped, out=recv.shaped)
                 return
         self._alltoall(sendbuf, recvbuf, False)
 
@@ -1615,18 +1615,21 @@ class Comm(MPI.Intracomm):
             return self._fill(_spec_key((raw, writable), buf, count, None, datatype, blocks), buf, fill)
         return None
 
-    def _run_kept(self, run, kept, *args, **kwargs) -> None:
-        """Run a short path's call, ``run(*args, **kwargs)``; then ``kept`` (a kept message, or None) gets its result.
+    def _run_kept(self, run, *args, out=None) -> None:
+        """Run a short path's call, ``run(*args, out=out)``; then the staged receive buffers it attached get its result.
 
         Whatever way the call ends, the fresh views of the buffers it staged go.
         """
+        attached = self._attached
+        if not attached:  # NumPy arrays, and staged buffers the call only reads: nothing to copy back or let go
+            run(*args, out=out)
+            return
         try:
-            run(*args, **kwargs)
-        except BaseException:
+            run(*args, out=out)
+            for msg in attached:  # each a staged receive buffer of this call (see _fill)
+                msg.finish()
+        finally:
             self._detach()
-            raise
-        if kept is not None:
-            self._returned(kept)
 
     def _apart(self, send, recv) -> bool:
         """Whether kept messages ``send`` and ``recv`` lie apart in memory (else the general path copies one).
@@ -1641,13 +1644,6 @@ class Comm(MPI.Intracomm):
             return False
         self._apart_pair = (send, recv)
         return True
-
-    def _returned(self, msg) -> None:
-        """A short path's call returned: a kept copy's result goes into the user's buffer, and its view goes."""
-        if msg.finish is not None:
-            msg.finish()
-        if self._attached:
-            self._detach()
 
     def _kept_reduction(self, sendbuf, recvbuf, op):
         """``(send, recv, commkit op)`` of a reduction whose buffers :meth:`_kept` has, for an mpi4py op; or None."""
