@@ -1833,6 +1833,38 @@ def test_a_call_that_fails_after_copying_a_buffer_leaves_it_free(face):
     recv.extend(b"x")  # BufferError while the face held a view of it
 
 
+@pytest.mark.parametrize("shape", ["2-D", "big-endian", "offset", "part"])
+def test_kept_copies_of_memoryviews_of_any_shape_and_format_move_their_bytes(face, shape):
+    """A memoryview in two dimensions, of a non-native format, starting inside its object, or a message that
+    is only part of it: call after call the receive buffer gets the send buffer's bytes (only the message's,
+    where it is part of the buffer), and both are free to release after."""
+    MPI, comm = face
+    rng = np.random.default_rng()
+
+    def make():
+        if shape == "big-endian":
+            return None, memoryview(np.zeros(4, ">f8"))
+        base = bytearray(32 if shape == "2-D" else 48)
+        if shape == "2-D":
+            return base, memoryview(base).cast("d", (2, 2))
+        return base, memoryview(base)[8:40]  # "offset" and "part": 32 bytes from byte 8 of a bytearray
+
+    (send_base, send), (recv_base, recv) = make(), make()
+    spec = (lambda b: [b, 2, MPI.DOUBLE]) if shape == "part" else (lambda b: [b, MPI.DOUBLE])
+    moved = 16 if shape == "part" else 32
+    for _ in range(4):
+        memoryview(send).cast("B")[:] = rng.integers(0, 256, 32, dtype=np.uint8).tobytes()
+        before = bytes(memoryview(recv).cast("B"))
+        comm.Allgather(spec(send), spec(recv))
+        got = bytes(memoryview(recv).cast("B"))
+        assert got[:moved] == bytes(memoryview(send).cast("B"))[:moved] and got[moved:] == before[moved:]
+    send.release()
+    recv.release()
+    for base in (send_base, recv_base):
+        if base is not None:
+            base.extend(b"x")  # BufferError while any view of it lives
+
+
 def test_a_short_path_call_that_raises_lets_its_buffers_go_untouched(face):
     """A call on kept copies that fails inside the communicator writes nothing back and holds no view."""
     MPI, comm = face

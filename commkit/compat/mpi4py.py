@@ -1733,6 +1733,7 @@ class Comm(MPI.Intracomm):
             return msg
         try:
             mem = np.frombuffer(buf, _UINT8)
+            memoryview(buf).cast("B")  # how _Staged.attach views it
         except (ValueError, BufferError, TypeError):  # e.g. a memoryview with strides: the fresh view serves
             return msg
         stages = self._stages
@@ -2232,16 +2233,18 @@ class _Message:
 class _Staged(_Message):
     """A blocking call's message over a buffer that is not a NumPy array, through a kept copy.
 
-    NumPy views a ``bytearray``, ``array.array``, ``mmap`` or ``memoryview``
-    through an export of its memory, and while one lives the program cannot
+    A view of a ``bytearray``, ``array.array``, ``mmap`` or ``memoryview``
+    holds an export of its memory, and while one lives the program cannot
     resize, close or release the buffer (mpi4py releases it when the call
     returns). So the face keeps no view of such a buffer across calls: it
     keeps this message, whose ``array`` is a stage of the message's size that
     the communicator sees on every call (and so replays the plan it compiled
-    for it). :meth:`attach` views the buffer afresh and copies the message's
-    bytes into the stage; for a receive buffer ``finish`` copies the result
-    back and lets the view go. The face detaches what a call attached when
-    the call ends, also when it raises (see :func:`_announced`).
+    for it). :meth:`attach` views the buffer afresh -- a ``memoryview`` of its
+    bytes, which costs less to make and to copy through than a NumPy view --
+    and copies the message's bytes into the stage where the call reads them;
+    for a receive buffer ``finish`` copies the result back and lets the view
+    go. The face detaches what a call attached when the call ends, also when
+    it raises (see :func:`_announced` and :meth:`Comm._run_kept`).
     """
 
     __slots__ = ("_bytes", "_lo", "_hi", "_total", "_whole", "_owner", "_user")
@@ -2251,7 +2254,7 @@ class _Staged(_Message):
         stage = np.empty(nbytes, _UINT8)
         super().__init__(stage if msg.dtype is _UINT8 else stage.view(msg.dtype), msg.count, msg.dtype, None, blocks)
         self.finish = self._unstage if writable else None
-        self._bytes = stage
+        self._bytes = memoryview(stage)  # the face's own memory: a view of it may live as long as the stage
         # Where the message lies in the buffer's bytes: where its view begins, from where the buffer's does.
         self._lo = msg.array.__array_interface__["data"][0] - mem.__array_interface__["data"][0]
         self._hi, self._total = self._lo + nbytes, mem.size
@@ -2273,23 +2276,24 @@ class _Staged(_Message):
         if (owner if type(owner) is not _weakref else owner()) is not buf:
             return False
         try:
-            mem = np.frombuffer(buf, _UINT8)
+            user = memoryview(buf).cast("B")
         except (ValueError, BufferError, TypeError):  # released, closed, or no longer one run of bytes
             return False
-        if mem.size != self._total:
+        if user.nbytes != self._total:
             return False
         # No writeable check: whether a bytearray, bytes, array.array, mmap or memoryview can be
         # written is fixed when it is made, and a receive buffer's stage was made from a writable view.
-        user = mem if self._whole else mem[self._lo:self._hi]
+        if not self._whole:
+            user = user[self._lo:self._hi]
         if fill:
-            self._bytes[...] = user
+            self._bytes[:] = user
         if self.finish is not None:
             self._user = user
         return True
 
     def _unstage(self) -> None:
         user, self._user = self._user, None
-        user[...] = self._bytes
+        user[:] = self._bytes
 
     def detach(self) -> None:
         """Let the fresh view go (a call that raised before ``finish``)."""
