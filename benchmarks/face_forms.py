@@ -14,7 +14,9 @@ Rows: the collectives ``Bcast``, ``Reduce``, ``Allreduce``, ``Gather``,
   per process in gathered and scattered buffers, as in mpi4py);
 * ``IN_PLACE``: ``MPI.IN_PLACE`` wherever the collective takes it (the root
   of ``Reduce``, ``Gather`` and ``Scatter``; every rank of ``Allreduce``,
-  ``Allgather`` and ``Alltoall``);
+  ``Allgather`` and ``Alltoall``), the other ranks' buffers NumPy arrays;
+  ``None``: the same with ``None``, which mpi4py reads as ``MPI.IN_PLACE``
+  there;
 * ``bytearray``, ``array.array``, ``mmap``, ``memoryview``: objects with the
   buffer protocol, given plainly (a ``bytearray`` or ``mmap`` in a reduction
   as ``[buf, MPI.DOUBLE]``: their bytes have no element type of their own);
@@ -55,7 +57,7 @@ from commkit.compat.mpi4py import wrap  # noqa: E402
 
 COLLECTIVES = ("Bcast", "Reduce", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall")
 REDUCING = ("Reduce", "Allreduce")
-FORMS = ("numpy", "numpy float64", "numpy int32", "[buf, T]", "[buf, n, T]", "IN_PLACE",
+FORMS = ("numpy", "numpy float64", "numpy int32", "[buf, T]", "[buf, n, T]", "IN_PLACE", "None",
          "bytearray", "array.array", "mmap", "memoryview")
 IN_PLACE_TAKEN = ("Reduce", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall")
 
@@ -98,7 +100,7 @@ def _buffer(form, nbytes, reducing):
 
 def _applies(collective, form):
     reducing = collective in REDUCING
-    if form == "IN_PLACE":
+    if form in ("IN_PLACE", "None"):
         return collective in IN_PLACE_TAKEN
     if form == "numpy float64":
         return not reducing
@@ -110,7 +112,7 @@ def _applies(collective, form):
 def _call(comm, collective, form, nbytes, p, rank):
     """The call of ``collective`` on ``comm`` with buffers in ``form`` (a fresh set for each communicator)."""
     reducing = collective in REDUCING
-    in_place = form == "IN_PLACE"
+    in_place = form in ("IN_PLACE", "None")
     made = "numpy" if in_place else form
     blocks = p if collective in ("Gather", "Scatter", "Allgather", "Alltoall") else 1
     one, one_spec = _buffer(made, nbytes, reducing)
@@ -119,7 +121,7 @@ def _call(comm, collective, form, nbytes, p, rank):
         datatype = MPI.DOUBLE if reducing else MPI.BYTE
         count = len(one)
         one_spec, many_spec = [one, count, datatype], [many, count, datatype]
-    IP = MPI.IN_PLACE
+    IP = MPI.IN_PLACE if form == "IN_PLACE" else None
     if collective == "Bcast":
         return lambda: comm.Bcast(one_spec, root=0)
     if collective == "Reduce":
