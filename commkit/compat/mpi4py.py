@@ -1626,10 +1626,12 @@ class Comm(MPI.Intracomm):
             return
         try:
             run(*args, out=out)
-            for msg in attached:  # each a staged receive buffer of this call (see _fill)
+            for msg in attached:  # each a staged receive buffer of this call (see _fill); finish lets its view go
                 msg.finish()
-        finally:
+        except BaseException:
             self._detach()
+            raise
+        attached.clear()
 
     def _apart(self, send, recv) -> bool:
         """Whether kept messages ``send`` and ``recv`` lie apart in memory (else the general path copies one).
@@ -1662,7 +1664,7 @@ class Comm(MPI.Intracomm):
         return send, recv, fast[0]
 
     def _kept_send(self, sendbuf, op):
-        """``(send, commkit op)`` of a reduction's send buffer (a rank that gets no result) :meth:`_kept` has; or None."""
+        """``(send, commkit op)`` of a send buffer :meth:`_kept` has, at a rank that gets no result; or None."""
         fast = _FAST_OPS.get(id(op))
         if fast is None:
             return None
