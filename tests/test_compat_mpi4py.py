@@ -2048,13 +2048,14 @@ print(f"rank {rank}: {compared} calls identical")
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_in_place_and_send_only_buffers_take_the_short_path_with_mpi4py_results(mpi, nprocs):
+@pytest.mark.parametrize("nprocs, debug", [(2, ""), (3, ""), (4, ""), (3, "check")])
+def test_in_place_and_send_only_buffers_take_the_short_path_with_mpi4py_results(mpi, nprocs, debug):
     """IN_PLACE (or None) in Gather, Scatter, Allgather, Alltoall, Reduce and Allreduce, a Bcast root's
     buffer and a Reduce's send buffer off the root, each rank with a buffer of its own kind: a call
     repeated on the same buffers parses nothing after the first, gives mpi4py's results, and leaves
-    every buffer free to resize, close or release."""
-    result = mpi(nprocs, IN_PLACE_SHORT, timeout=180, args=(nprocs * 11,))
+    every buffer free to resize, close or release. In check mode every rank's call must also agree
+    with the others' (the same collective on the same byte counts), whatever form each rank used."""
+    result = mpi(nprocs, IN_PLACE_SHORT, timeout=180, env={"COMMKIT_DEBUG": debug}, args=(nprocs * 11,))
     counts = re.findall(r"rank \d+: (\d+) calls identical", result.stdout)
     assert len(counts) == nprocs and all(int(c) > 40 for c in counts), result.stdout
     assert "GENERAL PATH" not in result.stdout, result.stdout

@@ -126,8 +126,13 @@ Cost: the common calls (NumPy arrays, mpi4py's builtin op objects) take a
 short path that checks types by identity and looks ops and datatypes up in
 tables built at import, and hands the communicator the very same arrays (or,
 for data movement, the same byte views of them, kept per array) on every call,
-so that it replays the plan it compiled for them. A persistent request parses
-nothing at all after its init. ``benchmarks/face_overhead.py`` measures what
+so that it replays the plan it compiled for them. The blocking collectives
+take it for every buffer an earlier call parsed -- given plainly, as ``[buf,
+datatype]`` or ``[buf, count, datatype]``, or as the receive buffer of an
+``IN_PLACE`` call -- and for other buffers than NumPy arrays through a copy
+kept per buffer (see ``_Staged``); anything else, and every error, takes the
+general path. A persistent request parses nothing at all after its init.
+``benchmarks/face_overhead.py`` and ``benchmarks/face_forms.py`` measure what
 is left.
 
 Lowercase methods
