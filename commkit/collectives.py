@@ -115,14 +115,15 @@ def buffer_sizes(collective: str, rank: int, size: int, count, root: int = 0) ->
 
 
 def steps(schedule, collective: str, rank: int, size: int, count=0, op=None, root: int = 0, segment=None,
-          nodes=None):
+          nodes=None, shared=False):
     """Call an algorithm's ``schedule`` with the arguments its collective's signature names.
 
     ``segment`` (elements) goes to a segmented algorithm's ``segment=`` parameter;
     None leaves the algorithm its default (``COMMKIT_SEGMENT_ELEMENTS`` or its own).
-    ``nodes`` (every rank's node) goes to a node-aware algorithm's ``nodes=`` parameter.
+    ``nodes`` (every rank's node) goes to a node-aware algorithm's ``nodes=`` parameter,
+    ``shared=True`` to a node algorithm's (the call's arrays are shared: its zero-copy form).
     """
     values = {"count": count, "op": op, "root": root}
     args = [values[name] for name in COLLECTIVES[collective].signature]
-    extra = {k: v for k, v in (("segment", segment), ("nodes", nodes)) if v is not None}
+    extra = {k: v for k, v in (("segment", segment), ("nodes", nodes), ("shared", shared or None)) if v is not None}
     return schedule(rank, size, *args, **extra)

@@ -305,6 +305,8 @@ class Communicator(VectorCollectives):
         self._scratch: dict = {}
         self._plans: dict = {}
         self._nodes = None  # every rank's node, exchanged at the first node-aware call (see _node_args)
+        self._shared_arrays = False  # whether shared_empty made arrays here (node calls then look for them)
+        self._zero_copy_steps: dict = {}  # call shape -> (the zero-copy form's steps, whether in place is safe)
         self._layout = TagLayout(self._coll.tag_ub)
         # User tags use all but the top bit of the tag space; Python objects set it.
         p2p_bits = TagLayout(self._p2p.tag_ub).bits
@@ -630,6 +632,61 @@ class Communicator(VectorCollectives):
             seq = self._next_seq()
             return self._ctl_allgather(obj, self._ctl_tag("object", seq), timeout or self.timeout)
 
+    def shared_empty(self, shape, dtype=np.float64) -> np.ndarray:
+        """A new uninitialised array in memory every rank of this node can read: the node algorithms' zero copy.
+
+        Collective: every rank calls it, in the same order as its other calls (each
+        rank may ask for its own shape). The node algorithms (``algorithm="shm"``)
+        copy every array through the node's arena; an allreduce, broadcast or
+        allgather whose ``in`` and ``out`` on every rank are such arrays (``out=``
+        given, or in place with ``out=x``) reads its peers' arrays where they lie
+        instead, with no copy in or out: the memory floor. Slices of a shared array
+        are shared too. Ranks that mix shared and other arrays in one call get a
+        :class:`~commkit.errors.CollectiveMismatch`.
+
+        The memory is the library's (an MPI shared window per call; in the threads
+        world plain NumPy memory) and lives until the job ends, as the arena does:
+        allocate once and reuse, as with pinned buffers.
+
+        Example::
+
+            x = comm.shared_empty(1 << 20, np.float32)
+            x[:] = local_gradient
+            comm.allreduce(x, out=x, algorithm="shm")   # in place, no copy through the arena
+
+        Raises:
+            AlgorithmNotApplicable: the ranks are not all on one node, or the transport has
+                no shared memory (NCCL).
+            InvalidArgument: a malformed shape or dtype.
+        """
+        self._check_open()
+        try:
+            shape = tuple(int(n) for n in shape) if np.ndim(shape) else (int(shape),)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"shape must be a whole number or a tuple of them, got {shape!r}.") from None
+        if any(n < 0 for n in shape):
+            raise InvalidArgument(f"shape must not be negative, got {shape}.")
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise InvalidArgument(f"dtype must be a NumPy dtype, got {dtype!r}.") from None
+        if dtype.hasobject:
+            raise InvalidArgument(f"a shared array holds plain data, not Python objects; got dtype {dtype}.")
+        make = getattr(self._coll, "arena", None)
+        if make is None:
+            raise AlgorithmNotApplicable(
+                f"the {self.transport_name} transport has no shared memory; shared_empty is for MPI and the "
+                "threads world.")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        with self._serial("shared_empty"):
+            seq = self._next_seq()
+            # Every rank checks in first, timed, so a rank that never comes is named (the allocation
+            # itself is the library's collective, which no timeout can end).
+            self._ctl_allgather(nbytes, self._ctl_tag("shared", seq), self.timeout)
+            part = make().allocate(nbytes)
+        self._shared_arrays = True
+        return part.view(dtype).reshape(shape)
+
     def gather_object(self, obj, root: int = 0, *, timeout: float | None = None):
         """Every rank's ``obj`` in rank order at ``root`` (None elsewhere)."""
         self._check_open()
@@ -850,6 +907,30 @@ class Communicator(VectorCollectives):
         self._plans[key] = plan
         return plan
 
+    def _zero_copy(self, call: Call, plan, algorithm):
+        """The zero-copy steps of a node call whose ``in`` and ``out`` are shared arrays, else None (cached).
+
+        Each rank decides from its own arrays; a rank whose arrays are not shared runs
+        the copying form, and the first wait on either side raises the mismatch.
+        """
+        alg = plan[0].algorithm
+        if not alg.zero_copy:
+            return None
+        arena = self._coll.arena()
+        if arena.locate(call.dst) is None or arena.locate(call.src) is None:
+            return None
+        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        found = self._zero_copy_steps.get(key)
+        if found is None:
+            if len(self._zero_copy_steps) >= 64:
+                self._zero_copy_steps.clear()
+            steps = tuple(collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op,
+                                            call.root, shared=True))
+            found = self._zero_copy_steps[key] = (steps, _inplace_safe(steps))
+        if call.aliased and not found[1]:
+            return None  # the input would be saved to private memory first, which peers cannot read
+        return found
+
     _CHECK_EVERY_RANK = 64  # up to this size, a registered algorithm's schedules are checked for every rank
 
     def _refuse_input_writes(self, alg, call: Call, segment, steps) -> None:
@@ -950,6 +1031,10 @@ class Communicator(VectorCollectives):
         if steps is None:
             return self._run_native(call, nonblocking, timeout, CallInfo(*info), rec)
         src = call.src
+        if self._shared_arrays and call.xp is np:
+            shared_steps = self._zero_copy(call, plan, algorithm)
+            if shared_steps is not None:
+                steps, inplace_safe = shared_steps
         if call.aliased:
             # The executor skips a Copy whose source and destination are the same object.
             src = call.dst if inplace_safe else src.copy()

@@ -69,6 +69,7 @@ __all__ = [
     "Claim",
     "Release",
     "slot",
+    "peer",
     "counter_value",
     "check_overlap",
     "partition",
@@ -239,6 +240,11 @@ def inplace_safe(steps) -> bool:
             write = step.into
             exempt = [r for r in reads if r[1:] == write[1:]]  # elementwise on the same elements
             return reads, ([write] if write[0] in ("in", "out") and write[2] > write[1] else []), exempt
+        if step.kind == REDUCE_SLOTS:
+            reads = [r for r in step.operands if r[0] == "in" and r[2] > r[1]]
+            write = step.dst
+            exempt = [r for r in reads if r[1:] == write[1:]]  # elementwise on the same elements
+            return reads, ([write] if write[0] in ("in", "out") and write[2] > write[1] else []), exempt
         src, dst = step.src, step.dst
         if src[0] == "in" and dst[0] == "out" and src[1:] == dst[1:]:
             return [src], [], []  # the identity copy: nothing new is written
@@ -312,6 +318,8 @@ class Copy:
 # that (Wait), read the slot where it lies (Get, ReduceSlots). A slot is named like a buffer,
 # ``slot(q, lo, hi) == ("slot<q>", lo, hi)``, its range in elements of the call's type, so every
 # step still names the ranges it reads (``src``) and writes (``dst``), as a Copy does.
+# When the call's arrays are themselves shared (``Communicator.shared_empty``), a schedule reads a
+# peer's buffer where it lies, ``peer(q, "in", lo, hi) == ("in@<q>", lo, hi)``, with no slot between.
 
 FINAL = (1 << 32) - 1
 """The counter step a rank publishes when it is done with the arena for its call (:class:`Release`)."""
@@ -328,10 +336,23 @@ def slot(rank: int, lo: int, hi: int) -> tuple:
     return (_SLOT_NAMES[rank], lo, hi)
 
 
+def peer(rank: int, name: str, lo: int, hi: int) -> tuple:
+    """The range ``[lo, hi)`` of ``rank``'s own buffer ``name`` ("in" or "out"), read where it lies.
+
+    Only for calls whose arrays every rank allocated as shared arrays (the zero-copy
+    forms of the node algorithms); the peer must have published it, and this rank
+    waited for that (:class:`Wait`), as for a slot.
+    """
+    return (f"{name}@{rank}", lo, hi)
+
+
 def slot_rank(ref: tuple) -> int | None:
-    """The rank whose slot the range ``ref`` names, or None for a buffer of the call."""
+    """The rank whose memory the range ``ref`` names (a slot, or a peer's shared buffer), or None for this rank's."""
     name = ref[0]
-    return int(name[4:]) if name.startswith("slot") else None
+    if name.startswith("slot"):
+        return int(name[4:])
+    at = name.find("@")
+    return int(name[at + 1:]) if at >= 0 else None
 
 
 def counter_value(seq: int, k: int) -> int:
@@ -443,24 +464,27 @@ class Claim:
     it from the previous node call, so no peer still reads a slot this call
     overwrites. Then records the call's identity, which every :class:`Wait`
     checks. The first node call on a communicator makes the arena, every rank at
-    that call.
+    that call. With ``shared``, the call's ``in`` and ``out`` are shared arrays,
+    read by peers where they lie (:func:`peer`): the claim records where, and
+    every wait checks its peers' arrays are shared too.
     """
 
-    __slots__ = ("elements", "size")
+    __slots__ = ("elements", "size", "shared")
     kind = CLAIM
     dst = src = NO_RANGE
     sends = ()
 
-    def __init__(self, elements: int, size: int):
+    def __init__(self, elements: int, size: int, shared: bool = False):
         self.elements = elements
         self.size = size
+        self.shared = shared
 
     @property
     def recvs(self) -> tuple:
         return tuple((peer, NO_RANGE) for peer in range(self.size))
 
     def __repr__(self) -> str:
-        return f"Claim({self.elements} elements per slot)"
+        return f"Claim({self.elements} elements per slot{', shared arrays' if self.shared else ''})"
 
 
 class Release:
@@ -587,6 +611,10 @@ def transfer_error(info, index: int, step, exc: BaseException) -> BaseException:
     return err
 
 
+NODE_SPIN_SECONDS = 5e-3
+"""How long a wait on the node arena spins before it sleeps (:class:`commkit._wait.Backoff`)."""
+
+
 class _Until:
     """A wait on the node arena, as the drivers of :func:`execute` see a posted transfer: ``test``, ``wait``.
 
@@ -610,7 +638,11 @@ class _Until:
         return False
 
     def wait(self, timeout: float | None) -> list:
-        backoff = Backoff(timeout, first=1e-6)
+        # Peers of a node call arrive as far apart as their copies and folds take (hundreds of
+        # microseconds for megabytes), and a sleep overshoots by tens: spin for longer than a
+        # message's wait does (MPI's own waits spin throughout); a rank sharing its core still
+        # yields it at every poll (commkit._wait.share_cores).
+        backoff = Backoff(timeout, spin=NODE_SPIN_SECONDS, first=1e-6)
         while not self.ready():
             self.failed()
             if not backoff.pause():
@@ -626,7 +658,7 @@ class _Until:
 class _NodeCall:
     """One run's use of the node arena: the arena, the call's number and tag, its turn (see :class:`Claim`)."""
 
-    __slots__ = ("arena", "seq", "base", "tag", "ticket", "relax", "info")
+    __slots__ = ("arena", "seq", "base", "tag", "ticket", "relax", "info", "bufs", "where")
 
     def __init__(self, chan, tag: int, info, timeout, index: int, step):
         make = getattr(chan, "arena", None)
@@ -651,6 +683,8 @@ class _NodeCall:
         self.tag = tag
         self.ticket = None
         self.relax = getattr(chan, "relax", None)
+        self.bufs = None
+        self.where = None  # where this call's "in" and "out" lie, when its arrays are shared
 
     def start(self, step, bufs):
         """Carry out ``step``; a wait returns its pending (the caller waits for it, then calls :meth:`finish`)."""
@@ -667,8 +701,15 @@ class _NodeCall:
                 first, *rest = [bufs[n][a:b] for n, a, b in step.operands]
                 if not rest:
                     into[...] = first
+                # In place, the output may be one of the operands: folded into the output before its
+                # turn, its values would be lost, so such a fold goes through a copy of the output.
+                final = into
+                if len(rest) > 1 and any(np.may_share_memory(into, operand) for operand in rest[1:]):
+                    into = np.empty_like(into)
                 for i, operand in enumerate(rest):
                     step.op.combine(into, operand, False, first if i == 0 else into)
+                if into is not final:
+                    final[...] = into
         elif kind == PUBLISH:
             self.arena.publish(self.base | step.k)
         elif kind == WAIT:
@@ -688,6 +729,14 @@ class _NodeCall:
 
     def _claim(self, step, bufs) -> _Until:
         arena = self.arena
+        self.bufs = bufs
+        if step.shared:
+            self.where = (arena.locate(bufs["in"]), arena.locate(bufs["out"]))
+            if None in self.where:
+                raise InvalidArgument(
+                    f"{_call_text(self.info, 0, step)}: this schedule reads the call's arrays where they lie, but "
+                    f"its {'in' if self.where[0] is None else 'out'} is not an array of shared_empty; allocate "
+                    "both with comm.shared_empty, or let the node algorithm copy them through its arena.")
         out = bufs.get("out")
         dtype = out.dtype if out is not None else np.dtype(np.uint8)  # a barrier has no buffers
         nbytes = step.elements * dtype.itemsize
@@ -718,6 +767,7 @@ class _NodeCall:
         """After a wait: a Claim records the call's identity; a Wait checks its peers are in this very call."""
         arena = self.arena
         if step.kind == CLAIM:
+            arena.set_where(*(self.where or (None, None)))
             arena.set_identity(self.tag)
             return
         for q in step.peers:
@@ -727,6 +777,17 @@ class _NodeCall:
                     f"{_call_text(self.info, -1, step)}: rank {q} published on the node arena from another call "
                     f"(identity {theirs:#x}, this call's {self.tag:#x}): the ranks called different collectives, "
                     "or the same one with another count, dtype, op or root. COMMKIT_DEBUG=check names them.")
+            where = arena.where(q)
+            if (where != (None, None)) != (self.where is not None):
+                mine, its = ("", " not") if self.where is not None else (" not", "")
+                raise CollectiveMismatch(
+                    f"{_call_text(self.info, -1, step)}: this rank's arrays are{mine} shared (comm.shared_empty) "
+                    f"and rank {q}'s are{its}: a node call reads peers' arrays where they lie only when every "
+                    "rank's are shared; pass shared arrays on every rank or on none.")
+            if self.where is not None and "in@%d" % q not in self.bufs:
+                dtype = self.bufs["out"].dtype
+                self.bufs["in@%d" % q] = arena.peer_view(q, where[0], dtype)
+                self.bufs["out@%d" % q] = arena.peer_view(q, where[1], dtype)
 
 
 def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info, rec: list,

@@ -154,10 +154,10 @@ def _default_scratch(rank, size, count):
 
 
 @functools.lru_cache(maxsize=None)
-def _takes_nodes(schedule) -> bool:
-    """Whether a schedule function has a ``nodes=`` parameter (asked once per function: planning asks often)."""
+def _takes(schedule, name: str) -> bool:
+    """Whether a schedule function has the parameter ``name`` (asked once per function: planning asks often)."""
     try:
-        return "nodes" in inspect.signature(schedule).parameters
+        return name in inspect.signature(schedule).parameters
     except (TypeError, ValueError):
         return False
 
@@ -228,7 +228,16 @@ class Algorithm:
     @property
     def node_aware(self) -> bool:
         """Whether the schedule takes every rank's node (a ``nodes=`` parameter: :mod:`commkit.algorithms.hier`)."""
-        return self.schedule is not None and _takes_nodes(self.schedule)
+        return self.schedule is not None and _takes(self.schedule, "nodes")
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether the schedule has a form for shared arrays (a ``shared=`` parameter: :mod:`commkit.algorithms.node`).
+
+        With ``shared=True`` it reads its peers' ``in`` and ``out`` where they lie,
+        which every rank's call must allow (arrays of ``Communicator.shared_empty``).
+        """
+        return self.schedule is not None and _takes(self.schedule, "shared")
 
     def why_not(self, size: int, op=None) -> str | None:
         """The reason this algorithm cannot run a call, or None if it can."""

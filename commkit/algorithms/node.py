@@ -33,6 +33,12 @@ recorded this very call (the identity).
 Results are the same bits on every rank: each element of a reduction is
 folded once, by one rank, in rank order (or by every rank in the same order);
 a reduce gives its root the bits the allreduce gives every rank.
+Zero copy. When every rank's arrays are shared arrays (``comm.shared_empty``),
+allreduce, broadcast and allgather take their ``shared=True`` form: no slot,
+no chunks; a rank reads its peers' ``in`` and ``out`` where they lie
+(``peer(q, "in", lo, hi)``), and waits once more at the end, until every
+peer has read its arrays, before the caller may write them again.
+
 Restrictions: every rank of the communicator on one node (MPI's
 ``COMM_TYPE_SHARED``; ``COMMKIT_RANKS_PER_NODE`` emulates nodes for tests);
 not for persistent requests. Costs are in the simulator's node terms (see
@@ -46,7 +52,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, NamedTuple
 
-from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, slot
+from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, peer, slot
 from . import algorithm
 from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
@@ -187,7 +193,7 @@ def _allreduce_alike(rank, size, count, op, segment=None):
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
                    "+ ⌈m/p⌉((p-1)γ + β)")
 @_alike(_allreduce_alike)
-def allreduce_shm(rank, size, count, op, segment=None):
+def allreduce_shm(rank, size, count, op, segment=None, shared=False):
     """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
 
     Restrictions: one node. Small vectors (at most :data:`SMALL` elements and one
@@ -199,6 +205,11 @@ def allreduce_shm(rank, size, count, op, segment=None):
     wait (1) of chunk k+1, which every rank passes only after its gets of chunk k.
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌊m/p⌋)β +
     ⌈m/p⌉((p-1)γ + β) (exact: the formula follows the slowest rank of each phase).
+
+    With ``shared`` (every rank's ``in`` and ``out`` are shared arrays): each rank folds
+    its slice of every rank's input, where it lies, into its output; waits for all; gets
+    every other slice from its owner's output; and waits until every rank has read its
+    arrays. The memory floor, with three waits: 3α + ⌈n/p⌉(p-1)γ + (n - ⌊n/p⌋)β.
 
     Picture, generated from the schedule (p = 4, count = 8, segment = 2): each cell lists, for every
     block of the result, the ranks whose input that rank holds for the whole block (- for none), after
@@ -224,6 +235,9 @@ def allreduce_shm(rank, size, count, op, segment=None):
         yield Copy(("out", 0, count), ("in", 0, count))
         return
     others = _others(rank, size)
+    if shared:
+        yield from _allreduce_shared(rank, size, count, op, others)
+        return
     if count <= min(SMALL, segment_elements(segment)):
         # Phase 1: every rank's vector into its slot; phase 2: every rank folds all slots.
         yield Claim(count, size)
@@ -253,6 +267,30 @@ def allreduce_shm(rank, size, count, op, segment=None):
         for q in others:
             qlo, qhi = partition(m, size)[q]
             yield Get(("out", a + qlo, a + qhi), slot(q, half + qlo, half + qhi))
+    yield Release()
+
+
+def _allreduce_shared(rank, size, count, op, others):
+    """:func:`allreduce_shm` on shared arrays: the reduce-scatter and the allgather read peers' arrays in place.
+
+    Right in place too (``out`` is ``in``): a rank writes only its own slice of its
+    output while its peers fold (they read their own slices of its input), and the
+    other slices only after every rank has folded.
+    """
+    slices = partition(count, size)
+    lo, hi = slices[rank]
+    yield Claim(0, size, shared=True)
+    yield Publish(1)  # my input is the caller's, ready: peers may read it
+    yield Wait(others, 1)
+    yield ReduceSlots(("out", lo, hi), [("in", lo, hi) if q == rank else peer(q, "in", lo, hi)
+                                        for q in range(size)], op)
+    yield Publish(2)
+    yield Wait(others, 2)
+    for q in others:
+        qlo, qhi = slices[q]
+        yield Get(("out", qlo, qhi), peer(q, "out", qlo, qhi))
+    yield Publish(3)
+    yield Wait(others, 3)  # every peer has read my arrays: the caller may write them again
     yield Release()
 
 
@@ -398,7 +436,7 @@ def _rooted_alike(rank, size, count, root, segment=None):
            formula="per chunk of m bytes: the root mβ, every other rank α + mβ after it; from the third chunk "
                    "on the root first waits (α) for the chunk two before to be read; 2nβ + α for one chunk")
 @_alike(_rooted_alike)
-def broadcast_shm(rank, size, count, root, segment=None):
+def broadcast_shm(rank, size, count, root, segment=None, shared=False):
     """Shared-memory broadcast: the root puts each chunk in its slot once, every other rank gets it.
 
     Restrictions: one node. Per chunk k, the root puts it into half k mod 2 of its slot
@@ -406,6 +444,9 @@ def broadcast_shm(rank, size, count, root, segment=None):
     k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
     after every rank acknowledged chunk k. Cost: 2nβ + α for one chunk; in general the
     pipeline of the root's copies in and the others' waits and copies out (exact).
+
+    With ``shared`` (every rank's arrays are shared arrays): every other rank gets the
+    root's input where it lies, in one copy, and the root waits until all have: 2α + nβ.
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
     every block of the result, the ranks whose input that rank holds for the whole block (- for none),
@@ -426,9 +467,20 @@ def broadcast_shm(rank, size, count, root, segment=None):
         yield Copy(("out", 0, count), ("in", 0, count))
     if size == 1:
         return
+    others = _others(root, size) if rank == root else None  # only the root names every other rank
+    if shared:
+        yield Claim(0, size, shared=True)
+        if rank == root:
+            yield Publish(1)
+            yield Wait(others, 2)  # every rank has read my input: the caller may write it again
+        else:
+            yield Wait([root], 1)
+            yield Get(("out", 0, count), peer(root, "in", 0, count))
+            yield Publish(2)
+        yield Release()
+        return
     chunks = _chunks(count, segment)
     width = chunks[0][1] - chunks[0][0] if chunks else 0
-    others = _others(root, size) if rank == root else None  # only the root names every other rank
     yield Claim(2 * width, size)
     for c, (a, b) in enumerate(chunks):
         half = (c % 2) * width
@@ -450,13 +502,16 @@ def broadcast_shm(rank, size, count, root, segment=None):
            cost=lambda p, n, a, b, g: 0.0 if p == 1 else (
                len(_chunks(int(n) // COST_ITEMSIZE // p, None)) * a + n * b),
            formula="Kα + nβ, K the chunks of one block, n the bytes gathered", symmetry="rotation")
-def allgather_shm(rank, size, count, segment=None):
+def allgather_shm(rank, size, count, segment=None, shared=False):
     """Shared-memory allgather: each rank puts its block in its slot, every rank gets every other block.
 
     Restrictions: one node. Per chunk k of the blocks: put my chunk into half k mod 2
     of my slot, publish k+1, wait for all, get every other rank's chunk. A half is
     written again (chunk k+2) after the wait of chunk k+1, which every rank passes
     only after its gets of chunk k. Cost: Kα + nβ, K chunks, n the bytes gathered (exact).
+
+    With ``shared`` (every rank's arrays are shared arrays): every rank gets every other
+    rank's input where it lies, and waits until all have read its own: 2α + nβ.
 
     Picture, generated from the schedule (p = 4, count = 1, segment = 2): each cell lists, for every
     block of the result, the ranks whose input that rank holds for the whole block (- for none), after
@@ -473,6 +528,17 @@ def allgather_shm(rank, size, count, segment=None):
     mine = ("out", rank * count, (rank + 1) * count)
     yield Copy(mine, ("in", 0, count))
     if size == 1:
+        return
+    if shared:
+        others = _others(rank, size)
+        yield Claim(0, size, shared=True)
+        yield Publish(1)
+        yield Wait(others, 1)
+        for q in others:
+            yield Get(("out", q * count, (q + 1) * count), peer(q, "in", 0, count))
+        yield Publish(2)
+        yield Wait(others, 2)  # every peer has read my input: the caller may write it again
+        yield Release()
         return
     chunks = _chunks(count, segment)
     width = chunks[0][1] - chunks[0][0] if chunks else 0

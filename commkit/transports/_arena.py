@@ -13,6 +13,8 @@ Layout. Every rank of the node owns one segment::
 
 The counter and the identity each sit on a cache line of their own, so a rank
 polling a peer's counter never shares a line with data another rank writes.
+The identity's line also holds where the rank's buffers of the call lie when
+they are shared arrays (below).
 The counter is monotonic: a step of a node schedule stores ``(call number <<
 32) | k`` there (:func:`commkit.schedule.counter_value`), and a waiting peer
 waits for a value at least as large; the identity holds the call's tag, so a
@@ -36,6 +38,15 @@ is an ``MPI_Win_allocate_shared`` window, so the library frees it at
 ``/dev/shm``. (It is not freed with its communicator: freeing a window is
 collective, and a communicator may be freed by the garbage collector on one
 rank alone.)
+
+Shared arrays. ``Communicator.shared_empty`` allocates arrays every rank of the
+node can read (one more MPI shared window per call, collectively; in the
+threads world plain NumPy memory), numbered in the order they were made, which
+every rank shares. A node call on such arrays skips the copies through the
+slots: each rank writes, beside its identity, the allocation and the byte
+offset of its ``in`` and ``out``, and its peers read them where they lie
+(:meth:`Arena.locate`, :meth:`Arena.peer_view`). Like the arena, these windows
+are freed by the library at ``MPI_Finalize``.
 
 Nodes. Ranks share a node when ``MPI_Comm_split_type(COMM_TYPE_SHARED)`` puts
 them together (in the threads world, always). As a testing aid,
@@ -136,14 +147,19 @@ class Arena:
         last: the call number of this rank's previous node call (-1: none yet).
     """
 
-    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=()):
-        self._keep = keep  # what the memory belongs to (an MPI window and its communicator), kept alive
+    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=(), allocate=None, shared=None):
+        self._keep = list(keep)  # what the memory belongs to (MPI windows and their communicator), kept alive
         self.rank = rank
         self.size = size
         self.slot_bytes = len(segments[0]) - _HEADER
         self.slots = [seg[_HEADER:] for seg in segments]
         self._counters = [seg[:8].view(np.int64) for seg in segments]
         self._idents = [seg[LINE:LINE + 8].view(np.int64) for seg in segments]
+        # Where a rank's "in" and "out" lie when they are shared arrays: (allocation, byte offset, bytes) each.
+        self._where = [seg[LINE + 8:LINE + 56].view(np.int64) for seg in segments]
+        self._allocate = allocate  # nbytes -> this rank's part (collective under MPI), or None
+        self._shared = {} if shared is None else shared  # allocation number -> every rank's part (bytes)
+        self._made = 0  # shared allocations this rank made: the next one's number
         self._fence = fence
         self._failed = failed  # the threads world's check for a failed rank
         self.last = -1
@@ -169,6 +185,50 @@ class Arena:
     def identity(self, peer: int) -> int:
         """The call ``peer`` recorded last (read after a :meth:`counter` that showed its publication)."""
         return int(self._idents[peer][0])
+
+    # -- shared arrays -------------------------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> np.ndarray:
+        """This rank's part (``nbytes`` bytes, cache-line aligned) of a new shared allocation; every rank calls it.
+
+        Collective in the order of the calls: the n-th allocation of every rank
+        is allocation n, so ranks name each other's parts by number.
+        """
+        number = self._made
+        try:
+            part, keep = self._allocate(number, nbytes)
+        except MemoryError as exc:
+            raise CommError(f"could not allocate {nbytes} bytes of shared memory: {exc}.") from None
+        self._made = number + 1
+        self._keep.append(keep)
+        return part
+
+    def locate(self, array) -> tuple | None:
+        """``(allocation, byte offset, bytes)`` of a C-contiguous ``array`` inside this rank's shared memory, or None."""
+        if not self._made or not array.flags.c_contiguous:
+            return None
+        start = array.__array_interface__["data"][0]
+        end = start + array.nbytes
+        for number in range(self._made):
+            part = self._shared[number][self.rank]
+            base = part.__array_interface__["data"][0]
+            if base <= start and end <= base + part.nbytes:
+                return number, start - base, array.nbytes
+        return None
+
+    def set_where(self, where_in, where_out) -> None:
+        """Record where this call's ``in`` and ``out`` lie (published with the identity): located, or None."""
+        self._where[self.rank][:] = (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0)))
+
+    def where(self, peer: int) -> tuple:
+        """``(in, out)`` as ``peer`` recorded them for its current call: each located, or None."""
+        values = [int(v) for v in self._where[peer]]
+        return tuple(None if values[i] < 0 else tuple(values[i:i + 3]) for i in (0, 3))
+
+    def peer_view(self, peer: int, where: tuple, dtype) -> np.ndarray:
+        """``peer``'s buffer that ``where`` (from :meth:`where`) locates, as a flat array of ``dtype``."""
+        number, offset, nbytes = where
+        return self._shared[number][peer][offset:offset + nbytes].view(dtype)
 
     def check_failed(self) -> None:
         """Raise :class:`~commkit.errors.PeerFailed` if a rank of the threads world has failed."""
@@ -226,6 +286,16 @@ def _mpi_arena(transport) -> Arena:
     win.Sync()
     node.Barrier()  # every counter is zero before any rank reads one
     sync = win.Sync
+    shared: dict = {}
+
+    def allocate(number, nbytes):
+        try:
+            part = MPI.Win.Allocate_shared(-(-max(nbytes, 1) // LINE) * LINE, 1, comm=node)
+        except MPI.Exception as exc:
+            raise MemoryError(str(exc)) from None
+        shared[number] = [np.frombuffer(part.Shared_query(q)[0], np.uint8) for q in range(node.Get_size())]
+        mine = shared[number][node.Get_rank()][:nbytes]
+        return mine, part
 
     def fence(counter, value=None):
         if value is None:
@@ -236,7 +306,8 @@ def _mpi_arena(transport) -> Arena:
         counter[0] = value
         return value
 
-    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node))  # MPI frees both at finalize
+    # MPI frees the windows and the node communicator at finalize
+    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node), allocate=allocate, shared=shared)
 
 
 # -- threads -------------------------------------------------------------------------------------------
@@ -246,6 +317,7 @@ class _Shared:
 
     def __init__(self, size: int, nbytes: int):
         self.lock = threading.Lock()
+        self.arrays: dict = {}  # shared allocation number -> every rank's part, filled in by each rank thread
         try:
             self.segments = [np.zeros(_HEADER + nbytes, np.uint8) for _ in range(size)]
         except MemoryError as exc:
@@ -277,7 +349,17 @@ def _local_arena(transport) -> Arena:
             counter[0] = value
             return value
 
-    return Arena(transport.rank, transport.size, shared.segments, fence, transport.world.check_failed)
+    def allocate(number, nbytes):
+        lines = -(-max(nbytes, 1) // LINE) * LINE
+        memory = np.empty(lines + LINE, np.uint8)
+        skip = -memory.ctypes.data % LINE
+        part = memory[skip:skip + lines]  # cache-line aligned, as MPI's windows are
+        with lock:
+            shared.arrays.setdefault(number, [None] * transport.size)[transport.rank] = part
+        return part[:nbytes], None
+
+    return Arena(transport.rank, transport.size, shared.segments, fence, transport.world.check_failed,
+                 allocate=allocate, shared=shared.arrays)
 
 
 _ARENAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transport -> Arena

@@ -1,0 +1,224 @@
+"""Shared arrays (``Communicator.shared_empty``) and the node algorithms' zero-copy forms (threads and mpiexec)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import commkit as ck
+from commkit import collectives
+from commkit.algorithms import get
+from commkit.errors import CollectiveMismatch, InvalidArgument
+from commkit.schedule import ONE_SIDED, inplace_safe
+
+ZERO_COPY = ("allreduce", "broadcast", "allgather")
+
+
+def _data(rank, n, seed, dtype):
+    rng = np.random.default_rng([seed, rank])
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(n).astype(dtype)
+    return rng.integers(-1000, 1000, n).astype(dtype)
+
+
+def _zero_copy_call(comm, collective, n, seed, dtype, root, in_place, nonblocking):
+    """Run ``collective`` on shared arrays: ``(result, input as given, input after the call)``."""
+    p = comm.size
+    x = comm.shared_empty(n, dtype)
+    x[:] = _data(comm.rank, n, seed, dtype)
+    given_x = x.copy()
+    if collective == "allgather":
+        out = comm.shared_empty((p, n), dtype)
+    else:
+        out = x if in_place else comm.shared_empty(n, dtype)
+    forms = {"allreduce": (comm.allreduce, comm.iallreduce), "broadcast": (comm.broadcast, comm.ibroadcast),
+             "allgather": (comm.allgather, comm.iallgather)}
+    blocking, start = forms[collective]
+    kwargs = {"root": root} if collective == "broadcast" else {}
+    if nonblocking:
+        start(x, out=out, algorithm="shm", **kwargs).wait()
+    else:
+        blocking(x, out=out, algorithm="shm", **kwargs)
+    return out.copy(), given_x, x.copy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(collective=st.sampled_from(ZERO_COPY), p=st.integers(1, 8), n=st.integers(0, 70), seed=st.integers(0, 2**31),
+       dtype=st.sampled_from(["float32", "float64", "int32"]), root=st.integers(0, 7), in_place=st.booleans(),
+       nonblocking=st.booleans())
+def test_zero_copy_forms_match_numpy_on_threads(collective, p, n, seed, dtype, root, in_place, nonblocking):
+    root %= p
+    got = ck.run_local(lambda comm: _zero_copy_call(comm, collective, n, seed, dtype, root, in_place, nonblocking),
+                       size=p)
+    xs = [_data(r, n, seed, dtype) for r in range(p)]
+    for r, (result, given_x, after) in enumerate(got):
+        if collective == "allreduce":
+            want = xs[0].copy()
+            for x in xs[1:]:
+                want = want + x
+            if np.dtype(dtype).kind == "f":
+                np.testing.assert_allclose(result, want, rtol=1e-5, atol=1e-5)
+            else:
+                np.testing.assert_array_equal(result, want)
+            assert result.tobytes() == got[0][0].tobytes()  # one rank folds each element, in rank order
+        elif collective == "broadcast":
+            np.testing.assert_array_equal(result, xs[root])
+        else:
+            np.testing.assert_array_equal(result, np.stack(xs) if n else np.empty((p, 0), dtype))
+        if not (in_place and collective != "allgather"):
+            np.testing.assert_array_equal(after, given_x)  # the input is the caller's: never written
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_zero_copy_allreduce_has_the_bits_of_the_copying_form(p):
+    # Both fold every element in rank order, one rank each: shared arrays change where the data lies, not the sum.
+    def body(comm):
+        n = 1000
+        x = comm.shared_empty(n, np.float32)
+        x[:] = _data(comm.rank, n, 7, np.float32) * 1e3
+        copied = comm.allreduce(x.copy(), algorithm="shm")
+        out = comm.shared_empty(n, np.float32)
+        comm.allreduce(x, out=out, algorithm="shm")
+        comm.allreduce(x, out=x, algorithm="shm")  # in place: rank 2 and up fold into one of their operands
+        return copied.tobytes(), out.tobytes(), x.tobytes()
+
+    for copied, shared, in_place in ck.run_local(body, p):
+        assert copied == shared == in_place
+
+
+def test_shared_arrays_take_the_zero_copy_form_and_others_the_copying_one():
+    def body(comm):
+        x = comm.shared_empty(8, np.float64)
+        out = comm.shared_empty(8, np.float64)
+        x[:] = comm.rank
+        with ck.trace() as shared:
+            comm.allreduce(x, out=out, algorithm="shm")
+        with ck.trace() as private:
+            comm.allreduce(np.full(8, float(comm.rank)), out=np.empty(8), algorithm="shm")
+        ranges = [({e["range"][0], e["src_range"][0]}) for e in shared.events if e["rank"] == comm.rank]
+        copied = [({e["range"][0], e["src_range"][0]}) for e in private.events if e["rank"] == comm.rank]
+        return set().union(*ranges), set().union(*copied), out.tolist()
+
+    for r, (shared, copied, out) in enumerate(ck.run_local(body, 2)):
+        assert f"out@{1 - r}" in shared and not any(name.startswith("slot") for name in shared), shared
+        assert not any("@" in name for name in copied) and any(name.startswith("slot") for name in copied), copied
+        assert out == [1.0] * 8
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_rank_whose_arrays_are_not_shared_is_named_on_every_rank(p):
+    def body(comm):
+        xs, outs = comm.shared_empty(5, np.float64), comm.shared_empty(5, np.float64)
+        x, out = (xs, outs) if comm.rank == 0 else (np.ones(5), np.ones(5))
+        x[:] = 1
+        with pytest.raises(CollectiveMismatch) as info:
+            comm.allreduce(x, out=out, algorithm="shm", timeout=30)
+        return str(info.value)
+
+    messages = ck.run_local(body, p)
+    assert "this rank's arrays are shared" in messages[0] and "rank 1's are not" in messages[0], messages[0]
+    for message in messages[1:]:
+        assert "this rank's arrays are not shared" in message and "rank 0's are" in message, message
+
+
+def test_shared_empty_refuses_bad_arguments_before_anything_is_sent():
+    def body(comm):
+        errors = []
+        for args in (((-1,), np.float32), ("many", np.float32), ((3,), object)):
+            with pytest.raises(InvalidArgument) as info:
+                comm.shared_empty(*args)
+            errors.append(str(info.value))
+        a = comm.shared_empty((2, 3), np.int16)
+        return errors, a.shape, a.dtype, a.flags.writeable
+
+    for errors, shape, dtype, writeable in ck.run_local(body, 2):
+        assert "must not be negative" in errors[0] and "(-1,)" in errors[0]
+        assert "whole number" in errors[1] and "'many'" in errors[1]
+        assert "not Python objects" in errors[2]
+        assert shape == (2, 3) and dtype == np.int16 and writeable
+
+
+@pytest.mark.parametrize("collective", ZERO_COPY)
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_zero_copy_forms_are_in_place_safe_where_the_communicator_relies_on_it(collective, p):
+    # The communicator gives an in-place call its one array as both "in" and "out" only when the
+    # schedule allows it; otherwise it would save the input to private memory, which peers cannot read.
+    alg = get(collective, "shm")
+    for rank in range(p):
+        steps = list(collectives.steps(alg.schedule, collective, rank, p, 37, ck.ops.get_op("sum"), 1, shared=True))
+        assert any(step.kind in ONE_SIDED for step in steps)
+        if collective != "allgather":  # an allgather's input is never its output
+            assert inplace_safe(steps), (collective, p, rank)
+
+
+MPI_SCRIPT = """
+import numpy as np
+from mpi4py import MPI as M
+import commkit as ck
+
+comm = ck.init("mpi")
+raw = M.COMM_WORLD.Dup()
+p, r = comm.size, comm.rank
+for n in (0, 1, 7, 5000, 70_001):
+    rng = np.random.default_rng([n, r])
+    x = comm.shared_empty(n, np.float32)
+    x[:] = rng.standard_normal(n).astype(np.float32)
+    given = x.copy()
+    out = comm.shared_empty(n, np.float32)
+    comm.allreduce(x, out=out, algorithm="shm")
+    ref = np.empty_like(given)
+    raw.Allreduce(given, ref)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(x, given)
+    every = raw.allgather(out.tobytes())
+    assert all(b == every[0] for b in every)
+    assert out.tobytes() == comm.allreduce(given, algorithm="shm").tobytes()
+    comm.allreduce(x, out=x, algorithm="shm")
+    assert x.tobytes() == out.tobytes()
+    b = comm.shared_empty(n, np.float32)
+    b[:] = given
+    root = n % p
+    comm.broadcast(b, root=root, out=b, algorithm="shm")
+    bref = given.copy()
+    raw.Bcast(bref, root=root)
+    np.testing.assert_array_equal(b, bref)
+    g = comm.shared_empty((p, n), np.float32)
+    x[:] = given
+    comm.allgather(x, out=g, algorithm="shm")
+    gref = np.empty((p, n), np.float32)
+    raw.Allgather(given, gref)
+    np.testing.assert_array_equal(g, gref)
+    comm.iallreduce(x, out=out, algorithm="shm").wait()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+print("ok", r, flush=True)
+"""
+
+
+@pytest.mark.parametrize("nprocs", [2, 3, 4])
+def test_zero_copy_forms_under_mpiexec_agree_with_mpi(mpi, nprocs):
+    result = mpi(nprocs, MPI_SCRIPT, timeout=300)
+    assert result.stdout.count("ok") == nprocs
+
+
+def test_shared_empty_on_a_communicator_across_emulated_nodes_says_why_under_mpiexec(mpi):
+    code = """
+    import numpy as np
+    import commkit as ck
+    from commkit.errors import AlgorithmNotApplicable
+
+    comm = ck.init("mpi")
+    try:
+        comm.shared_empty(4, np.float64)
+    except AlgorithmNotApplicable as exc:
+        assert "spans 2 nodes" in str(exc), exc
+        print("refused", comm.rank, flush=True)
+    node = comm.split(comm.rank // 2)
+    a = node.shared_empty(4, np.float64)
+    a[:] = comm.rank
+    node.allreduce(a, out=a, algorithm="shm")
+    assert a.tolist() == [float(sum(range(comm.rank // 2 * 2, comm.rank // 2 * 2 + 2)))] * 4, a
+    print("ok", comm.rank, flush=True)
+    """
+    result = mpi(4, code, env={"COMMKIT_RANKS_PER_NODE": "2"}, timeout=120)
+    assert result.stdout.count("refused") == 4 and result.stdout.count("ok") == 4
