@@ -20,7 +20,9 @@ In place, every variant first copies the input back (the same copy for each).
   the result from its owner's output;
 * ``mpi``: ``MPI_Allreduce`` on a ``Dup`` of ``COMM_WORLD``;
 * ``ring``: ``comm.allreduce(x, algorithm="ring")``;
-* ``shm``: ``comm.allreduce(x, algorithm="shm")`` (the node engine).
+* ``shm``: ``comm.allreduce(x, algorithm="shm")`` (the node engine);
+* ``shm shared``: the same on arrays of ``comm.shared_empty`` (its zero-copy
+  form: peers read each other's arrays where they lie, as the floor does).
 
 The other collectives: ``shm`` against ``mpi``, root 0 where there is one:
 broadcast (``Bcast``), reduce (``Reduce``), gather and scatter (``Gather``,
@@ -128,6 +130,11 @@ def variants(comm, raw, n, rng):
     blocks = rng.standard_normal((p, n)).astype(np.float32)
     a2a = rng.standard_normal((p, n // p)).astype(np.float32)
     a2a_out = np.empty_like(a2a)
+    # The zero-copy forms' arrays (comm.shared_empty: the library frees them at the end of the job).
+    xsh, osh, ysh = (comm.shared_empty(n, np.float32) for _ in range(3))
+    xsh[:] = x
+    bsh = comm.shared_empty(n, np.float32)
+    gsh = comm.shared_empty((p, n), np.float32)
     sum_ = MPI.SUM
     table = {
         "allreduce": {
@@ -140,10 +147,13 @@ def variants(comm, raw, n, rng):
             "ring in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="ring")),
             "shm": lambda: comm.allreduce(x, out=out, algorithm="shm"),
             "shm in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="shm")),
+            "shm shared": lambda: comm.allreduce(xsh, out=osh, algorithm="shm"),
+            "shm shared in place": lambda: (np.copyto(ysh, x), comm.allreduce(ysh, out=ysh, algorithm="shm")),
         },
         "broadcast": {
             "mpi": lambda: raw.Bcast(block, root=0),
             "shm": lambda: comm.broadcast(x, root=0, out=block, algorithm="shm"),
+            "shm shared": lambda: comm.broadcast(bsh, root=0, out=bsh, algorithm="shm"),
         },
         "reduce": {
             "mpi": lambda: raw.Reduce(x, out, sum_, root=0),
@@ -160,6 +170,7 @@ def variants(comm, raw, n, rng):
         "allgather": {
             "mpi": lambda: raw.Allgather(x, gathered),
             "shm": lambda: comm.allgather(x, out=gathered, algorithm="shm"),
+            "shm shared": lambda: comm.allgather(xsh, out=gsh, algorithm="shm"),
         },
         "reduce_scatter": {
             "mpi": lambda: raw.Reduce_scatter_block(xs, rs, sum_),
@@ -176,12 +187,17 @@ def variants(comm, raw, n, rng):
     raw.Allreduce(x, want, sum_)
     for name in ("ring", "shm"):
         np.testing.assert_allclose(comm.allreduce(x, algorithm=name), want, rtol=1e-4, atol=1e-3)
+    comm.allreduce(xsh, out=osh, algorithm="shm")
+    np.testing.assert_array_equal(osh, comm.allreduce(x, algorithm="shm"))  # the same folds, the same bits
     floor.run()
     np.testing.assert_allclose(floor.outs[comm.rank], want, rtol=1e-4, atol=1e-3)
     # The other shm collectives against MPI's on the same data: sums close (another fold order), the rest equal.
     ref = x.copy()
     raw.Bcast(ref, root=0)
     np.testing.assert_array_equal(comm.broadcast(x, root=0, algorithm="shm"), ref)
+    bsh[:] = x
+    comm.broadcast(bsh, root=0, out=bsh, algorithm="shm")
+    np.testing.assert_array_equal(bsh, ref)
     raw.Reduce(x, ref, sum_, root=0)
     got = comm.reduce(x, root=0, algorithm="shm")
     assert (got is None) != is_root
@@ -196,6 +212,8 @@ def variants(comm, raw, n, rng):
     np.testing.assert_array_equal(comm.scatter(blocks if is_root else None, root=0, out=block, algorithm="shm"), ref)
     raw.Allgather(x, gathered)
     np.testing.assert_array_equal(comm.allgather(x, algorithm="shm"), gathered)
+    comm.allgather(xsh, out=gsh, algorithm="shm")
+    np.testing.assert_array_equal(gsh, gathered)
     raw.Reduce_scatter_block(xs, rs, sum_)
     np.testing.assert_allclose(comm.reduce_scatter(xs, algorithm="shm"), rs, rtol=1e-4, atol=1e-3)
     raw.Alltoall(a2a, a2a_out)
@@ -250,12 +268,12 @@ def main(argv=None) -> int:
     if comm.rank == 0:
         print(f"{comm.size} ranks, float32 sum, {sweeps} sweeps; load average {min(loads):.2f}-{max(loads):.2f} "
               f"(timings on a loaded machine say nothing)")
-        print(f"{'collective':<15} {'size':>8} {'variant':<14} {'median':>12} {'/ mpi':>7}")
+        print(f"{'collective':<15} {'size':>8} {'variant':<20} {'median':>12} {'/ mpi':>7}")
         for collective, nbytes, name, t, ratio in rows:
-            print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<14} {t * 1e6:>10.1f}us {ratio:>7.2f}")
+            print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<20} {t * 1e6:>10.1f}us {ratio:>7.2f}")
         floors = {nbytes: t for c, nbytes, name, t, _ in rows if c == "allreduce" and name == "floor"}
         for collective, nbytes, name, t, _ in rows:
-            if collective == "allreduce" and name in ("shm", "ring", "mpi") and nbytes in floors:
+            if collective == "allreduce" and name in ("shm", "shm shared", "ring", "mpi") and nbytes in floors:
                 print(f"allreduce {nbytes >> 10}Ki: {name} / floor = {t / floors[nbytes]:.2f}")
     return 0
 
