@@ -637,8 +637,8 @@ class Communicator(VectorCollectives):
 
         Collective: every rank calls it, in the same order as its other calls (each
         rank may ask for its own shape). The node algorithms (``algorithm="shm"``)
-        copy every array through the node's arena; an allreduce, broadcast or
-        allgather whose ``in`` and ``out`` on every rank are such arrays (``out=``
+        copy every array through the node's arena; an allreduce, broadcast,
+        allgather, reduce_scatter or alltoall whose ``in`` and ``out`` on every rank are such arrays (``out=``
         given, or in place with ``out=x``) reads its peers' arrays where they lie
         instead, with no copy in or out: the memory floor. Slices of a shared array
         are shared too. Ranks that mix shared and other arrays in one call get a

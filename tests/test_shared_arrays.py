@@ -12,7 +12,10 @@ from commkit.algorithms import get
 from commkit.errors import CollectiveMismatch, InvalidArgument
 from commkit.schedule import ONE_SIDED, inplace_safe
 
-ZERO_COPY = ("allreduce", "broadcast", "allgather")
+ZERO_COPY = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
+BLOCKED = ("reduce_scatter", "alltoall")
+"""Collectives whose input holds a block for every rank."""
+IN_PLACE = ("allreduce", "broadcast")
 
 
 def _data(rank, n, seed, dtype):
@@ -25,22 +28,27 @@ def _data(rank, n, seed, dtype):
 def _zero_copy_call(comm, collective, n, seed, dtype, root, in_place, nonblocking):
     """Run ``collective`` on shared arrays: ``(result, input as given, input after the call)``."""
     p = comm.size
-    x = comm.shared_empty(n, dtype)
-    x[:] = _data(comm.rank, n, seed, dtype)
+    x = comm.shared_empty(n * p if collective in BLOCKED else n, dtype)
+    x[:] = _data(comm.rank, x.size, seed, dtype)
     given_x = x.copy()
-    if collective == "allgather":
+    if collective in ("allgather", "alltoall"):
         out = comm.shared_empty((p, n), dtype)
+        x = x.reshape(p, n) if collective == "alltoall" else x
+    elif collective == "reduce_scatter":
+        out = comm.shared_empty(n, dtype)
     else:
         out = x if in_place else comm.shared_empty(n, dtype)
     forms = {"allreduce": (comm.allreduce, comm.iallreduce), "broadcast": (comm.broadcast, comm.ibroadcast),
-             "allgather": (comm.allgather, comm.iallgather)}
+             "allgather": (comm.allgather, comm.iallgather),
+             "reduce_scatter": (comm.reduce_scatter, comm.ireduce_scatter),
+             "alltoall": (comm.alltoall, comm.ialltoall)}
     blocking, start = forms[collective]
     kwargs = {"root": root} if collective == "broadcast" else {}
     if nonblocking:
         start(x, out=out, algorithm="shm", **kwargs).wait()
     else:
         blocking(x, out=out, algorithm="shm", **kwargs)
-    return out.copy(), given_x, x.copy()
+    return out.copy(), given_x, x.reshape(-1).copy()
 
 
 @settings(max_examples=40, deadline=None)
@@ -51,22 +59,26 @@ def test_zero_copy_forms_match_numpy_on_threads(collective, p, n, seed, dtype, r
     root %= p
     got = ck.run_local(lambda comm: _zero_copy_call(comm, collective, n, seed, dtype, root, in_place, nonblocking),
                        size=p)
-    xs = [_data(r, n, seed, dtype) for r in range(p)]
+    xs = [_data(r, n * p if collective in BLOCKED else n, seed, dtype) for r in range(p)]
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total = total + x
     for r, (result, given_x, after) in enumerate(got):
-        if collective == "allreduce":
-            want = xs[0].copy()
-            for x in xs[1:]:
-                want = want + x
+        if collective in ("allreduce", "reduce_scatter"):
+            want = total if collective == "allreduce" else total[r * n:(r + 1) * n]
             if np.dtype(dtype).kind == "f":
                 np.testing.assert_allclose(result, want, rtol=1e-5, atol=1e-5)
             else:
                 np.testing.assert_array_equal(result, want)
-            assert result.tobytes() == got[0][0].tobytes()  # one rank folds each element, in rank order
+            if collective == "allreduce":
+                assert result.tobytes() == got[0][0].tobytes()  # one rank folds each element, in rank order
         elif collective == "broadcast":
             np.testing.assert_array_equal(result, xs[root])
-        else:
+        elif collective == "allgather":
             np.testing.assert_array_equal(result, np.stack(xs) if n else np.empty((p, 0), dtype))
-        if not (in_place and collective != "allgather"):
+        else:
+            np.testing.assert_array_equal(result.reshape(-1), np.concatenate([x[r * n:(r + 1) * n] for x in xs]))
+        if not (in_place and collective in IN_PLACE):
             np.testing.assert_array_equal(after, given_x)  # the input is the caller's: never written
 
 
@@ -145,10 +157,12 @@ def test_zero_copy_forms_are_in_place_safe_where_the_communicator_relies_on_it(c
     # The communicator gives an in-place call its one array as both "in" and "out" only when the
     # schedule allows it; otherwise it would save the input to private memory, which peers cannot read.
     alg = get(collective, "shm")
+    count = (37,) * p if collective == "reduce_scatter" else 37
     for rank in range(p):
-        steps = list(collectives.steps(alg.schedule, collective, rank, p, 37, ck.ops.get_op("sum"), 1, shared=True))
+        steps = list(collectives.steps(alg.schedule, collective, rank, p, count, ck.ops.get_op("sum"), 1,
+                                       shared=True))
         assert any(step.kind in ONE_SIDED for step in steps)
-        if collective != "allgather":  # an allgather's input is never its output
+        if collective in IN_PLACE:  # the others' input is never their output
             assert inplace_safe(steps), (collective, p, rank)
 
 
@@ -191,6 +205,18 @@ for n in (0, 1, 7, 5000, 70_001):
     np.testing.assert_array_equal(g, gref)
     comm.iallreduce(x, out=out, algorithm="shm").wait()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)
+    blocks = comm.shared_empty((p, n), np.float32)
+    blocks[:] = rng.standard_normal((p, n)).astype(np.float32)
+    rs = comm.shared_empty(n, np.float32)
+    comm.reduce_scatter(blocks.reshape(-1), out=rs, algorithm="shm")
+    rref = np.empty(n, np.float32)
+    raw.Reduce_scatter_block(blocks.copy(), rref)
+    np.testing.assert_allclose(rs, rref, rtol=1e-5, atol=1e-4)
+    a2a = comm.shared_empty((p, n), np.float32)
+    comm.alltoall(blocks, out=a2a, algorithm="shm")
+    aref = np.empty((p, n), np.float32)
+    raw.Alltoall(blocks.copy(), aref)
+    np.testing.assert_array_equal(a2a, aref)
 print("ok", r, flush=True)
 """
 

@@ -34,7 +34,8 @@ Results are the same bits on every rank: each element of a reduction is
 folded once, by one rank, in rank order (or by every rank in the same order);
 a reduce gives its root the bits the allreduce gives every rank.
 Zero copy. When every rank's arrays are shared arrays (``comm.shared_empty``),
-allreduce, broadcast and allgather take their ``shared=True`` form: no slot,
+allreduce, broadcast, allgather, reduce_scatter and alltoall take their
+``shared=True`` form: no slot,
 no chunks; a rank reads its peers' ``in`` and ``out`` where they lie
 (``peer(q, "in", lo, hi)``), and waits once more at the end, until every
 peer has read its arrays, before the caller may write them again.
@@ -724,7 +725,7 @@ def _reduce_scatter_alike(rank, size, counts, op, segment=None):
            formula="Kα + nβ + ((p-1)/p)nγ, K the chunks, n the bytes of one rank's input",
            cost_exact="even", cost_bound="lower")
 @_alike(_reduce_scatter_alike)
-def reduce_scatter_shm(rank, size, counts, op, segment=None):
+def reduce_scatter_shm(rank, size, counts, op, segment=None, shared=False):
     """Shared-memory reduce-scatter: each rank folds its own block from every rank's slot, straight into its output.
 
     Restrictions: one node. Every block is cut into K pieces; chunk k is piece k of every
@@ -733,6 +734,10 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
     my output. A half is written again (chunk k+2) after the wait of chunk k+1, which
     every rank passes only after its fold of chunk k. Cost: Kα + nβ + ((p-1)/p)nγ
     for equal blocks; otherwise the largest block sets each chunk's fold (a lower bound).
+
+    With ``shared`` (every rank's arrays are shared arrays): each rank folds its block of
+    every rank's input where it lies into its output, and waits until every rank has
+    folded: no copy at all, 2α + ((p-1)/p)nγ for equal blocks.
 
     Picture, generated from the schedule (p = 4, count = (2, 2, 2, 2), segment = 2): each cell lists,
     for every block of the result, the ranks whose input that rank holds for the whole block (- for
@@ -751,10 +756,21 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
     if size == 1:
         yield Copy(("out", 0, counts[0]), ("in", 0, counts[0]))
         return
+    others = _others(rank, size)
+    if shared:
+        lo, hi = offsets[rank], offsets[rank] + counts[rank]
+        yield Claim(0, size, shared=True)
+        yield Publish(1)
+        yield Wait(others, 1)
+        yield ReduceSlots(("out", 0, hi - lo), [("in", lo, hi) if q == rank else peer(q, "in", lo, hi)
+                                                for q in range(size)], op)
+        yield Publish(2)
+        yield Wait(others, 2)  # every peer has folded its block of my input: the caller may write it again
+        yield Release()
+        return
     k = _reduce_scatter_chunks(counts, size, segment)
     pieces = [partition(n, k) if k else () for n in counts]
     width = max((sum(pieces[q][c][1] - pieces[q][c][0] for q in range(size)) for c in range(k)), default=0)
-    others = _others(rank, size)
     yield Claim(2 * width, size)
     for c in range(k):
         half = (c % 2) * width
@@ -782,7 +798,7 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None):
                len(_piece_chunks(int(n) // COST_ITEMSIZE, p - 1, None)) * a + 2 * (p - 1) * n * b),
            formula="Kα + 2(p-1)nβ, K the chunks, n the bytes of one block", symmetry="rotation")
 @_in_chunks
-def alltoall_shm(rank, size, count, segment=None):
+def alltoall_shm(rank, size, count, segment=None, shared=False):
     """Shared-memory alltoall: each rank puts every block it sends in its slot, each rank gets the blocks for it.
 
     Restrictions: one node. Every block is cut into K pieces; chunk k is piece k of
@@ -791,6 +807,10 @@ def alltoall_shm(rank, size, count, segment=None):
     piece from every other rank's slot. A half is written again (chunk k+2) after the
     wait of chunk k+1, which every rank passes only after its gets of chunk k. Cost:
     Kα + 2(p-1)nβ, n the bytes of one block (exact).
+
+    With ``shared`` (every rank's arrays are shared arrays): each rank gets the block for
+    it from every other rank's input where it lies, and waits until every rank has read
+    its own: 2α + (p-1)nβ.
 
     Picture, generated from the schedule (p = 4, count = 1, segment = 2): each cell lists, for every
     block of the result, the ranks whose input that rank holds for the whole block (- for none), after
@@ -807,8 +827,13 @@ def alltoall_shm(rank, size, count, segment=None):
     mine = Copy(("out", rank * count, (rank + 1) * count), ("in", rank * count, (rank + 1) * count))
     if size == 1:
         return _Chunks((mine,), (), None, ())
-    pieces = _piece_chunks(count, size - 1, segment)
     others = _others(rank, size)
+    if shared:
+        gets = tuple(Get(("out", q * count, (q + 1) * count), peer(q, "in", rank * count, (rank + 1) * count))
+                     for q in others)
+        return _Chunks((mine, Claim(0, size, shared=True), Publish(1), Wait(others, 1), *gets, Publish(2),
+                        Wait(others, 2), Release()), (), None, ())
+    pieces = _piece_chunks(count, size - 1, segment)
     width = (size - 1) * (pieces[0][1] - pieces[0][0]) if pieces else 0
 
     def chunk(c, a, b):
