@@ -135,6 +135,10 @@ def variants(comm, raw, n, rng):
     xsh[:] = x
     bsh = comm.shared_empty(n, np.float32)
     gsh = comm.shared_empty((p, n), np.float32)
+    xssh, rssh = comm.shared_empty(p * n, np.float32), comm.shared_empty(n, np.float32)
+    xssh[:] = xs
+    a2ash, a2ash_out = comm.shared_empty((p, n // p), np.float32), comm.shared_empty((p, n // p), np.float32)
+    a2ash[:] = a2a
     sum_ = MPI.SUM
     table = {
         "allreduce": {
@@ -175,11 +179,13 @@ def variants(comm, raw, n, rng):
         "reduce_scatter": {
             "mpi": lambda: raw.Reduce_scatter_block(xs, rs, sum_),
             "shm": lambda: comm.reduce_scatter(xs, out=rs, algorithm="shm"),
+            "shm shared": lambda: comm.reduce_scatter(xssh, out=rssh, algorithm="shm"),
         },
         "alltoall": {
             "mpi": lambda: raw.Alltoall(a2a, a2a_out),
             "commkit": lambda: comm.alltoall(a2a, out=a2a_out),
             "shm": lambda: comm.alltoall(a2a, out=a2a_out, algorithm="shm"),
+            "shm shared": lambda: comm.alltoall(a2ash, out=a2ash_out, algorithm="shm"),
         },
     }
     # Each commkit variant against MPI's result on the same data, once.
@@ -216,8 +222,12 @@ def variants(comm, raw, n, rng):
     np.testing.assert_array_equal(gsh, gathered)
     raw.Reduce_scatter_block(xs, rs, sum_)
     np.testing.assert_allclose(comm.reduce_scatter(xs, algorithm="shm"), rs, rtol=1e-4, atol=1e-3)
+    comm.reduce_scatter(xssh, out=rssh, algorithm="shm")
+    np.testing.assert_allclose(rssh, rs, rtol=1e-4, atol=1e-3)
     raw.Alltoall(a2a, a2a_out)
     np.testing.assert_array_equal(comm.alltoall(a2a, algorithm="shm"), a2a_out)
+    comm.alltoall(a2ash, out=a2ash_out, algorithm="shm")
+    np.testing.assert_array_equal(a2ash_out, a2a_out)
     return table, floor
 
 
