@@ -398,6 +398,7 @@ print("ok", me, flush=True)
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,per_node", [(4, 2), (6, 2), (5, 3)])
 def test_hier_under_mpiexec_agrees_with_mpi(mpi, nprocs, per_node):
     # 2 nodes x 2 ranks, 3 x 2, and the uneven 3 + 2.

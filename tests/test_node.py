@@ -484,6 +484,7 @@ print("ok", comm.rank, flush=True)
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs,per_node", [(2, None), (3, None), (4, None), (4, 2)])
 def test_node_algorithms_under_mpiexec_agree_with_mpi(mpi, nprocs, per_node):
     env = {"COMMKIT_RANKS_PER_NODE": str(per_node)} if per_node else {}
@@ -491,6 +492,7 @@ def test_node_algorithms_under_mpiexec_agree_with_mpi(mpi, nprocs, per_node):
     assert result.stdout.count("ok") == nprocs
 
 
+@pytest.mark.mpi
 def test_a_missing_rank_times_out_under_mpiexec(mpi):
     code = """
     import time

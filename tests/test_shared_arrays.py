@@ -221,12 +221,14 @@ print("ok", r, flush=True)
 """
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_zero_copy_forms_under_mpiexec_agree_with_mpi(mpi, nprocs):
     result = mpi(nprocs, MPI_SCRIPT, timeout=300)
     assert result.stdout.count("ok") == nprocs
 
 
+@pytest.mark.mpi
 def test_shared_empty_on_a_communicator_across_emulated_nodes_says_why_under_mpiexec(mpi):
     code = """
     import numpy as np
