@@ -44,7 +44,8 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import Plan, PersistentRequest, Slots, compile_ops, nonblocking_steps, stand_in, timed_native
+from .plan import (Plan, PersistentPool, PersistentRequest, Slots, compile_ops, nonblocking_steps, persistent_steps,
+                   stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
@@ -306,6 +307,8 @@ class Communicator(VectorCollectives):
         self._plans: dict = {}
         self._nodes = None  # every rank's node, exchanged at the first node-aware call (see _node_args)
         self._layout = TagLayout(self._coll.tag_ub)
+        self._max_in_flight = self._layout.max_in_flight  # (read by every i-form: a property costs a call)
+        self._pool_budget = [self._POOL_BUDGET]  # bytes the i-forms' PersistentPools may still take
         # User tags use all but the top bit of the tag space; Python objects set it.
         p2p_bits = TagLayout(self._p2p.tag_ub).bits
         self._tag_ub = (1 << (p2p_bits - 1)) - 1
@@ -971,7 +974,7 @@ class Communicator(VectorCollectives):
             if not nonblocking:
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
-                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan))
+                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan), self._pool(call, plan))
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
@@ -991,6 +994,12 @@ class Communicator(VectorCollectives):
     # -- compiled plans (plan.py) --------------------------------------------------------------
 
     _FAST_MAX_BYTES = 1 << 20  # plans keep their arrays alive: only small calls, where per-call cost matters
+    # An i-form shape gets persistent transfers (PersistentPool) when one call's in, out and scratch fit
+    # in this many bytes: a 1 KiB recursive-doubling allreduce's 3 KiB does. Up to one slot per call
+    # number (1024), so a shape's pool stays within a few MiB, and all of a communicator's within
+    # _POOL_BUDGET bytes of scratch.
+    _POOL_MAX_BYTES = 4096
+    _POOL_BUDGET = 32 << 20
     _FAST_ENTRIES = 64
 
     # The vector collectives' entries (commkit/_vector.py), announced like the others.
@@ -1135,6 +1144,9 @@ class Communicator(VectorCollectives):
         return compiled
 
     def _forget_shapes(self) -> None:
+        for entry in self._by_shape_i.values():
+            if entry[2] is not None:
+                entry[2].free()
         self._shaped.clear()
         self._by_shape.clear()
         self._by_shape_i.clear()
@@ -1259,25 +1271,57 @@ class Communicator(VectorCollectives):
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
         return nonblocking_steps(steps, bufs, self._coll, call.collective, name)
 
+    def _pool(self, call: Call, plan):
+        """The persistent transfers of ``call``'s i-form shape (:class:`commkit.plan.PersistentPool`), or None.
+
+        Only for small messages (``_POOL_MAX_BYTES``: where the per-call cost is the time, and a slot per call
+        number costs little memory) on a transport with persistent requests.
+        """
+        _, steps, scratch_n, _, name, tagbase, _ = plan
+        if (call.xp is not np or steps is None or getattr(self._coll, "persistent_transfer", None) is None
+                or (len(call.src) + len(call.dst) + scratch_n) * call.dtype.itemsize > self._POOL_MAX_BYTES):
+            return None
+        # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
+        bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
+                "tmp": stand_in(scratch_n, call.dtype)}
+        run = persistent_steps(steps, bufs, call.collective, name)
+        if run is None:
+            return None
+        return PersistentPool(run, steps, self._coll, (len(call.src), len(call.dst), scratch_n), call.dtype, tagbase,
+                              self._layout, self._pool_budget)
+
     def _fresh_request(self, collective, entry, src, dst, result, timeout):
         """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""
         progress = self._progress
-        if progress.held >= self._layout.max_in_flight:
+        if progress.held >= self._max_in_flight:
             return _GENERAL  # the general path raises, naming the limit
-        plan, compiled = entry
+        plan, compiled, pool = entry
         _, steps, scratch_n, _, name, tagbase, signature = plan
         seq = self._seq
         self._seq = seq + 1
         if progress.requests:
-            progress.settle(seq, self._seq_span, timeout)
+            progress.settle(seq, self._seq_span, timeout)  # (so the slot of this call number is back, below)
         recorder = self._recorder
         rec = recorder.start(seq, collective, name, signature)
         self._last = (name, plan[0])
         layout = self._layout
-        tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
         tag = ((seq & layout.seq_mask) << layout.seq_shift) | tagbase
+        info = (collective, name, seq, self.rank, None)
+        if pool is not None:
+            index = seq & layout.seq_mask
+            slot = pool.slots[index]
+            if slot is None:
+                slot = pool.make(seq)
+            else:
+                pool.slots[index] = None
+            if slot is not None:
+                run = ScheduleRun(None, None, self._coll, tag, timeout, info, progress=progress, recorder=recorder,
+                                  rec=rec, on_timeout=self._collective_timed_out, value=result,
+                                  run=pool.run(src, dst, slot, pool.slots, index, rec))
+                return ScheduleRequest(run, progress)
+        tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
         bufs = {"in": src, "out": dst, "tmp": tmp}
-        run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, CallInfo(collective, name, seq, self.rank, None),
+        run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,
                           progress=progress, recorder=recorder, rec=rec, on_timeout=self._collective_timed_out,
                           value=result, run=None if compiled is None else compiled(src, dst, tmp, tag, rec))
         return ScheduleRequest(run, progress)

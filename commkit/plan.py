@@ -48,7 +48,8 @@ from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summa
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps", "stand_in", "timed_native"]
+__all__ = ["Plan", "PersistentPool", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps",
+           "persistent_steps", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -528,6 +529,131 @@ def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
     run = ns["run"]
     run.source = source
     return run
+
+
+def persistent_steps(steps, bufs: dict, collective: str, algorithm: str):
+    """An i-form's schedule compiled over persistent transfers: ``run(_src, _dst, _slot, _pool, _i, rec)``.
+
+    The same steps as :func:`nonblocking_steps`, run on the buffers of one
+    :class:`PersistentPool` slot (``_slot``: its ``in``, ``out`` and ``tmp``, then
+    one persistent transfer per transfer step, bound to those buffers with the
+    call's tag): the input is copied into the slot's ``in`` first, each transfer
+    is started instead of posted (nothing is parsed per call), and the slot's
+    ``out`` is copied to ``_dst`` last. Where no transfer moves ``in`` (or
+    ``out``), the local steps use ``_src`` (``_dst``) itself, with no copy. The run then hands its slot back
+    (``_pool[_i] = _slot``); a run that fails or times out never does, so a
+    slot whose requests may still be active is never started again. None where
+    :func:`nonblocking_steps` would refuse. Its text is ``run.source``.
+    """
+    if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
+        return None
+    slots = Slots(bufs, ("in", "out", "tmp"))
+    ns = {"_copyto": np.copyto}
+    names = _Names(ns, slots)
+    const = names.const
+    # A buffer no transfer touches is the run's own array: only the local steps read or write it.
+    moved = {ref[0] for step in steps if step.kind == TRANSFER for _, ref in (*step.sends, *step.recvs)}
+    own = [f"_b_{name} = {arg}" for name, arg in (("in", "_src"), ("out", "_dst")) if name not in moved]
+    body = ["_copyto(_b_in, _src)"] if "in" in moved else []
+    transfers = []
+
+    def local(ops) -> None:
+        for _, op, _, _, _ in ops:
+            spec = getattr(op, "inline", None)
+            if spec is None or spec[2] is not None:
+                names.unsafe.append(op)
+                return
+            body.append(spec[0].format(*(const(v) for v in spec[1])))
+
+    for index, step in enumerate(steps):
+        if step.kind != TRANSFER:
+            local(_local_ops((step,), bufs, slots, index))
+            continue
+        name = f"_t{len(transfers)}"
+        transfers.append(name)
+        body.append(f"# schedule step {index}: {_one_line(step)}")
+        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
+        body.append(f"{name}.start()")
+        local(_local_ops(step.overlap, bufs, slots, index))
+        body.append(f"yield {index}, {const(step)}, {name}")
+    if names.unsafe:
+        return None
+    if "out" in moved:
+        body.append("_copyto(_dst, _b_out)")
+    body.append("_pool[_i] = _slot  # (a run that raised never gets here)")
+    source = "\n".join([
+        "def run(_src, _dst, _slot, _pool, _i, rec):",
+        f"    _b_in, _b_out, _b_tmp, {''.join(t + ', ' for t in transfers)}= _slot",
+        *("    " + line for line in own),
+        *("    " + line for line in names.sliced),
+        *("    " + line for line in body),
+        *([] if transfers else ["    yield from ()"]),
+    ])
+    exec(compile(source, f"<commkit i-form: {collective} {algorithm}, persistent>", "exec"), ns)
+    run = ns["run"]
+    run.source = source
+    run.moved = moved  # the buffers a slot must hold
+    return run
+
+
+class PersistentPool:
+    """One call shape's persistent transfers, a slot per call number, made at the number's first call.
+
+    An i-form's tag carries its call number (modulo ``span``, :mod:`commkit.identity`),
+    and a persistent request's tag is fixed: so each number has a slot of its own
+    (``slots[seq % span]``: scratch ``in``/``out``/``tmp`` and the transfers bound to
+    them with that call's tag), and a call's messages are those the posted path sends,
+    tag for tag. Which slot a call takes depends on its call number only, the same on
+    every rank. A slot is out of the pool while its run is in flight and comes back when
+    the run completes; the run that last held a number is finished before that number
+    comes round again (``Progress.settle``), so a slot is never started while active.
+    Slots are made while the communicator's ``budget`` (bytes of scratch, shared by its
+    pools) lasts; past it, calls post their transfers as before.
+    """
+
+    __slots__ = ("slots", "run", "chan", "transfers", "sizes", "dtype", "tagbase", "seq_mask", "seq_shift",
+                 "budget", "nbytes")
+
+    def __init__(self, run, steps, chan, sizes: tuple, dtype, tagbase: int, layout, budget: list):
+        self.run = run
+        self.chan = chan
+        self.transfers = [step for step in steps if step.kind == TRANSFER]
+        # Elements of the slot's in, out and tmp: none for an in or out no transfer moves (the run's own is used).
+        self.sizes = tuple(n if name == "tmp" or name in run.moved else 0
+                           for name, n in zip(("in", "out", "tmp"), sizes))
+        self.dtype = dtype
+        self.tagbase = tagbase
+        self.seq_mask, self.seq_shift = layout.seq_mask, layout.seq_shift
+        self.slots = [None] * (layout.seq_mask + 1)
+        self.budget = budget
+        self.nbytes = sum(self.sizes) * dtype.itemsize
+
+    def make(self, seq: int):
+        """A new slot for call number ``seq``, or None (the budget is spent, or the transport has none)."""
+        if self.budget[0] < self.nbytes:
+            return None
+        bufs = dict(zip(("in", "out", "tmp"), (np.empty(n, self.dtype) for n in self.sizes)))
+        tag = ((seq & self.seq_mask) << self.seq_shift) | self.tagbase
+        made = []
+        for step in self.transfers:
+            transfer = self.chan.persistent_transfer([(peer, _view(bufs, ref)) for peer, ref in step.sends],
+                                                     [(peer, _view(bufs, ref)) for peer, ref in step.recvs], tag)
+            if transfer is None:
+                for other in made:
+                    other.free()
+                return None
+            made.append(transfer)
+        self.budget[0] -= self.nbytes
+        return (bufs["in"], bufs["out"], bufs["tmp"], *made)
+
+    def free(self) -> None:
+        """Free the requests of the slots in the pool (those of a run in flight go with it)."""
+        for index, slot in enumerate(self.slots):
+            if slot is not None:
+                self.slots[index] = None
+                self.budget[0] += self.nbytes
+                for transfer in slot[3:]:
+                    transfer.free()
 
 
 class _Reposted:

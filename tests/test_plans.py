@@ -1044,3 +1044,102 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
     for r in range(size):
         # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
         assert len(per_rank[r][1]) <= 3 * 2 * len(forms), per_rank[r][1]
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_i_forms_on_new_arrays_start_persistent_transfers_one_slot_per_call_number_under_mpiexec():
+    """An i-form shape's PersistentPool: a slot per call number, reused a whole cycle later, every result right."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    from commkit.communicator import _fresh_key
+    from commkit.plan import PersistentPool
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+
+    def x_of(q, k):  # rank q's input of round k, known to every rank; whole numbers, so every sum is exact
+        return np.random.default_rng([q, k]).integers(-99, 99, 5).astype(np.float32)
+
+    held = []
+    for k in range(span + 200):  # past a whole cycle of call numbers: slots are taken again
+        x = x_of(r, k)
+        given = x.copy()
+        total = sum(x_of(q, k) for q in range(p))
+        form = k % 4
+        if form == 0:
+            request, want, out = c.iallreduce(x), total, None
+        elif form == 1:
+            out = np.empty(5, np.float32)
+            request, want = c.iallreduce(x, out=out), total
+        elif form == 2:  # in place: the result lands in x itself
+            request, want, out = c.iallreduce(x, out=x), total, x
+        else:
+            request, want, out = c.ireduce(x, root=p - 1), total if r == p - 1 else None, None
+        held.append((request, want, out, x, given, form))
+        if k % 3 == 0:  # two or three in flight, waited for newest first
+            for request, want, out, x, given, form in reversed(held):
+                got = request.wait()
+                if want is None:
+                    assert got is None
+                else:
+                    assert got.tolist() == want.tolist(), (k, form, got, want)
+                    assert out is None or got is out
+                if form != 2:
+                    assert x.tolist() == given.tolist(), (k, form, "input changed")
+            held.clear()
+        if k % 5 == 0:  # another call between, so each shape meets every call number
+            assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2
+    for request, *_ in held:
+        request.wait()
+    x = x_of(r, 0)
+    pool = c._by_shape_i[_fresh_key("allreduce", "sum", None, x, 0, c.timeout)][2]
+    assert isinstance(pool, PersistentPool) and ".start()" in pool.run.source, pool
+    kept = sum(slot is not None for slot in pool.slots)
+    assert 0 < kept <= span, kept
+    assert not c._progress.requests and c._progress.held == 0
+    c.free()
+    assert all(slot is None for slot in pool.slots)  # their requests freed with the communicator
+    print(f"ok {r} {kept}", flush=True)
+    """
+    for nprocs in (2, 3):
+        result = run_mpi(nprocs, code, timeout=240)
+        assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_an_i_form_on_persistent_transfers_that_times_out_names_the_peer_and_drops_its_slot():
+    """A peer that calls another shape: the persistent i-form waits, gives up naming it, and never reuses the slot."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    from commkit.communicator import _fresh_key
+    c = ck.init()
+    r = c.rank
+    for k in range(4):
+        assert c.iallreduce(np.full(4, k, np.float32), timeout=30).wait().tolist() == [2 * k] * 4
+    x = np.ones(4 if r == 0 else 5, np.float32)  # rank 1 disagrees about the count
+    seq = c._seq
+    request = c.iallreduce(x, timeout=0.5)
+    try:
+        request.wait()
+    except ck.CommTimeout as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a mismatched i-form completed")
+    assert f"allreduce #{seq}" in message and f"waiting for rank(s) {1 - r}" in message, message
+    if r == 0:
+        pool = c._by_shape_i[_fresh_key("allreduce", "sum", None, x, 0, 30)][2]
+        assert pool is not None and pool.slots[seq % c._seq_span] is None, "the slot of the call that timed out"
+    try:
+        c.barrier()
+    except ck.CommBroken:
+        pass
+    else:
+        raise AssertionError("the communicator is not broken")
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120)
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
