@@ -974,7 +974,8 @@ class Communicator(VectorCollectives):
             if not nonblocking:
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
-                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan), self._pool(call, plan))
+                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan),
+                                                self._pool(call, plan, nonblocking=True))
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
@@ -994,10 +995,9 @@ class Communicator(VectorCollectives):
     # -- compiled plans (plan.py) --------------------------------------------------------------
 
     _FAST_MAX_BYTES = 1 << 20  # plans keep their arrays alive: only small calls, where per-call cost matters
-    # An i-form shape gets persistent transfers (PersistentPool) when one call's in, out and scratch fit
-    # in this many bytes: a 1 KiB recursive-doubling allreduce's 3 KiB does. Up to one slot per call
-    # number (1024), so a shape's pool stays within a few MiB, and all of a communicator's within
-    # _POOL_BUDGET bytes of scratch.
+    # A shape plan or i-form shape gets persistent transfers (PersistentPool) when one call's in, out and
+    # scratch fit in this many bytes: a 1 KiB recursive-doubling allreduce's 3 KiB does. A pool reserves
+    # a slot per call number (1024), at most 4 MiB, and a communicator's pools _POOL_BUDGET bytes.
     _POOL_MAX_BYTES = 4096
     _POOL_BUDGET = 32 << 20
     _FAST_ENTRIES = 64
@@ -1067,7 +1067,7 @@ class Communicator(VectorCollectives):
             compiled.hot = call.keep + call.key[3:]
             setattr(self, "_hot_" + call.collective, compiled)
 
-    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False, chan=None):
+    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False, chan=None, pooled=False):
         """The ops of ``call`` on its own buffers: ``(ops, prologue, slots)``; ``persistent_tag`` for *_init.
 
         ``slots`` names the buffers a plan takes at each run instead (``"in"``,
@@ -1107,18 +1107,23 @@ class Communicator(VectorCollectives):
                 def prologue(tag, dst=src, given=call.src):
                     dst[...] = given
         private = persistent_tag is not None
-        tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
+        if pooled:  # each run's slot holds its scratch (and its in and out, where a transfer moves them)
+            dst = stand_in(len(call.dst), call.dtype)  # one of its own: a slot's in and out are two arrays
+            tmp, slots = stand_in(scratch_n, call.dtype), ("in", "out", "tmp")
+        else:
+            tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
         bufs = {"in": src, "out": dst, "tmp": tmp}
         taken = Slots(bufs, slots) if slots else None
-        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed), prologue, taken
+        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled), prologue, taken
 
-    def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False) -> Plan | None:
+    def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False, pool=None) -> Plan | None:
         """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
 
         ``timed``: a shape plan whose transfers (or library collective, in its
-        nonblocking form) give up after the run's timeout.
+        nonblocking form) give up after the run's timeout. ``pool``: a shape plan's
+        persistent transfers (:class:`commkit.plan.PersistentPool`).
         """
-        ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed)
+        ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed, pooled=pool is not None)
         keep, result, finish, allocate = call.keep, None, None, None
         if slots and not fresh:  # a shape plan: no arrays of its own, and the caller finishes the call
             keep = None
@@ -1129,7 +1134,7 @@ class Communicator(VectorCollectives):
             if call.collective == "exscan" and call.has_result:
                 finish = lambda: self._finish(call)  # noqa: E731 - rank 0's result needs work after the run
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, keep, result,
-                    finish, prologue, taken, allocate, timed)
+                    finish, prologue, taken, allocate, timed, pool)
 
     def _shape_plan(self, call: Call, plan, key, state, timed):
         """The shape plan for ``call``'s shape: compiled the second time the shape comes, else None or False."""
@@ -1139,14 +1144,23 @@ class Communicator(VectorCollectives):
                 shaped.clear()
             shaped[key] = _SEEN_ONCE
             return None
-        compiled = self._compile(call, plan, ("in", "out"), timed=timed)
+        # A timed call's transfers are persistent where they can be: posting them again costs more. An
+        # untimed call's Sendrecv measured as fast as a started transfer tested and waited for (4.2-4.7 us
+        # per 8 B allreduce on new arrays either way, 2 ranks, MPICH), so it keeps that.
+        pool = self._pool(call, plan, nonblocking=False) if timed else None
+        compiled = self._compile(call, plan, ("in", "out"), timed=timed, pool=pool)
+        if pool is not None and (compiled is None or compiled.run is None):
+            pool.free()  # (a plan its slots cannot run: the shape plan without them, if any)
+            compiled = self._compile(call, plan, ("in", "out"), timed=timed)
         shaped[key] = compiled = compiled if compiled is not None and compiled.run is not None else False
         return compiled
 
     def _forget_shapes(self) -> None:
-        for entry in self._by_shape_i.values():
-            if entry[2] is not None:
-                entry[2].free()
+        pools = [entry[2] for entry in self._by_shape_i.values()]
+        pools += [getattr(plan, "pool", None) for plan in self._shaped.values()]
+        for pool in pools:
+            if pool is not None:
+                pool.free()
         self._shaped.clear()
         self._by_shape.clear()
         self._by_shape_i.clear()
@@ -1271,24 +1285,30 @@ class Communicator(VectorCollectives):
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
         return nonblocking_steps(steps, bufs, self._coll, call.collective, name)
 
-    def _pool(self, call: Call, plan):
-        """The persistent transfers of ``call``'s i-form shape (:class:`commkit.plan.PersistentPool`), or None.
+    def _pool(self, call: Call, plan, nonblocking: bool):
+        """The persistent transfers of ``call``'s shape (:class:`commkit.plan.PersistentPool`), or None.
 
         Only for small messages (``_POOL_MAX_BYTES``: where the per-call cost is the time, and a slot per call
-        number costs little memory) on a transport with persistent requests.
+        number costs little memory) on a transport with persistent requests. An i-form's pool carries the
+        generator that runs a slot (:func:`commkit.plan.persistent_steps`); a blocking shape plan runs its own.
         """
         _, steps, scratch_n, _, name, tagbase, _ = plan
+        if call.src is None or call.dst is None:  # (a barrier; a scatter's ranks but the root)
+            return None
+        sizes = (len(call.src), len(call.dst), scratch_n)
         if (call.xp is not np or steps is None or getattr(self._coll, "persistent_transfer", None) is None
-                or (len(call.src) + len(call.dst) + scratch_n) * call.dtype.itemsize > self._POOL_MAX_BYTES):
+                or sum(sizes) * call.dtype.itemsize > self._POOL_MAX_BYTES
+                or PersistentPool.cost(steps, sizes, call.dtype, self._layout) > self._pool_budget[0]):
             return None
-        # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
-        bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
-                "tmp": stand_in(scratch_n, call.dtype)}
-        run = persistent_steps(steps, bufs, call.collective, name)
-        if run is None:
-            return None
-        return PersistentPool(run, steps, self._coll, (len(call.src), len(call.dst), scratch_n), call.dtype, tagbase,
-                              self._layout, self._pool_budget)
+        run = None
+        if nonblocking:
+            # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
+            bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
+                    "tmp": stand_in(scratch_n, call.dtype)}
+            run = persistent_steps(steps, bufs, call.collective, name)
+            if run is None:
+                return None
+        return PersistentPool(run, steps, self._coll, sizes, call.dtype, tagbase, self._layout, self._pool_budget)
 
     def _fresh_request(self, collective, entry, src, dst, result, timeout):
         """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""
@@ -1314,11 +1334,10 @@ class Communicator(VectorCollectives):
                 slot = pool.make(seq)
             else:
                 pool.slots[index] = None
-            if slot is not None:
-                run = ScheduleRun(None, None, self._coll, tag, timeout, info, progress=progress, recorder=recorder,
-                                  rec=rec, on_timeout=self._collective_timed_out, value=result,
-                                  run=pool.run(src, dst, slot, pool.slots, index, rec))
-                return ScheduleRequest(run, progress)
+            run = ScheduleRun(None, None, self._coll, tag, timeout, info, progress=progress, recorder=recorder,
+                              rec=rec, on_timeout=self._collective_timed_out, value=result,
+                              run=pool.run(src, dst, slot, pool.slots, index, rec))
+            return ScheduleRequest(run, progress)
         tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
         bufs = {"in": src, "out": dst, "tmp": tmp}
         run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,

@@ -1143,3 +1143,48 @@ def test_an_i_form_on_persistent_transfers_that_times_out_names_the_peer_and_dro
     """
     result = run_mpi(2, code, timeout=120)
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_under_mpiexec():
+    """A timed shape plan runs its call number's slot; when the peer calls another shape it gives up as before."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+    for k in range(span + 100):  # past a whole cycle: every slot taken again
+        x = np.arange(3, dtype=np.float32) + 10 * r + k
+        want = sum(np.arange(3, dtype=np.float32) + 10 * q + k for q in range(p))
+        out = np.empty(3, np.float32) if k % 2 else None
+        got = c.allreduce(x, out=out, timeout=30)
+        assert got.tolist() == want.tolist() and (out is None or got is out), (k, got, want)
+        if k % 7 == 0:
+            assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2  # untimed, between
+    plans = [plan for (_, _, timed), plan in c._shaped.items() if timed and isinstance(plan, ck.plan.Plan)]
+    assert len(plans) == 1 and plans[0].pool is not None and "_t0.start()" in plans[0].run.source, plans
+    seq = c._seq
+    x = np.ones(3 if r == 0 else 4, np.float32)  # the last rank disagrees about the count
+    try:
+        c.allreduce(x, timeout=0.5)
+    except ck.CommTimeout as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a mismatched call completed")
+    assert f"allreduce #{seq}" in message and "waiting for rank(s)" in message, message
+    assert "Recent calls on this rank:" in message, message
+    assert c.flight_recorder.calls[-1][8] == "timed out"
+    if r == 0:
+        assert plans[0].pool.slots[seq % span] is None, "the slot of the call that timed out was handed back"
+    try:
+        c.barrier()
+    except ck.CommBroken:
+        pass
+    else:
+        raise AssertionError("the communicator is not broken")
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
