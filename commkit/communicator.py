@@ -44,8 +44,8 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import (Plan, PersistentPool, PersistentRequest, Slots, compile_ops, nonblocking_steps, persistent_steps,
-                   stand_in, timed_native)
+from .plan import (SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile_ops, nonblocking_steps,
+                   persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
@@ -1149,9 +1149,13 @@ class Communicator(VectorCollectives):
         # per 8 B allreduce on new arrays either way, 2 ranks, MPICH), so it keeps that.
         pool = self._pool(call, plan, nonblocking=False) if timed else None
         compiled = self._compile(call, plan, ("in", "out"), timed=timed, pool=pool)
-        if pool is not None and (compiled is None or compiled.run is None):
-            pool.free()  # (a plan its slots cannot run: the shape plan without them, if any)
-            compiled = self._compile(call, plan, ("in", "out"), timed=timed)
+        if pool is not None:
+            posted = self._compile(call, plan, ("in", "out"), timed=timed)  # a number's first call runs this
+            if compiled is None or compiled.run is None or posted is None or posted.run is None:
+                pool.free()  # (a plan its slots cannot run: the shape plan without them, if any)
+                compiled = posted
+            else:
+                compiled.posted = posted.run
         shaped[key] = compiled = compiled if compiled is not None and compiled.run is not None else False
         return compiled
 
@@ -1267,8 +1271,14 @@ class Communicator(VectorCollectives):
                 shaped.run(src, dst)
             else:
                 seq = self._seq
+                run, pool = shaped.run, shaped.pool
+                if pool is not None:
+                    index = seq & self._layout.seq_mask
+                    if pool.slots[index] is None:  # the number's first call here: it posts (see PersistentPool)
+                        pool.slots[index] = SEEN
+                        run = shaped.posted
                 try:
-                    shaped.run(src, dst, timeout)
+                    run(src, dst, timeout)
                 except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                     raise self._gave_up(collective, seq, exc, native) from None
         finally:
@@ -1327,17 +1337,18 @@ class Communicator(VectorCollectives):
         layout = self._layout
         tag = ((seq & layout.seq_mask) << layout.seq_shift) | tagbase
         info = (collective, name, seq, self.rank, None)
-        if pool is not None:
+        if pool is not None and pool.slots[seq & layout.seq_mask] is not None:  # (a number's first call posts)
             index = seq & layout.seq_mask
             slot = pool.slots[index]
-            if slot is None:
+            pool.slots[index] = SEEN  # while its run is in flight (see PersistentPool)
+            if slot is SEEN:
                 slot = pool.make(seq)
-            else:
-                pool.slots[index] = None
             run = ScheduleRun(None, None, self._coll, tag, timeout, info, progress=progress, recorder=recorder,
                               rec=rec, on_timeout=self._collective_timed_out, value=result,
                               run=pool.run(src, dst, slot, pool.slots, index, rec))
             return ScheduleRequest(run, progress)
+        if pool is not None:
+            pool.slots[seq & layout.seq_mask] = SEEN
         tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
         bufs = {"in": src, "out": dst, "tmp": tmp}
         run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,

@@ -48,7 +48,7 @@ from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summa
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["Plan", "PersistentPool", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps",
+__all__ = ["SEEN", "Plan", "PersistentPool", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps",
            "persistent_steps", "stand_in", "timed_native"]
 
 
@@ -465,8 +465,10 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
     if pool is not None:
         ns["_slots"], ns["_make"], ns["_copyto"] = pool.slots, pool.make, np.copyto
         transfers = "".join(f"_t{k}, " for k in range(len(pool.transfers)))
-        taking = [f"_i = seq & {plan.seq_mask}", "_slot = _slots[_i]", "if _slot is None:", "    _slot = _make(seq)",
-                  "else:", "    _slots[_i] = None", f"_s_in, _s_out, _b_tmp, {transfers}= _slot"]
+        taking = [f"_i = seq & {plan.seq_mask}", "_slot = _slots[_i]", "_slots[_i] = _SEEN",
+                  "if type(_slot) is not tuple:", "    _slot = _make(seq)",
+                  f"_s_in, _s_out, _b_tmp, {transfers}= _slot"]
+        ns["_SEEN"] = SEEN
         if "in" in pool.moved:
             taking += ["_copyto(_s_in, _b_in)", "_b_in = _s_in"]
         if "out" in pool.moved:
@@ -649,21 +651,30 @@ def _moved(steps) -> set:
     return {ref[0] for step in steps if step.kind == TRANSFER for _, ref in (*step.sends, *step.recvs)}
 
 
+# A slot-list entry: this call number came once (its call posted its transfers), or its slot is in
+# flight or was given up; the number's next call makes a slot (see PersistentPool).
+SEEN = "seen"
+
+
 class PersistentPool:
-    """One call shape's persistent transfers, a slot per call number, made at the number's first call.
+    """One call shape's persistent transfers, a slot per call number, made when the number comes a second time.
 
     A call's tag carries its call number (modulo ``span``, :mod:`commkit.identity`),
     and a persistent request's tag is fixed: so each number has a slot of its own
     (``slots[seq % span]``: scratch ``in``/``out``/``tmp`` and the transfers bound to
     them with that call's tag), and a call's messages are those the posted path sends,
     tag for tag. Which slot a call takes depends on its call number only, the same on
-    every rank. A slot is out of the pool while its run is in flight and comes back when
-    the run completes; the run that last held a number is finished before that number
-    comes round again (a blocking call's before it returns, an i-form's by
-    ``Progress.settle``), so a slot is never started while active. A pool reserves
-    the scratch of all its slots from the communicator's ``budget`` (bytes, shared by
-    its pools) when it is made, and gives it back when it is collected; a shape whose
-    pool the budget cannot hold gets none, and its calls post their transfers.
+    every rank. A number's first call posts its transfers and marks it ``SEEN`` (a slot
+    costs about 8 us to make: a program that never comes round the numbers would pay
+    it and gain nothing); its next call makes the slot. A slot is out of the pool
+    (``SEEN``) while its run is in flight and comes back when the run completes, so a
+    run that failed or timed out leaves its number to make a new one; the run that last
+    held a number is finished before that number comes round again (a blocking call's
+    before it returns, an i-form's by ``Progress.settle``), so a slot is never started
+    while active. A pool reserves the scratch of all its slots from the communicator's
+    ``budget`` (bytes, shared by its pools) when it is made, and gives it back when it
+    is collected; a shape whose pool the budget cannot hold gets none, and its calls
+    post their transfers.
     """
 
     __slots__ = ("slots", "run", "moved", "chan", "transfers", "sizes", "dtype", "tagbase", "seq_mask", "seq_shift",
@@ -710,7 +721,7 @@ class PersistentPool:
     def free(self) -> None:
         """Free the requests of the slots in the pool (a run in flight keeps its own, and hands it back after)."""
         for index, slot in enumerate(self.slots):
-            if slot is not None:
+            if type(slot) is tuple:
                 self.slots[index] = None
                 for transfer in slot[3:]:
                     transfer.free()
@@ -790,7 +801,7 @@ class Plan:
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready",
-                 "shape_x", "shape_out", "pool")
+                 "shape_x", "shape_out", "pool", "posted")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None, slots=None, fresh=None, timed=False, pool=None):
@@ -818,6 +829,7 @@ class Plan:
         # slots: the buffers each run takes (a shape plan: run(in, out)), or with fresh, allocates (out).
         # run is None when the ops cannot be written that way (see _generate): use the general path.
         self.pool = pool  # a shape plan's persistent transfers, one slot per call number (PersistentPool)
+        self.posted = None  # with a pool: the same shape plan posting its transfers, for a number's first call
         self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed, pool)
 
 
