@@ -958,7 +958,7 @@ class ScheduleRun:
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
                  recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
                  value=None, run: Iterator | None = None):
-        # info: a CallInfo, or (compiled runs, which have no tracer) the tuple of its fields.
+        # info: a CallInfo, or the tuple of its fields (cheaper to make per call).
         self.tag_seq = info[2] if type(info) is tuple else info.seq  # the call number in its tag (Progress.settle)
         self._value = value  # the result when there is no finish to compute it
         self._bufs = bufs
@@ -978,8 +978,10 @@ class ScheduleRun:
         self._result = None
         self._error = None  # the error that ended the run early: raised again by every later test() or wait()
         # run: the same steps compiled for this call shape (commkit.plan.nonblocking_steps), else interpreted.
-        self._run = run if run is not None else execute(steps, bufs, chan, tag, timeout, info, self._rec,
-                                                        info.tracer, blocking=False)
+        if run is None:
+            tracer = info[4] if type(info) is tuple else info.tracer
+            run = execute(steps, bufs, chan, tag, timeout, info, self._rec, tracer, blocking=False)
+        self._run = run
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.

@@ -1189,3 +1189,62 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
     """
     result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interpreters_answer_under_mpiexec():
+    """Timed calls and i-forms of every collective and algorithm, past a cycle of call numbers: slots made, used."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+    m = 3
+    reference = c.dup()
+    reference.plans = False  # the interpreter's answers
+
+    def x_of(name, k):
+        rows = p if name in ("scatter", "alltoall", "reduce_scatter") else 1
+        x = (np.random.default_rng([r, k]).integers(-9, 9, rows * m)).astype(np.int64).reshape(rows, m)
+        return x[0] if rows == 1 else x
+
+    sum_op = ck.ops.get_op("sum")
+    pooled = 0
+    for name in ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall",
+                 "reduce_scatter"):
+        for algorithm in ck.algorithms.for_collective(name):
+            alg = ck.algorithms.get(name, algorithm)
+            if algorithm == "native" or alg.why_not(p, sum_op) is not None:
+                continue
+            for nonblocking in (False, True):
+                if nonblocking and name not in ("allreduce", "reduce", "scan", "broadcast", "allgather", "alltoall"):
+                    continue
+                method = getattr(c, ("i" if nonblocking else "") + name)
+                kw = {"algorithm": algorithm, "timeout": 30.0}
+                if name in ("reduce", "gather", "broadcast", "scatter"):
+                    kw["root"] = p - 1
+                for k in range(span + 40):  # the last 40 calls take numbers seen before: their slots
+                    x = x_of(name, k)
+                    arg = None if name == "scatter" and r != p - 1 else x
+                    extra = {"out": np.empty(m, np.int64)} if arg is None else {}
+                    got = method(arg, **kw, **extra)
+                    if nonblocking:
+                        got = got.wait()
+                    if k >= span:
+                        want = getattr(reference, name)(arg, **kw, **extra)
+                        assert (got is None) == (want is None), (name, algorithm, k)
+                        if want is not None:
+                            assert got.tolist() == want.tolist(), (name, algorithm, nonblocking, k, got, want)
+                pools = [plan.pool for plan in c._shaped.values() if getattr(plan, "pool", None) is not None]
+                pools += [entry[2] for entry in c._by_shape_i.values() if entry[2] is not None]
+                pooled += sum(type(slot) is tuple for pool in pools for slot in pool.slots)
+                c.forget_plans()  # each algorithm's own pools
+    assert pooled > 0
+    print(f"ok {r} {pooled}", flush=True)
+    """
+    # 3 ranks, where every algorithm has more than one exchange (2 ranks: the tests above); about 30 s,
+    # since each shape runs a whole cycle of call numbers before its slots are made.
+    result = run_mpi(3, code, timeout=300, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 3, result.stdout + result.stderr
