@@ -1343,17 +1343,17 @@ class Communicator(VectorCollectives):
             pool.slots[index] = SEEN  # while its run is in flight (see PersistentPool)
             if slot is SEEN:
                 slot = pool.make(seq)
-            run = ScheduleRun(None, None, self._coll, tag, timeout, info, progress=progress, recorder=recorder,
-                              rec=rec, on_timeout=self._collective_timed_out, value=result,
-                              run=pool.run(src, dst, slot, pool.slots, index, rec))
+            # (positional: binding these as keywords cost about 0.25 us per call)
+            run = ScheduleRun(None, None, self._coll, tag, timeout, info, None, progress, recorder, rec,
+                              self._collective_timed_out, result, pool.run(src, dst, slot, pool.slots, index, rec))
             return ScheduleRequest(run, progress)
         if pool is not None:
             pool.slots[seq & layout.seq_mask] = SEEN
         tmp = np.empty(scratch_n, src.dtype) if scratch_n else _EMPTY
         bufs = {"in": src, "out": dst, "tmp": tmp}
-        run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info,
-                          progress=progress, recorder=recorder, rec=rec, on_timeout=self._collective_timed_out,
-                          value=result, run=None if compiled is None else compiled(src, dst, tmp, tag, rec))
+        run = ScheduleRun(iter(steps), bufs, self._coll, tag, timeout, info, None, progress, recorder, rec,
+                          self._collective_timed_out, result,
+                          None if compiled is None else compiled(src, dst, tmp, tag, rec))
         return ScheduleRequest(run, progress)
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
