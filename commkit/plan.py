@@ -48,7 +48,8 @@ from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summa
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["Plan", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps", "stand_in", "timed_native"]
+__all__ = ["SEEN", "Plan", "PersistentPool", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps",
+           "persistent_steps", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -179,7 +180,21 @@ def _local_ops(steps, bufs, slots=None, index=0) -> list:
     return ops
 
 
-def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False) -> list:
+def _pooled_transfer(k: int):
+    """Transfer ``k`` of a timed shape plan with a pool: its slot's persistent transfer ``_t{k}``, started, waited for.
+
+    Only written inline (see :func:`_generate` with a pool): it gives up after the
+    run's ``_timeout``, as a posted timed transfer does.
+    """
+    def run(tag):
+        raise TypeError("a pooled transfer runs only inside a generated plan, which holds its slot")
+    t = f"_t{k}"
+    return inline(run, f"{t}.start(); (_stuck := {t}.wait(_timeout)) and _slot_timed_out(rec, seq, _stuck, _timeout, "
+                       f"{t})", ())
+
+
+def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
+                pooled=False) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
 
     ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
@@ -189,7 +204,9 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     their overlapped local ops while it is in flight) and return when done.
     Empty ranges and copies of a range onto itself are dropped. With ``slots``
     (a shape plan's), every view of a buffer it names is recorded there; with
-    ``timed`` each transfer gives up after the run's timeout (shape plans only).
+    ``timed`` each transfer gives up after the run's timeout (shape plans only);
+    with ``pooled`` too (a timed shape plan with a :class:`PersistentPool`)
+    transfer ``k`` is the run's slot's ``_t{k}`` (:func:`_pooled_transfer`).
     Returns None, so the shape keeps the interpreter, for a schedule with steps
     of another kind (the node arena's one-sided steps); a persistent request
     cannot run one and raises :class:`~commkit.errors.AlgorithmNotApplicable`.
@@ -204,6 +221,10 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:
             ops.extend(_local_ops((step,), bufs, slots, index))
+            continue
+        if pooled:  # (a pool's messages are small: the overlapped local steps run after the transfer)
+            ops.append((TRANSFER, _pooled_transfer(sum(op[0] == TRANSFER for op in ops)), step, (), index))
+            ops.extend(_local_ops(step.overlap, bufs, slots, index))
             continue
         sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
         recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
@@ -316,7 +337,7 @@ class _Names:
         return name
 
 
-def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Callable[..., object] | None:
+def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=None) -> Callable[..., object] | None:
     """The body of :meth:`Plan.run`, written for this plan and compiled once.
 
     A call of a known shape then runs as one Python function: the concurrency
@@ -341,6 +362,14 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     still in flight as ``.pending`` for the communicator to keep alive). An
     exception while that request runs (an interrupt) hands it to the
     communicator, which keeps it alive and breaks.
+
+    With ``pool`` (a timed shape plan's :class:`PersistentPool`; its transfers
+    compiled ``pooled``) a run takes the slot of its call number, copies the
+    input into the slot where a transfer moves it, starts and waits for the
+    slot's transfers, copies the slot's ``out`` to the run's where a transfer
+    moved it, and hands the slot back; a run that raised never does (a slot that
+    timed out is abandoned and carried by the error as ``.pending``, as a library
+    collective's request is).
     """
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
@@ -406,6 +435,13 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
             return error
         ns["_native_timed_out"] = native_timed_out
 
+        def slot_timed_out(rec, seq, stuck, timeout, pending):
+            pending.abandon()  # its receives cancelled; the communicator keeps it alive (_gave_up)
+            error = timed_out(rec, seq, stuck, timeout)
+            error.pending = pending
+            raise error
+        ns["_slot_timed_out"] = slot_timed_out
+
         def interrupted(pending, seq):  # an exception (an interrupt) while the library's request runs
             plan.comm._collective_timed_out(pending, f"{info[0]} #{seq} (native) was interrupted on rank "
                                                      f"{info[2]}")
@@ -425,7 +461,21 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         else:
             shape_of = "_shape"
         head = [f"    _result = _empty({shape_of}, _dtype)", "    _b_out = _result.reshape(-1)"]
-    head += ["    " + line for line in sliced]
+    taking = []  # a pooled run: its slot, and its buffers where a transfer moves them
+    if pool is not None:
+        ns["_slots"], ns["_make"], ns["_copyto"] = pool.slots, pool.make, np.copyto
+        transfers = "".join(f"_t{k}, " for k in range(len(pool.transfers)))
+        taking = [f"_i = seq & {plan.seq_mask}", "_slot = _slots[_i]", "_slots[_i] = _SEEN",
+                  "if type(_slot) is not tuple:", "    _slot = _make(seq)",
+                  f"_s_in, _s_out, _b_tmp, {transfers}= _slot"]
+        ns["_SEEN"] = SEEN
+        if "in" in pool.moved:
+            taking += ["_copyto(_s_in, _b_in)", "_b_in = _s_in"]
+        if "out" in pool.moved:
+            taking += ["_d_out, _b_out = _b_out, _s_out"]
+        taking += sliced
+    else:
+        head += ["    " + line for line in sliced]
     step0 = const(units[0][1] if units else None)
     # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
@@ -438,6 +488,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         *([] if shape_plan else ["    if not _acquire(False):", f"        raise _comm._concurrent({coll})"]),
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
+        *("    " + line for line in taking),
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         "    # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
         "    # end, step, step_obj, state",
@@ -462,6 +513,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
         "    finally:",
         "        _recorder.active = None",
         *([] if shape_plan else ["        _release()"]),
+        *(["    _copyto(_d_out, _b_out)"] if pool is not None and "out" in pool.moved else []),
+        *(["    _slots[_i] = _slot  # (a run that raised never gets here)"] if pool is not None else []),
         f"    rec[{STATE}] = 'done'  # record.state",
         f"    {done}",
     ])
@@ -528,6 +581,157 @@ def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
     run = ns["run"]
     run.source = source
     return run
+
+
+def persistent_steps(steps, bufs: dict, collective: str, algorithm: str):
+    """An i-form's schedule compiled over persistent transfers: ``run(_src, _dst, _slot, _pool, _i, rec)``.
+
+    The same steps as :func:`nonblocking_steps`, run on the buffers of one
+    :class:`PersistentPool` slot (``_slot``: its ``in``, ``out`` and ``tmp``, then
+    one persistent transfer per transfer step, bound to those buffers with the
+    call's tag): the input is copied into the slot's ``in`` first, each transfer
+    is started instead of posted (nothing is parsed per call), and the slot's
+    ``out`` is copied to ``_dst`` last. Where no transfer moves ``in`` (or
+    ``out``), the local steps use ``_src`` (``_dst``) itself, with no copy. The run then hands its slot back
+    (``_pool[_i] = _slot``); a run that fails or times out never does, so a
+    slot whose requests may still be active is never started again. None where
+    :func:`nonblocking_steps` would refuse. Its text is ``run.source``.
+    """
+    if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
+        return None
+    slots = Slots(bufs, ("in", "out", "tmp"))
+    ns = {"_copyto": np.copyto}
+    names = _Names(ns, slots)
+    const = names.const
+    moved = _moved(steps)
+    own = [f"_b_{name} = {arg}" for name, arg in (("in", "_src"), ("out", "_dst")) if name not in moved]
+    body = ["_copyto(_b_in, _src)"] if "in" in moved else []
+    transfers = []
+
+    def local(ops) -> None:
+        for _, op, _, _, _ in ops:
+            spec = getattr(op, "inline", None)
+            if spec is None or spec[2] is not None:
+                names.unsafe.append(op)
+                return
+            body.append(spec[0].format(*(const(v) for v in spec[1])))
+
+    for index, step in enumerate(steps):
+        if step.kind != TRANSFER:
+            local(_local_ops((step,), bufs, slots, index))
+            continue
+        name = f"_t{len(transfers)}"
+        transfers.append(name)
+        body.append(f"# schedule step {index}: {_one_line(step)}")
+        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
+        body.append(f"{name}.start()")
+        local(_local_ops(step.overlap, bufs, slots, index))
+        body.append(f"yield {index}, {const(step)}, {name}")
+    if names.unsafe:
+        return None
+    if "out" in moved:
+        body.append("_copyto(_dst, _b_out)")
+    body.append("_pool[_i] = _slot  # (a run that raised never gets here)")
+    source = "\n".join([
+        "def run(_src, _dst, _slot, _pool, _i, rec):",
+        f"    _b_in, _b_out, _b_tmp, {''.join(t + ', ' for t in transfers)}= _slot",
+        *("    " + line for line in own),
+        *("    " + line for line in names.sliced),
+        *("    " + line for line in body),
+        *([] if transfers else ["    yield from ()"]),
+    ])
+    exec(compile(source, f"<commkit i-form: {collective} {algorithm}, persistent>", "exec"), ns)
+    run = ns["run"]
+    run.source = source
+    return run
+
+
+def _moved(steps) -> set:
+    """The buffers a transfer of ``steps`` moves: a pool's slot holds those (and ``tmp``), the run's own the rest."""
+    return {ref[0] for step in steps if step.kind == TRANSFER for _, ref in (*step.sends, *step.recvs)}
+
+
+# A slot-list entry: this call number came once (its call posted its transfers), or its slot is in
+# flight or was given up; the number's next call makes a slot (see PersistentPool).
+SEEN = "seen"
+
+
+class PersistentPool:
+    """One call shape's persistent transfers, a slot per call number, made when the number comes a second time.
+
+    A call's tag carries its call number (modulo ``span``, :mod:`commkit.identity`),
+    and a persistent request's tag is fixed: so each number has a slot of its own
+    (``slots[seq % span]``: scratch ``in``/``out``/``tmp`` and the transfers bound to
+    them with that call's tag), and a call's messages are those the posted path sends,
+    tag for tag. Which slot a call takes depends on its call number only, the same on
+    every rank. A number's first call posts its transfers and marks it ``SEEN`` (a slot
+    costs about 8 us to make: a program that never comes round the numbers would pay
+    it and gain nothing); its next call makes the slot. A slot is out of the pool
+    (``SEEN``) while its run is in flight and comes back when the run completes, so a
+    run that failed or timed out leaves its number to make a new one; the run that last
+    held a number is finished before that number comes round again (a blocking call's
+    before it returns, an i-form's by ``Progress.settle``), so a slot is never started
+    while active. A pool reserves the scratch of all its slots from the communicator's
+    ``budget`` (bytes, shared by its pools) when it is made, and gives it back when it
+    is collected; a shape whose pool the budget cannot hold gets none, and its calls
+    post their transfers.
+    """
+
+    __slots__ = ("slots", "run", "moved", "chan", "transfers", "sizes", "dtype", "tagbase", "seq_mask", "seq_shift",
+                 "budget", "reserved")
+
+    def __init__(self, run, steps, chan, sizes: tuple, dtype, tagbase: int, layout, budget: list):
+        self.run = run  # the i-form's generator (persistent_steps); None for a blocking shape plan's pool
+        self.moved = moved = _moved(steps)
+        self.chan = chan
+        self.transfers = [step for step in steps if step.kind == TRANSFER]
+        self.sizes = self.slot_sizes(steps, sizes)
+        self.dtype = dtype
+        self.tagbase = tagbase
+        self.seq_mask, self.seq_shift = layout.seq_mask, layout.seq_shift
+        self.slots = [None] * (layout.seq_mask + 1)
+        self.budget = budget
+        self.reserved = len(self.slots) * sum(self.sizes) * dtype.itemsize
+        assert budget[0] >= self.reserved, "the caller checks the budget (PersistentPool.cost)"
+        budget[0] -= self.reserved
+
+    @staticmethod
+    def slot_sizes(steps, sizes: tuple) -> tuple:
+        """Elements of a slot's in, out and tmp: none for an in or out no transfer moves (the run's own serves)."""
+        moved = _moved(steps)
+        return tuple(n if name == "tmp" or name in moved else 0 for name, n in zip(("in", "out", "tmp"), sizes))
+
+    @classmethod
+    def cost(cls, steps, sizes: tuple, dtype, layout) -> int:
+        """The bytes of scratch a pool of these steps reserves (a slot per call number)."""
+        return (layout.seq_mask + 1) * sum(cls.slot_sizes(steps, sizes)) * dtype.itemsize
+
+    def make(self, seq: int):
+        """A new slot for call number ``seq``: its in, out and tmp, then one persistent transfer per transfer step."""
+        bufs = dict(zip(("in", "out", "tmp"), (np.empty(n, self.dtype) for n in self.sizes)))
+        tag = ((seq & self.seq_mask) << self.seq_shift) | self.tagbase
+        made = []
+        for step in self.transfers:
+            transfer = self.chan.persistent_transfer([(peer, _view(bufs, ref)) for peer, ref in step.sends],
+                                                     [(peer, _view(bufs, ref)) for peer, ref in step.recvs], tag)
+            assert transfer is not None, "pools are made only for host arrays on transports with persistent requests"
+            made.append(transfer)
+        return (bufs["in"], bufs["out"], bufs["tmp"], *made)
+
+    def free(self) -> None:
+        """Free the requests of the slots in the pool (a run in flight keeps its own, and hands it back after)."""
+        for index, slot in enumerate(self.slots):
+            if type(slot) is tuple:
+                self.slots[index] = None
+                for transfer in slot[3:]:
+                    transfer.free()
+
+    def __del__(self) -> None:
+        self.budget[0] += self.reserved
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at exit the library may be gone: nothing is left to free then
+            pass
 
 
 class _Reposted:
@@ -597,10 +801,10 @@ class Plan:
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready",
-                 "shape_x", "shape_out")
+                 "shape_x", "shape_out", "pool", "posted")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
-                 finish=None, prologue=None, slots=None, fresh=None, timed=False):
+                 finish=None, prologue=None, slots=None, fresh=None, timed=False, pool=None):
         # The communicator keeps its plans, so a plan refers to it weakly: a communicator the program
         # drops is released at once (its contexts freed), not when the cyclic collector runs.
         comm = self.comm = weakref.proxy(comm)
@@ -624,7 +828,9 @@ class Plan:
         # prologue: a local op run first (saving the input of an in-place call that needs it)
         # slots: the buffers each run takes (a shape plan: run(in, out)), or with fresh, allocates (out).
         # run is None when the ops cannot be written that way (see _generate): use the general path.
-        self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed)
+        self.pool = pool  # a shape plan's persistent transfers, one slot per call number (PersistentPool)
+        self.posted = None  # with a pool: the same shape plan posting its transfers, for a number's first call
+        self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed, pool)
 
 
 

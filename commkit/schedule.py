@@ -52,7 +52,7 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommTimeout, In
                      MessageTruncated)
 from .requests import Request
 from ._wait import Backoff
-from .watchdog import STEP, STEP_OBJ, FlightRecorder, blank_record
+from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, blank_record
 
 __all__ = [
     "Transfer",
@@ -1011,11 +1011,16 @@ class ScheduleRun:
     goes on being driven.
     """
 
+    __slots__ = ("tag_seq", "_value", "_bufs", "_chan", "_tag", "_timeout", "_info", "_finish", "_progress",
+                 "_recorder", "_rec", "_on_timeout", "_pending", "_step", "_index", "_done", "_result", "_error",
+                 "_run")
+
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
                  recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
                  value=None, run: Iterator | None = None):
-        self.tag_seq = info.seq  # the call number in its tag (Progress.settle)
+        # info: a CallInfo, or the tuple of its fields (cheaper to make per call).
+        self.tag_seq = info[2] if type(info) is tuple else info.seq  # the call number in its tag (Progress.settle)
         self._value = value  # the result when there is no finish to compute it
         self._bufs = bufs
         self._chan = chan
@@ -1034,38 +1039,38 @@ class ScheduleRun:
         self._result = None
         self._error = None  # the error that ended the run early: raised again by every later test() or wait()
         # run: the same steps compiled for this call shape (commkit.plan.nonblocking_steps), else interpreted.
-        self._run = run if run is not None else execute(steps, bufs, chan, tag, timeout, info, self._rec,
-                                                        info.tracer, blocking=False)
-        if progress is not None:
-            progress.add(self)
+        if run is None:
+            tracer = info[4] if type(info) is tuple else info.tracer
+            run = execute(steps, bufs, chan, tag, timeout, info, self._rec, tracer, blocking=False)
+        self._run = run
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.
-        self._advance()
+        # A run that the start completed (a small exchange often has, with the fold after it) is
+        # never outstanding: it joins the requests to drive only if it did not.
+        if not self._advance() and progress is not None:
+            progress.add(self)
 
     def _advance(self) -> bool:
         """Run local steps and post transfers until one is in flight or all are done."""
         if self._error is not None:
             raise self._error
         try:
-            return self._advance_steps()
+            while True:
+                if self._pending is not None:
+                    if not self._pending.test():
+                        return False
+                    self._pending = None
+                item = next(self._run, None)  # the interpreter records the completed transfer, then goes on
+                if item is None:
+                    self._complete()
+                    return True
+                self._index, self._step, self._pending = item
         except InvalidBuffer as exc:
             raise self._failed(exc) from None
         except BaseException as exc:  # a local step (a user's op) or the transport raised: the run is over
             self._fail("failed", exc)
             raise
-
-    def _advance_steps(self) -> bool:
-        while True:
-            if self._pending is not None:
-                if not self._pending.test():
-                    return False
-                self._pending = None
-            item = next(self._run, None)  # the interpreter records the completed transfer, then goes on
-            if item is None:
-                self._complete()
-                return True
-            self._index, self._step, self._pending = item
 
     def _advance_once(self) -> bool:
         """Advance without blocking; True if a step completed (used by :class:`Progress`)."""
@@ -1076,9 +1081,11 @@ class ScheduleRun:
 
     def _complete(self) -> None:
         self._done = True
-        if self._progress is not None:
+        if self._progress is not None and self._progress.requests:  # (a run the start completed never joined)
             self._progress.discard(self)
-        FlightRecorder.finish(self._rec)
+        rec = self._rec  # (FlightRecorder.finish, written out: a call costs more than these two lines)
+        rec[T_END] = time.monotonic()
+        rec[STATE] = "done"
         self._result = self._finish() if self._finish is not None else self._value
         self._bufs = self._run = None
 
@@ -1092,7 +1099,7 @@ class ScheduleRun:
         """End the run early: it never completes, and every later test() or wait() raises ``error``."""
         self._error = error
         self._run = self._pending = None
-        if self._progress is not None:
+        if self._progress is not None and self._progress.requests:
             self._progress.discard(self)
         FlightRecorder.finish(self._rec, state)
 
@@ -1191,7 +1198,8 @@ class ScheduleRequest(Request):
             self._progress = None
 
     def __del__(self) -> None:
-        self._let_go()
+        if self._progress is not None:  # (_let_go, written out: every request ends here)
+            self._progress.held -= 1
 
     def test(self) -> bool:
         """Make progress without blocking; return True once the collective is complete."""
@@ -1206,8 +1214,12 @@ class ScheduleRequest(Request):
 
     def wait(self, timeout: float | None = None):
         """Block until complete and return the result (``timeout`` in seconds without progress)."""
+        run = self._run
+        if run._done:  # (a small call's run often completed at its start)
+            self._let_go()
+            return run._result
         try:
-            return self._run.wait(timeout)
+            return run.wait(timeout)
         finally:
             self._let_go()
 

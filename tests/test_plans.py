@@ -1044,3 +1044,207 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
     for r in range(size):
         # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
         assert len(per_rank[r][1]) <= 3 * 2 * len(forms), per_rank[r][1]
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_i_forms_on_new_arrays_start_persistent_transfers_one_slot_per_call_number_under_mpiexec():
+    """An i-form shape's PersistentPool: a slot per call number, reused a whole cycle later, every result right."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    from commkit.communicator import _fresh_key
+    from commkit.plan import PersistentPool
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+
+    def x_of(q, k):  # rank q's input of round k, known to every rank; whole numbers, so every sum is exact
+        return np.random.default_rng([q, k]).integers(-99, 99, 5).astype(np.float32)
+
+    held = []
+    for k in range(3 * span):  # three cycles of call numbers: slots are made (a number's second call), taken again
+        x = x_of(r, k)
+        given = x.copy()
+        total = sum(x_of(q, k) for q in range(p))
+        form = k % 4
+        if form == 0:
+            request, want, out = c.iallreduce(x), total, None
+        elif form == 1:
+            out = np.empty(5, np.float32)
+            request, want = c.iallreduce(x, out=out), total
+        elif form == 2:  # in place: the result lands in x itself
+            request, want, out = c.iallreduce(x, out=x), total, x
+        else:
+            request, want, out = c.ireduce(x, root=p - 1), total if r == p - 1 else None, None
+        held.append((request, want, out, x, given, form))
+        if k % 3 == 0:  # two or three in flight, waited for newest first
+            for request, want, out, x, given, form in reversed(held):
+                got = request.wait()
+                if want is None:
+                    assert got is None
+                else:
+                    assert got.tolist() == want.tolist(), (k, form, got, want)
+                    assert out is None or got is out
+                if form != 2:
+                    assert x.tolist() == given.tolist(), (k, form, "input changed")
+            held.clear()
+        if k % 5 == 0:  # another call between, so each shape meets every call number
+            assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2
+    for request, *_ in held:
+        request.wait()
+    x = x_of(r, 0)
+    pool = c._by_shape_i[_fresh_key("allreduce", "sum", None, x, 0, c.timeout)][2]
+    assert isinstance(pool, PersistentPool) and ".start()" in pool.run.source, pool
+    kept = sum(type(slot) is tuple for slot in pool.slots)
+    assert 0 < kept <= span, kept
+    assert not c._progress.requests and c._progress.held == 0
+    c.free()
+    assert not any(type(slot) is tuple for slot in pool.slots)  # their requests freed with the communicator
+    print(f"ok {r} {kept}", flush=True)
+    """
+    for nprocs in (2, 3):
+        result = run_mpi(nprocs, code, timeout=240)
+        assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_an_i_form_on_persistent_transfers_that_times_out_names_the_peer_and_drops_its_slot():
+    """A peer that calls another shape: the persistent i-form waits, gives up naming it, and never reuses the slot."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    from commkit.communicator import _fresh_key
+    c = ck.init()
+    r = c.rank
+    for k in range(4):
+        assert c.iallreduce(np.full(4, k, np.float32), timeout=30).wait().tolist() == [2 * k] * 4
+    x = np.ones(4 if r == 0 else 5, np.float32)  # rank 1 disagrees about the count
+    seq = c._seq
+    request = c.iallreduce(x, timeout=0.5)
+    try:
+        request.wait()
+    except ck.CommTimeout as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a mismatched i-form completed")
+    assert f"allreduce #{seq}" in message and f"waiting for rank(s) {1 - r}" in message, message
+    if r == 0:
+        pool = c._by_shape_i[_fresh_key("allreduce", "sum", None, x, 0, 30)][2]
+        assert pool is not None and type(pool.slots[seq % c._seq_span]) is not tuple, "a slot that timed out"
+    try:
+        c.barrier()
+    except ck.CommBroken:
+        pass
+    else:
+        raise AssertionError("the communicator is not broken")
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120)
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_under_mpiexec():
+    """A timed shape plan runs its call number's slot; when the peer calls another shape it gives up as before."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+    for k in range(3 * span):  # three cycles of call numbers: slots are made (a number's second call), taken again
+        x = np.arange(3, dtype=np.float32) + 10 * r + k
+        want = sum(np.arange(3, dtype=np.float32) + 10 * q + k for q in range(p))
+        out = np.empty(3, np.float32) if k % 2 else None
+        got = c.allreduce(x, out=out, timeout=30)
+        assert got.tolist() == want.tolist() and (out is None or got is out), (k, got, want)
+        if k % 7 == 0:
+            assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2  # untimed, between
+    plans = [plan for (_, _, timed), plan in c._shaped.items() if timed and isinstance(plan, ck.plan.Plan)]
+    assert len(plans) == 1 and plans[0].pool is not None and "_t0.start()" in plans[0].run.source, plans
+    assert any(type(slot) is tuple for slot in plans[0].pool.slots)  # (made at a number's second call)
+    seq = c._seq
+    x = np.ones(3 if r == 0 else 4, np.float32)  # the last rank disagrees about the count
+    try:
+        c.allreduce(x, timeout=0.5)
+    except ck.CommTimeout as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("a mismatched call completed")
+    assert f"allreduce #{seq}" in message and "waiting for rank(s)" in message, message
+    assert "Recent calls on this rank:" in message, message
+    assert c.flight_recorder.calls[-1][8] == "timed out"
+    if r == 0:
+        assert type(plans[0].pool.slots[seq % span]) is not tuple, "the slot of the call that timed out came back"
+    try:
+        c.barrier()
+    except ck.CommBroken:
+        pass
+    else:
+        raise AssertionError("the communicator is not broken")
+    print(f"ok {r}", flush=True)
+    """
+    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interpreters_answer_under_mpiexec():
+    """Timed calls and i-forms of every collective and algorithm, past a cycle of call numbers: slots made, used."""
+    code = """
+    import numpy as np
+    import commkit as ck
+    c = ck.init()
+    p, r = c.size, c.rank
+    span = c._seq_span
+    m = 3
+    reference = c.dup()
+    reference.plans = False  # the interpreter's answers
+
+    def x_of(name, k):
+        rows = p if name in ("scatter", "alltoall", "reduce_scatter") else 1
+        x = (np.random.default_rng([r, k]).integers(-9, 9, rows * m)).astype(np.int64).reshape(rows, m)
+        return x[0] if rows == 1 else x
+
+    sum_op = ck.ops.get_op("sum")
+    pooled = 0
+    for name in ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall",
+                 "reduce_scatter"):
+        for algorithm in ck.algorithms.for_collective(name):
+            alg = ck.algorithms.get(name, algorithm)
+            if algorithm == "native" or alg.why_not(p, sum_op) is not None:
+                continue
+            for nonblocking in (False, True):
+                if nonblocking and name not in ("allreduce", "reduce", "scan", "broadcast", "allgather", "alltoall"):
+                    continue
+                method = getattr(c, ("i" if nonblocking else "") + name)
+                kw = {"algorithm": algorithm, "timeout": 30.0}
+                if name in ("reduce", "gather", "broadcast", "scatter"):
+                    kw["root"] = p - 1
+                for k in range(span + 40):  # the last 40 calls take numbers seen before: their slots
+                    x = x_of(name, k)
+                    arg = None if name == "scatter" and r != p - 1 else x
+                    extra = {"out": np.empty(m, np.int64)} if arg is None else {}
+                    got = method(arg, **kw, **extra)
+                    if nonblocking:
+                        got = got.wait()
+                    if k >= span:
+                        want = getattr(reference, name)(arg, **kw, **extra)
+                        assert (got is None) == (want is None), (name, algorithm, k)
+                        if want is not None:
+                            assert got.tolist() == want.tolist(), (name, algorithm, nonblocking, k, got, want)
+                pools = [plan.pool for plan in c._shaped.values() if getattr(plan, "pool", None) is not None]
+                pools += [entry[2] for entry in c._by_shape_i.values() if entry[2] is not None]
+                pooled += sum(type(slot) is tuple for pool in pools for slot in pool.slots)
+                c.forget_plans()  # each algorithm's own pools
+    assert pooled > 0
+    print(f"ok {r} {pooled}", flush=True)
+    """
+    # 3 ranks, where every algorithm has more than one exchange (2 ranks: the tests above); about 30 s,
+    # since each shape runs a whole cycle of call numbers before its slots are made.
+    result = run_mpi(3, code, timeout=300, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == 3, result.stdout + result.stderr
