@@ -219,3 +219,27 @@ def test_rooted_collectives_validate_root(collective):
                 getattr(comm, collective)(x, root=3)
 
     ck.run_local(body, 3)
+
+
+@pytest.mark.parametrize("collective", ["gather", "scatter"])
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+def test_binomial_gather_and_scatter_copy_no_more_than_the_blocks_that_wrap(collective, p):
+    # The root receives (gather) or sends (scatter) each subtree where it lies in its output or input, and a
+    # leaf sends its input or receives into its output: only a subtree that runs past rank p-1 goes through
+    # scratch at the root. At root 0 nothing wraps, so the root copies its own block alone, and a leaf nothing.
+    from commkit import algorithms, collectives
+    from commkit.schedule import COPY
+
+    alg = algorithms.get(collective, "binomial")
+    count = 3
+    for root in range(p):
+        copied = {}
+        for rank in range(p):
+            steps = list(collectives.steps(alg.schedule, collective, rank, p, count, None, root))
+            copied[rank] = sum(s.dst[2] - s.dst[1] for s in steps if s.kind == COPY)
+        wraps = p * count if root else 0  # at most the blocks before the wrap and after it, once each
+        assert copied[root] <= count + wraps, (root, copied)
+        if root == 0:
+            assert copied[0] == count, copied
+        leaves = [r for r in range(p) if not algorithms.tree.binomial_children((r - root) % p, p) and r != root]
+        assert leaves and all(copied[r] == 0 for r in leaves), (root, copied)

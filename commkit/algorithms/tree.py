@@ -133,7 +133,10 @@ def gather_binomial(rank, size, count, root):
     """Binomial gather: each rank collects its subtree's blocks, then sends them up in one message.
 
     Restrictions: none. Cost: ⌈log p⌉α + ((p-1)/p)nβ, n = bytes gathered.
-    Scratch: the subtree's blocks, in relative order; the root rotates them into place.
+    Scratch: an inner rank's subtree blocks, in relative order. A leaf sends its input
+    where it lies, and the root receives each subtree straight into place in its
+    output (through scratch only a subtree that wraps past rank p-1): no copy of
+    the gathered vector.
 
     Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
     of the result, the ranks whose input that rank holds for the whole block (- for none), after each
@@ -148,18 +151,30 @@ def gather_binomial(rank, size, count, root):
         critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     rel = (rank - root) % size
-    # tmp holds the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
-    yield Copy(("tmp", 0, count), ("in", 0, count))
-    for child in binomial_children(rel, size):
-        lo = child - rel
-        yield Recv((child + root) % size, ("tmp", lo * count, (lo + binomial_subtree_size(child, size)) * count))
+    children = binomial_children(rel, size)
+    if rel and not children:
+        yield Send((binomial_parent(rel) + root) % size, ("in", 0, count))  # a leaf sends its input as it lies
+        return
     if rel:
+        # tmp holds the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
+        yield Copy(("tmp", 0, count), ("in", 0, count))
+        for child in children:
+            lo = child - rel
+            yield Recv((child + root) % size, ("tmp", lo * count, (lo + binomial_subtree_size(child, size)) * count))
         yield Send((binomial_parent(rel) + root) % size, ("tmp", 0, binomial_subtree_size(rel, size) * count))
         return
-    # Root: tmp holds blocks of relative ranks 0..p-1; relative j is rank (j + root) % p.
-    head = (size - root) * count
-    yield Copy(("out", root * count, size * count), ("tmp", 0, head))
-    yield Copy(("out", 0, root * count), ("tmp", head, size * count))
+    # The root: each child's subtree is relative ranks child .. child + size - 1, ranks (child + root) % p
+    # on: received straight into place, unless it runs past rank p - 1 (then through tmp, in two pieces).
+    yield Copy(("out", root * count, (root + 1) * count), ("in", 0, count))
+    for child in children:
+        first, n = (child + root) % size, binomial_subtree_size(child, size)
+        if first + n <= size:
+            yield Recv(first, ("out", first * count, (first + n) * count))
+            continue
+        head = size - first  # the subtree's blocks before the wrap
+        yield Recv(first, ("tmp", child * count, (child + n) * count))
+        yield Copy(("out", first * count, size * count), ("tmp", child * count, (child + head) * count))
+        yield Copy(("out", 0, (n - head) * count), ("tmp", (child + head) * count, (child + n) * count))
 
 
 @algorithm("scatter", "binomial", scratch=lambda r, p, n: p * n,
@@ -169,6 +184,9 @@ def scatter_binomial(rank, size, count, root):
     """Binomial scatter: each rank receives its subtree's blocks and hands each child its share.
 
     Restrictions: none. Cost: ⌈log p⌉α + ((p-1)/p)nβ, n = bytes scattered.
+    The root sends each subtree's blocks from its input where they lie (through scratch
+    only a subtree that wraps past rank p-1), and a leaf receives straight into its
+    output: only inner ranks stage their subtree in scratch.
 
     Picture, generated from the schedule (p = 4, count = 1, root = 0): each cell lists, for every block
     of the result, the ranks whose input that rank holds for the whole block (- for none), after each
@@ -183,16 +201,28 @@ def scatter_binomial(rank, size, count, root):
         critical path (commkit.sim, each term alone): 2 messages, 3 elements sent
     """
     rel = (rank - root) % size
+    children = list(reversed(binomial_children(rel, size)))  # the farthest first
     if rel == 0:
-        # Rotate the root's blocks into relative order: tmp block j is for rank (j + root) % p.
-        head = (size - root) * count
-        yield Copy(("tmp", 0, head), ("in", root * count, size * count))
-        yield Copy(("tmp", head, size * count), ("in", 0, root * count))
-    else:
-        # tmp receives the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
-        yield Recv((binomial_parent(rel) + root) % size, ("tmp", 0, binomial_subtree_size(rel, size) * count))
-    for child in reversed(binomial_children(rel, size)):
-        # Hand each child its subtree's blocks, the farthest first.
+        # Each child's subtree is ranks (child + root) % p on: sent from the input where it lies,
+        # unless it runs past rank p - 1 (then gathered into tmp first, from two pieces).
+        for child in children:
+            first, n = (child + root) % size, binomial_subtree_size(child, size)
+            if first + n <= size:
+                yield Send(first, ("in", first * count, (first + n) * count))
+                continue
+            head = size - first
+            yield Copy(("tmp", child * count, (child + head) * count), ("in", first * count, size * count))
+            yield Copy(("tmp", (child + head) * count, (child + n) * count), ("in", 0, (n - head) * count))
+            yield Send(first, ("tmp", child * count, (child + n) * count))
+        yield Copy(("out", 0, count), ("in", root * count, (root + 1) * count))
+        return
+    parent = (binomial_parent(rel) + root) % size
+    if not children:
+        yield Recv(parent, ("out", 0, count))  # a leaf receives its block straight into its output
+        return
+    # tmp receives the blocks of my subtree in relative order: relative rank j's at (j - rel) * count.
+    yield Recv(parent, ("tmp", 0, binomial_subtree_size(rel, size) * count))
+    for child in children:
         lo = child - rel
         yield Send((child + root) % size, ("tmp", lo * count, (lo + binomial_subtree_size(child, size)) * count))
     yield Copy(("out", 0, count), ("tmp", 0, count))
