@@ -28,8 +28,11 @@ The other collectives: ``shm`` against ``mpi``, root 0 where there is one:
 broadcast (``Bcast``), reduce (``Reduce``), gather and scatter (``Gather``,
 ``Scatter``; the size is one rank's block), allgather (``Allgather``),
 reduce_scatter (``Reduce_scatter_block``), and alltoall (``Alltoall``; the size
-is one rank's whole input, p blocks), where ``commkit``, the default
-selection's two-sided algorithm, runs too. Every ``shm`` result is checked
+is one rank's whole input, p blocks); ``commkit``, the default selection's
+two-sided algorithm, runs beside each (the broadcast in place too, as
+``Bcast`` is); broadcast, allgather, reduce_scatter and
+alltoall also on shared arrays (``shm shared``; the broadcast in place, as
+``Bcast`` is). Every ``shm`` result is checked
 against MPI's once per size. The load average is printed with the table:
 timings on a loaded machine say nothing.
 """
@@ -156,28 +159,35 @@ def variants(comm, raw, n, rng):
         },
         "broadcast": {
             "mpi": lambda: raw.Bcast(block, root=0),
+            "commkit": lambda: comm.broadcast(x, root=0, out=block),
+            "commkit in place": lambda: comm.broadcast(block, root=0, out=block),
             "shm": lambda: comm.broadcast(x, root=0, out=block, algorithm="shm"),
             "shm shared": lambda: comm.broadcast(bsh, root=0, out=bsh, algorithm="shm"),
         },
         "reduce": {
             "mpi": lambda: raw.Reduce(x, out, sum_, root=0),
+            "commkit": lambda: comm.reduce(x, root=0, out=out if is_root else None),
             "shm": lambda: comm.reduce(x, root=0, out=out if is_root else None, algorithm="shm"),
         },
         "gather": {
             "mpi": lambda: raw.Gather(x, gathered, root=0),
+            "commkit": lambda: comm.gather(x, root=0, out=gathered if is_root else None),
             "shm": lambda: comm.gather(x, root=0, out=gathered if is_root else None, algorithm="shm"),
         },
         "scatter": {
             "mpi": lambda: raw.Scatter(blocks, block, root=0),
+            "commkit": lambda: comm.scatter(blocks if is_root else None, root=0, out=block),
             "shm": lambda: comm.scatter(blocks if is_root else None, root=0, out=block, algorithm="shm"),
         },
         "allgather": {
             "mpi": lambda: raw.Allgather(x, gathered),
+            "commkit": lambda: comm.allgather(x, out=gathered),
             "shm": lambda: comm.allgather(x, out=gathered, algorithm="shm"),
             "shm shared": lambda: comm.allgather(xsh, out=gsh, algorithm="shm"),
         },
         "reduce_scatter": {
             "mpi": lambda: raw.Reduce_scatter_block(xs, rs, sum_),
+            "commkit": lambda: comm.reduce_scatter(xs, out=rs),
             "shm": lambda: comm.reduce_scatter(xs, out=rs, algorithm="shm"),
             "shm shared": lambda: comm.reduce_scatter(xssh, out=rssh, algorithm="shm"),
         },
