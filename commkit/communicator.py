@@ -37,6 +37,7 @@ from ._events import active as _trace_active
 from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag,
                       check_timeout, input_for, same_memory)
 from ._vector import VectorCollectives
+from .algorithms.node import zero_copy_min_bytes
 from .algorithms.pipelined import segment_elements
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, CommClosed, CommError, CommTimeout,
@@ -913,8 +914,10 @@ class Communicator(VectorCollectives):
     def _zero_copy(self, call: Call, plan, algorithm):
         """The zero-copy steps of a node call whose ``in`` and ``out`` are shared arrays, else None (cached).
 
-        Each rank decides from its own arrays; a rank whose arrays are not shared runs
-        the copying form, and the first wait on either side raises the mismatch.
+        Each rank decides from its own arrays and the call's size (from
+        :func:`commkit.algorithms.node.zero_copy_min_bytes` up); a rank whose arrays
+        are not shared runs the copying form, and the first wait on either side raises
+        the mismatch.
         """
         alg = plan[0].algorithm
         if not alg.zero_copy:
@@ -923,13 +926,18 @@ class Communicator(VectorCollectives):
         if arena.locate(call.dst) is None or arena.locate(call.src) is None:
             return None
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        found = self._zero_copy_steps.get(key)
-        if found is None:
+        found = self._zero_copy_steps.get(key, _SEEN_ONCE)
+        if found is _SEEN_ONCE:
             if len(self._zero_copy_steps) >= 64:
                 self._zero_copy_steps.clear()
-            steps = tuple(collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg, call.op,
-                                            call.root, shared=True))
-            found = self._zero_copy_steps[key] = (steps, _inplace_safe(steps))
+            found = None  # a small call keeps the copying form: it costs fewer waits (node.ZERO_COPY_MIN_BYTES)
+            if call.nbytes >= zero_copy_min_bytes():
+                steps = tuple(collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg,
+                                                call.op, call.root, shared=True))
+                found = (steps, _inplace_safe(steps))
+            self._zero_copy_steps[key] = found
+        if found is None:
+            return None
         if call.aliased and not found[1]:
             return None  # the input would be saved to private memory first, which peers cannot read
         return found
@@ -1012,6 +1020,10 @@ class Communicator(VectorCollectives):
                         except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                             raise self._gave_up(call.collective, seq, exc, steps is None) from None
                     return self._finish(call) if call.has_result else None
+        if self._shared_arrays and call.xp is np and steps is not None:
+            shared_steps = self._zero_copy(call, plan, algorithm)  # (before the call takes its number)
+            if shared_steps is not None:
+                steps, inplace_safe = shared_steps
         if nonblocking and steps is not None and self._progress.held >= self._layout.max_in_flight:
             raise InvalidArgument(
                 f"{self._progress.held} nonblocking collectives are outstanding on this communicator (started, "
@@ -1034,10 +1046,6 @@ class Communicator(VectorCollectives):
         if steps is None:
             return self._run_native(call, nonblocking, timeout, CallInfo(*info), rec)
         src = call.src
-        if self._shared_arrays and call.xp is np:
-            shared_steps = self._zero_copy(call, plan, algorithm)
-            if shared_steps is not None:
-                steps, inplace_safe = shared_steps
         if call.aliased:
             # The executor skips a Copy whose source and destination are the same object.
             src = call.dst if inplace_safe else src.copy()

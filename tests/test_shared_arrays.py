@@ -12,6 +12,14 @@ from commkit.algorithms import get
 from commkit.errors import CollectiveMismatch, InvalidArgument
 from commkit.schedule import ONE_SIDED, inplace_safe
 
+@pytest.fixture(autouse=True, scope="module")
+def _zero_copy_at_every_size():
+    # These tests run small calls, which keep the copying form by default (node.ZERO_COPY_MIN_BYTES).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "0")
+        yield
+
+
 ZERO_COPY = ("allreduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 BLOCKED = ("reduce_scatter", "alltoall")
 """Collectives whose input holds a block for every rank."""
@@ -116,6 +124,36 @@ def test_shared_arrays_take_the_zero_copy_form_and_others_the_copying_one():
         assert f"out@{1 - r}" in shared and not any(name.startswith("slot") for name in shared), shared
         assert not any("@" in name for name in copied) and any(name.startswith("slot") for name in copied), copied
         assert out == [1.0] * 8
+
+
+def test_calls_below_the_zero_copy_size_keep_the_copying_form(monkeypatch):
+    def forms(comm):
+        seen = []
+        for n in (7, 8):  # 56 and 64 bytes of float64
+            x, out = comm.shared_empty(n, np.float64), comm.shared_empty(n, np.float64)
+            x[:] = comm.rank
+            with ck.trace() as t:
+                comm.allreduce(x, out=out, algorithm="shm")
+            names = {name for e in t.events for name in (e["range"][0], e["src_range"][0])}
+            seen.append(("zero copy" if any("@" in name for name in names) else "copying", out.tolist()))
+        return seen
+
+    monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "64")
+    for seen in ck.run_local(forms, 2):
+        assert seen == [("copying", [1.0] * 7), ("zero copy", [1.0] * 8)], seen
+    monkeypatch.delenv("COMMKIT_ZERO_COPY_MIN_BYTES")  # the default: 1 MiB
+    for seen in ck.run_local(forms, 2):
+        assert [form for form, _ in seen] == ["copying", "copying"], seen
+    monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "lots")
+
+    def refused(comm):
+        x = comm.shared_empty(4, np.float64)
+        with pytest.raises(InvalidArgument) as info:  # on every rank, before anything is sent
+            comm.allreduce(x, out=x, algorithm="shm")
+        return str(info.value)
+
+    for message in ck.run_local(refused, 2):
+        assert "COMMKIT_ZERO_COPY_MIN_BYTES" in message and "'lots'" in message, message
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -224,7 +262,7 @@ print("ok", r, flush=True)
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
 def test_zero_copy_forms_under_mpiexec_agree_with_mpi(mpi, nprocs):
-    result = mpi(nprocs, MPI_SCRIPT, timeout=300)
+    result = mpi(nprocs, MPI_SCRIPT, timeout=300, env={"COMMKIT_ZERO_COPY_MIN_BYTES": "0"})
     assert result.stdout.count("ok") == nprocs
 
 

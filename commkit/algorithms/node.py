@@ -51,12 +51,38 @@ Python), a copy into or out of the arena β per byte, a fold of k slots
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable, NamedTuple
 
+from .._checks import parse_size
+from ..errors import InvalidArgument
 from ..schedule import Claim, Copy, Get, Publish, Put, ReduceSlots, Release, Wait, partition, peer, slot
 from . import algorithm
 from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
+
+ZERO_COPY_MIN_BYTES = 1 << 20
+"""Calls on shared arrays of fewer bytes (as the selector counts them) keep the copying form.
+
+A zero-copy form waits once more than the copying one (a rank returns only when its
+peers have read its arrays), and a wait costs several microseconds of Python: below
+1 MiB the copies it saves cost less (2 ranks, benchmarks/node_floor.py, docs/node.md).
+``COMMKIT_ZERO_COPY_MIN_BYTES`` (a size such as ``64K``; ``0`` for every call) moves it,
+read at a call shape's first call on shared arrays.
+"""
+ENV_ZERO_COPY_MIN_BYTES = "COMMKIT_ZERO_COPY_MIN_BYTES"
+
+
+def zero_copy_min_bytes() -> int:
+    """:data:`ZERO_COPY_MIN_BYTES`, or ``COMMKIT_ZERO_COPY_MIN_BYTES`` when set."""
+    text = os.environ.get(ENV_ZERO_COPY_MIN_BYTES, "").strip()
+    if not text:
+        return ZERO_COPY_MIN_BYTES
+    try:
+        return parse_size(text)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{ENV_ZERO_COPY_MIN_BYTES}: {exc}") from None
+
 
 SMALL = 16384
 """Allreduces and reduces of at most this many elements fold all p slots (every rank; the root): one wait, not two.
