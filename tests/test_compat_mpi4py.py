@@ -2135,7 +2135,15 @@ def test_short_paths_for_in_place_raise_the_general_paths_errors(mpi, nprocs):
 NEW_ARRAYS = r'''
 import numpy as np
 from mpi4py import MPI
+import commkit.compat.mpi4py as face_module
 from commkit.compat.mpi4py import wrap
+
+general = [0]  # calls that take the general path (the parse): new NumPy arrays never get there
+for name in ("_bcast", "_gather", "_scatter", "_allgather"):
+    def counted(self, *args, _run=getattr(face_module.Comm, name)):
+        general[0] += 1
+        return _run(self, *args)
+    setattr(face_module.Comm, name, counted)
 
 raw = MPI.COMM_WORLD.Dup()
 face = wrap(MPI.COMM_WORLD)
@@ -2155,13 +2163,26 @@ for k in range(6):  # new arrays every call, each rank its own view of the same 
     raw.Allgather(send, recvs[0])
     face.Allgather(send, recvs[1])
     assert recvs[0].tobytes() == recvs[1].tobytes(), (k, recvs)
+    # Gather and Scatter at every root: 8 bytes a rank (float64 or 2 int32), the root's p blocks as int16.
+    for root in range(size):
+        mine = np.array([k + 0.5 * rank]) if rank % 2 else np.array([k, -rank], np.int32)
+        into = [np.zeros(4 * size, np.int16) if rank == root else None for _ in range(2)]
+        raw.Gather(mine, into[0], root)
+        face.Gather(mine, into[1], root)
+        assert rank != root or into[0].tobytes() == into[1].tobytes(), (k, root, into)
+        blocks = np.arange(4 * size, dtype=np.int16) * (k + 1) if rank == root else None
+        got = [np.zeros(1) if rank % 2 else np.zeros(2, np.int32) for _ in range(2)]
+        raw.Scatter(blocks, got[0], root)
+        face.Scatter(blocks, got[1], root)
+        assert got[0].tobytes() == got[1].tobytes(), (k, root, got)
+assert general[0] == 0, f"rank {rank}: {general[0]} calls on new NumPy arrays took the general path"
 print(f"rank {rank}: ok")
 '''
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_new_numpy_arrays_of_any_type_give_mpi4py_bytes_through_bcast_and_allgather(mpi, nprocs):
+def test_new_numpy_arrays_of_any_type_give_mpi4py_bytes_through_bcast_allgather_gather_scatter(mpi, nprocs):
     """The face's direct path for NumPy arrays moves bytes, as its general path and MPI do: ranks that view
     one message as different types (float64 at the root, int32 or bytes elsewhere) still meet."""
     result = mpi(nprocs, NEW_ARRAYS, timeout=120)

@@ -901,7 +901,17 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
+        if root.__class__ is int and 0 <= root < self._size:
+            if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
+                if self._rank != root:
+                    if _plain_array(sendbuf):
+                        self._blocking["gather"](self._bytes_of(sendbuf), root)
+                        return
+                elif (_plain_array(sendbuf) and _plain_array(recvbuf)
+                      and recvbuf.nbytes == self._size * sendbuf.nbytes and not same_memory(sendbuf, recvbuf)):
+                    self._blocking["gather"](self._bytes_of(sendbuf), root, out=self._bytes_of(recvbuf, self._size))
+                    return
+            # The short path: buffers seen before.
             if self._rank != root:
                 send = self._kept(sendbuf, 0, False)
                 if send is not None:
@@ -957,7 +967,17 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if root.__class__ is int and 0 <= root < self._size:  # the short path: buffers seen before
+        if root.__class__ is int and 0 <= root < self._size:
+            if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
+                if self._rank != root:
+                    if _plain_array(recvbuf):
+                        self._blocking["scatter"](None, root, out=self._bytes_of(recvbuf))
+                        return
+                elif (_plain_array(sendbuf) and _plain_array(recvbuf)
+                      and sendbuf.nbytes == self._size * recvbuf.nbytes and not same_memory(sendbuf, recvbuf)):
+                    self._blocking["scatter"](self._bytes_of(sendbuf, self._size), root, out=self._bytes_of(recvbuf))
+                    return
+            # The short path: buffers seen before.
             if self._rank != root:
                 recv = self._kept(recvbuf, 0, True, fill=False)
                 if recv is not None:
