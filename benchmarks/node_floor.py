@@ -28,7 +28,8 @@ The other collectives: ``shm`` against ``mpi``, root 0 where there is one:
 broadcast (``Bcast``), reduce (``Reduce``), gather and scatter (``Gather``,
 ``Scatter``; the size is one rank's block), allgather (``Allgather``),
 reduce_scatter (``Reduce_scatter_block``), and alltoall (``Alltoall``; the size
-is one rank's whole input, p blocks); ``commkit``, the default selection's
+is one rank's whole input, p blocks), and barrier (``Barrier``: no data, what a
+node call's waits cost, timed at every size alike); ``commkit``, the default selection's
 two-sided algorithm, runs beside each (the broadcast in place too, as
 ``Bcast`` is); broadcast, allgather, reduce_scatter and
 alltoall also on shared arrays (``shm shared``; the broadcast in place, as
@@ -56,7 +57,8 @@ from mpi4py import MPI
 import commkit as ck
 
 SIZES = (64 << 10, 1 << 20, 4 << 20, 32 << 20)
-COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "alltoall")
+COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "alltoall",
+               "barrier")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20}
 
 
@@ -191,6 +193,11 @@ def variants(comm, raw, n, rng):
             "shm": lambda: comm.reduce_scatter(xs, out=rs, algorithm="shm"),
             "shm shared": lambda: comm.reduce_scatter(xssh, out=rssh, algorithm="shm"),
         },
+        "barrier": {  # no data: what a node call's synchronisation costs (the same at every size)
+            "mpi": raw.Barrier,
+            "commkit": comm.barrier,
+            "shm": lambda: comm.barrier(algorithm="shm"),
+        },
         "alltoall": {
             "mpi": lambda: raw.Alltoall(a2a, a2a_out),
             "commkit": lambda: comm.alltoall(a2a, out=a2a_out),
@@ -277,7 +284,7 @@ def main(argv=None) -> int:
             samples = {name: [] for name in names}
             for s in range(sweeps):
                 order = names[s % len(names):] + names[:s % len(names)]
-                for name, t in time_sweep(raw, fns, calls, order).items():
+                for name, t in time_sweep(raw, fns, 200 if collective == "barrier" else calls, order).items():
                     samples[name].append(t)
             base = samples["mpi"]
             for name in names:
