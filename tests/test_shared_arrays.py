@@ -126,6 +126,29 @@ def test_shared_arrays_take_the_zero_copy_form_and_others_the_copying_one():
         assert out == [1.0] * 8
 
 
+@pytest.mark.parametrize("p", [2, 3, 4])
+def test_zero_copy_i_forms_in_flight_together_complete_in_any_order(p):
+    # Node calls take the arena in call order (nonblocking ones may be in flight together); each records
+    # where its own arrays lie when it takes it, so two zero-copy i-forms waited for in reverse order,
+    # with a two-sided call between, each read their own peers' arrays.
+    def body(comm):
+        r = comm.rank
+        a, b = comm.shared_empty(100, np.float64), comm.shared_empty(100, np.float64)
+        oa, ob = comm.shared_empty(100, np.float64), comm.shared_empty(100, np.float64)
+        for it in range(10):
+            a[:], b[:] = r + it, 10 * r - it
+            first = comm.iallreduce(a, out=oa, algorithm="shm")
+            second = comm.iallreduce(b, out=ob, algorithm="shm")
+            between = comm.allreduce(np.ones(3))
+            second.wait()
+            first.wait()
+            assert (oa == sum(q + it for q in range(p))).all() and (ob == sum(10 * q - it for q in range(p))).all()
+            assert (between == p).all()
+        return "ok"
+
+    assert ck.run_local(body, p) == ["ok"] * p
+
+
 def test_calls_below_the_zero_copy_size_keep_the_copying_form(monkeypatch):
     def forms(comm):
         seen = []
