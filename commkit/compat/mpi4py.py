@@ -402,6 +402,7 @@ class Comm(MPI.Intracomm):
         self._byte_views: dict = {}  # the byte views of the NumPy arrays of the last few calls: see _bytes_of
         self._attached: list = []  # the _Staged messages of the call under way that hold a view to let go
         self._apart_pair = (_NOTHING, _NOTHING)  # the last kept send and receive messages found apart: see _apart
+        self._arrays_apart_pair = (_NOTHING, _NOTHING)  # the last NumPy arrays found apart: see _arrays_apart
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
@@ -908,7 +909,7 @@ class Comm(MPI.Intracomm):
                         self._blocking["gather"](self._bytes_of(sendbuf), root)
                         return
                 elif (_plain_array(sendbuf) and _plain_array(recvbuf)
-                      and recvbuf.nbytes == self._size * sendbuf.nbytes and not same_memory(sendbuf, recvbuf)):
+                      and recvbuf.nbytes == self._size * sendbuf.nbytes and self._arrays_apart(sendbuf, recvbuf)):
                     self._blocking["gather"](self._bytes_of(sendbuf), root, out=self._bytes_of(recvbuf, self._size))
                     return
             # The short path: buffers seen before.
@@ -974,7 +975,7 @@ class Comm(MPI.Intracomm):
                         self._blocking["scatter"](None, root, out=self._bytes_of(recvbuf))
                         return
                 elif (_plain_array(sendbuf) and _plain_array(recvbuf)
-                      and sendbuf.nbytes == self._size * recvbuf.nbytes and not same_memory(sendbuf, recvbuf)):
+                      and sendbuf.nbytes == self._size * recvbuf.nbytes and self._arrays_apart(sendbuf, recvbuf)):
                     self._blocking["scatter"](self._bytes_of(sendbuf, self._size), root, out=self._bytes_of(recvbuf))
                     return
             # The short path: buffers seen before.
@@ -1035,7 +1036,7 @@ class Comm(MPI.Intracomm):
         """
         p = self._size
         if (_plain_array(sendbuf) and _plain_array(recvbuf) and recvbuf.nbytes == p * sendbuf.nbytes
-                and not self.comm.check and not same_memory(sendbuf, recvbuf)):
+                and not self.comm.check and self._arrays_apart(sendbuf, recvbuf)):
             # NumPy arrays, new or not: their bytes, as the general path moves them.
             self._blocking["allgather"](self._bytes_of(sendbuf), out=self._bytes_of(recvbuf, p))
             return
@@ -1657,6 +1658,21 @@ class Comm(MPI.Intracomm):
             self._detach()
             raise
         attached.clear()
+
+    def _arrays_apart(self, send, recv) -> bool:
+        """Whether NumPy arrays ``send`` and ``recv`` lie apart in memory (the direct paths' check, 0.27 us).
+
+        The last pair found apart is remembered (and so kept alive: NumPy will not
+        resize an array another reference holds, so its memory cannot move) and found
+        again by identity.
+        """
+        pair = self._arrays_apart_pair
+        if pair[0] is send and pair[1] is recv:
+            return True
+        if same_memory(send, recv):
+            return False
+        self._arrays_apart_pair = (send, recv)
+        return True
 
     def _apart(self, send, recv) -> bool:
         """Whether kept messages ``send`` and ``recv`` lie apart in memory (else the general path copies one).
