@@ -745,8 +745,7 @@ class _NodeCall:
                 f"{_call_text(self.info, 0, step)}: its chunks need {nbytes} bytes of slot per rank, but the node "
                 f"arena has {arena.slot_bytes} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment "
                 "(algorithm='shm:1M') or a larger arena.")
-        for q, memory in enumerate(arena.slots):
-            bufs[slot(q, 0, 0)[0]] = memory[:nbytes].view(dtype)
+        bufs.update(arena.slot_views(nbytes, dtype))
         self.ticket = ticket = arena.take_turn()
         counter, ranks = arena.counter, range(arena.size)
 
@@ -777,15 +776,14 @@ class _NodeCall:
                     f"{_call_text(self.info, -1, step)}: rank {q} published on the node arena from another call "
                     f"(identity {theirs:#x}, this call's {self.tag:#x}): the ranks called different collectives, "
                     "or the same one with another count, dtype, op or root. COMMKIT_DEBUG=check names them.")
-            where = arena.where(q)
-            if (where != (None, None)) != (self.where is not None):
+            if arena.shares(q) != (self.where is not None):
                 mine, its = ("", " not") if self.where is not None else (" not", "")
                 raise CollectiveMismatch(
                     f"{_call_text(self.info, -1, step)}: this rank's arrays are{mine} shared (comm.shared_empty) "
                     f"and rank {q}'s are{its}: a node call reads peers' arrays where they lie only when every "
                     "rank's are shared; pass shared arrays on every rank or on none.")
             if self.where is not None and "in@%d" % q not in self.bufs:
-                dtype = self.bufs["out"].dtype
+                where, dtype = arena.where(q), self.bufs["out"].dtype
                 self.bufs["in@%d" % q] = arena.peer_view(q, where[0], dtype)
                 self.bufs["out@%d" % q] = arena.peer_view(q, where[1], dtype)
 

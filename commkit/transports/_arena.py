@@ -160,6 +160,7 @@ class Arena:
         self._allocate = allocate  # nbytes -> this rank's part (collective under MPI), or None
         self._shared = {} if shared is None else shared  # allocation number -> every rank's part (bytes)
         self._made = 0  # shared allocations this rank made: the next one's number
+        self._views: dict = {}  # (bytes, dtype) -> every rank's slot viewed so (see slot_views)
         self._fence = fence
         self._failed = failed  # the threads world's check for a failed rank
         self.last = -1
@@ -216,9 +217,23 @@ class Arena:
                 return number, start - base, array.nbytes
         return None
 
+    def slot_views(self, nbytes: int, dtype) -> dict:
+        """Every rank's slot, its first ``nbytes`` bytes as ``dtype``, by slot name (made once per size and dtype)."""
+        key = (nbytes, dtype)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 16:
+                self._views.clear()
+            views = self._views[key] = {f"slot{q}": memory[:nbytes].view(dtype) for q, memory in enumerate(self.slots)}
+        return views
+
     def set_where(self, where_in, where_out) -> None:
         """Record where this call's ``in`` and ``out`` lie (published with the identity): located, or None."""
         self._where[self.rank][:] = (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0)))
+
+    def shares(self, peer: int) -> bool:
+        """Whether ``peer`` recorded shared arrays for its current call (:meth:`where` says where)."""
+        return int(self._where[peer][0]) >= 0
 
     def where(self, peer: int) -> tuple:
         """``(in, out)`` as ``peer`` recorded them for its current call: each located, or None."""

@@ -434,9 +434,12 @@ class LocalTransport:
 
     def arena(self, rendezvous=None):
         """This communicator's node arena (:mod:`._arena`): one NumPy block shared by its rank threads."""
-        from ._arena import node_arena
+        made = self.__dict__.get("_node_arena")  # every node call asks: one dict lookup once it is made
+        if made is None:
+            from ._arena import node_arena
 
-        return node_arena(self, rendezvous)
+            made = self._node_arena = node_arena(self, rendezvous)
+        return made
 
 
 class _RecvHandle(_Pending):

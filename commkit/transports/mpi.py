@@ -732,9 +732,12 @@ class MPITransport:
 
     def arena(self, rendezvous=None):
         """This communicator's node arena (:mod:`._arena`): made at the first call, by every rank at once."""
-        from ._arena import node_arena
+        made = self.__dict__.get("_node_arena")  # every node call asks: one dict lookup once it is made
+        if made is None:
+            from ._arena import node_arena
 
-        return node_arena(self, rendezvous)
+            made = self._node_arena = node_arena(self, rendezvous)
+        return made
 
 
 def install_abort_on_exception() -> None:
