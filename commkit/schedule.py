@@ -655,6 +655,19 @@ class _Until:
         return self.blockers()
 
 
+class _Reached:
+    """A wait on the node arena that its peers had already satisfied when it was made: ``test()`` is True."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def test() -> bool:
+        return True
+
+
+_REACHED = _Reached()
+
+
 class _NodeCall:
     """One run's use of the node arena: the arena, the call's number and tag, its turn (see :class:`Claim`)."""
 
@@ -715,6 +728,11 @@ class _NodeCall:
         elif kind == WAIT:
             arena, value, peers = self.arena, self.base | step.k, step.peers
             counter = arena.counter
+            for q in peers:
+                if counter(q) < value:
+                    break
+            else:
+                return _REACHED  # (often: the peers are there already, and nothing is made to wait with)
             return _Until(lambda: all(counter(q) >= value for q in peers),
                           lambda: [q for q in peers if counter(q) < value], self.relax, arena.check_failed)
         elif kind == CLAIM:
