@@ -524,6 +524,38 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
     return run
 
 
+def _i_form_body(steps, bufs: dict, slots, names, begin):
+    """The body of an i-form's generator: each local step written inline, each transfer begun and yielded.
+
+    ``begin(step)`` gives a transfer step's line that begins it and the name of what
+    it began, which the body yields for the driver to wait on; the transfer's
+    overlapped local steps come between the two. None where a local step cannot be
+    written inline (the interpreter then runs the call).
+    """
+    const = names.const
+    body = []
+
+    def local(ops) -> None:
+        for _, op, _, _, _ in ops:
+            spec = getattr(op, "inline", None)
+            if spec is None or spec[2] is not None:
+                names.unsafe.append(op)
+                return
+            body.append(spec[0].format(*(const(v) for v in spec[1])))
+
+    for index, step in enumerate(steps):
+        if step.kind != TRANSFER:
+            local(_local_ops((step,), bufs, slots, index))
+            continue
+        line, pending = begin(step)
+        body.append(f"# schedule step {index}: {_one_line(step)}")
+        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
+        body.append(line)
+        local(_local_ops(step.overlap, bufs, slots, index))
+        body.append(f"yield {index}, {const(step)}, {pending}")
+    return None if names.unsafe else body
+
+
 def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
     """An i-form's schedule for any arrays of one call shape, compiled: ``run(_b_in, _b_out, _b_tmp, tag, rec)``.
 
@@ -547,29 +579,14 @@ def nonblocking_steps(steps, bufs: dict, chan, collective: str, algorithm: str):
     slots = Slots(bufs, ("in", "out", "tmp"))
     ns = {"_post": chan.post}
     names = _Names(ns, slots)
-    const = names.const
-    body = []
 
-    def local(ops) -> None:
-        for _, op, _, _, _ in ops:
-            spec = getattr(op, "inline", None)
-            if spec is None or spec[2] is not None:
-                names.unsafe.append(op)
-                return
-            body.append(spec[0].format(*(const(v) for v in spec[1])))
-
-    for index, step in enumerate(steps):
-        if step.kind != TRANSFER:
-            local(_local_ops((step,), bufs, slots, index))
-            continue
+    def post(step):
         sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
         recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
-        body.append(f"# schedule step {index}: {_one_line(step)}")
-        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
-        body.append(f"_pending = _post({const(sends)}, {const(recvs)}, tag)")
-        local(_local_ops(step.overlap, bufs, slots, index))
-        body.append(f"yield {index}, {const(step)}, _pending")
-    if names.unsafe:
+        return f"_pending = _post({names.const(sends)}, {names.const(recvs)}, tag)", "_pending"
+
+    body = _i_form_body(steps, bufs, slots, names, post)
+    if body is None:
         return None
     source = "\n".join([
         "def run(_b_in, _b_out, _b_tmp, tag, rec):",
@@ -602,33 +619,20 @@ def persistent_steps(steps, bufs: dict, collective: str, algorithm: str):
     slots = Slots(bufs, ("in", "out", "tmp"))
     ns = {"_copyto": np.copyto}
     names = _Names(ns, slots)
-    const = names.const
     moved = _moved(steps)
     own = [f"_b_{name} = {arg}" for name, arg in (("in", "_src"), ("out", "_dst")) if name not in moved]
-    body = ["_copyto(_b_in, _src)"] if "in" in moved else []
     transfers = []
 
-    def local(ops) -> None:
-        for _, op, _, _, _ in ops:
-            spec = getattr(op, "inline", None)
-            if spec is None or spec[2] is not None:
-                names.unsafe.append(op)
-                return
-            body.append(spec[0].format(*(const(v) for v in spec[1])))
-
-    for index, step in enumerate(steps):
-        if step.kind != TRANSFER:
-            local(_local_ops((step,), bufs, slots, index))
-            continue
+    def start(step):
         name = f"_t{len(transfers)}"
         transfers.append(name)
-        body.append(f"# schedule step {index}: {_one_line(step)}")
-        body.append(f"rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {const(step)}  # record.step, record.step_obj")
-        body.append(f"{name}.start()")
-        local(_local_ops(step.overlap, bufs, slots, index))
-        body.append(f"yield {index}, {const(step)}, {name}")
-    if names.unsafe:
+        return f"{name}.start()", name
+
+    body = _i_form_body(steps, bufs, slots, names, start)
+    if body is None:
         return None
+    if "in" in moved:
+        body.insert(0, "_copyto(_b_in, _src)")
     if "out" in moved:
         body.append("_copyto(_dst, _b_out)")
     body.append("_pool[_i] = _slot  # (a run that raised never gets here)")

@@ -908,8 +908,7 @@ class Comm(MPI.Intracomm):
                     if _plain_array(sendbuf):
                         self._blocking["gather"](self._bytes_of(sendbuf), root)
                         return
-                elif (_plain_array(sendbuf) and _plain_array(recvbuf)
-                      and recvbuf.nbytes == self._size * sendbuf.nbytes and self._arrays_apart(sendbuf, recvbuf)):
+                elif self._plain_blocks(sendbuf, recvbuf):
                     self._blocking["gather"](self._bytes_of(sendbuf), root, out=self._bytes_of(recvbuf, self._size))
                     return
             # The short path: buffers seen before.
@@ -974,8 +973,7 @@ class Comm(MPI.Intracomm):
                     if _plain_array(recvbuf):
                         self._blocking["scatter"](None, root, out=self._bytes_of(recvbuf))
                         return
-                elif (_plain_array(sendbuf) and _plain_array(recvbuf)
-                      and sendbuf.nbytes == self._size * recvbuf.nbytes and self._arrays_apart(sendbuf, recvbuf)):
+                elif self._plain_blocks(recvbuf, sendbuf):
                     self._blocking["scatter"](self._bytes_of(sendbuf, self._size), root, out=self._bytes_of(recvbuf))
                     return
             # The short path: buffers seen before.
@@ -1035,8 +1033,7 @@ class Comm(MPI.Intracomm):
                 one block of ``recvbuf``.
         """
         p = self._size
-        if (_plain_array(sendbuf) and _plain_array(recvbuf) and recvbuf.nbytes == p * sendbuf.nbytes
-                and not self.comm.check and self._arrays_apart(sendbuf, recvbuf)):
+        if not self.comm.check and self._plain_blocks(sendbuf, recvbuf):
             # NumPy arrays, new or not: their bytes, as the general path moves them.
             self._blocking["allgather"](self._bytes_of(sendbuf), out=self._bytes_of(recvbuf, p))
             return
@@ -1658,6 +1655,15 @@ class Comm(MPI.Intracomm):
             self._detach()
             raise
         attached.clear()
+
+    def _plain_blocks(self, block, blocks) -> bool:
+        """Whether ``block`` (one rank's) and ``blocks`` (every rank's) take the direct path of NumPy arrays.
+
+        Both plain (:func:`_plain_array`), ``blocks`` the size of ``size`` blocks, and
+        apart in memory; anything else takes the short or the general path.
+        """
+        return (_plain_array(block) and _plain_array(blocks) and blocks.nbytes == self._size * block.nbytes
+                and self._arrays_apart(block, blocks))
 
     def _arrays_apart(self, send, recv) -> bool:
         """Whether NumPy arrays ``send`` and ``recv`` lie apart in memory (the direct paths' check, 0.27 us).
