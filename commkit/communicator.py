@@ -50,7 +50,7 @@ from .plan import (SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile
 from .requests import Request, wait_all, wait_any
 from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
                        run_schedule, writes_input)
-from .transports._arena import node_name
+from .transports._arena import count_nodes, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -284,6 +284,9 @@ class Communicator(VectorCollectives):
         # point-to-point traffic itself; one it was handed (COMM_WORLD) is never used directly.
         self._p2p = transport if owns_transport else transport.dup()
         self._coll = transport.dup()
+        # How many nodes the ranks span (the node algorithms need one): under MPI a collective, made here
+        # where every rank is (MPI_Comm_split_type); other transports answer locally at each plan (_node_why).
+        self._node_count = count_nodes(self._coll) if self._coll.name == "mpi" else None
         self.rank = transport.rank
         self.size = transport.size
         self._timeout = check_timeout(timeout) if timeout is not None else _env_timeout()
@@ -864,7 +867,29 @@ class Communicator(VectorCollectives):
                 f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
             )
 
-    def _plan(self, call: Call, algorithm):
+    def _node_why(self, call: Call, persistent: bool = False):
+        """``(nodes, why)`` for the selector: how many nodes the ranks span, and why this call cannot use them.
+
+        ``why`` is None when a node algorithm can run the call; else it says why
+        not: the transport has no arena, the request is persistent (compiled plans
+        run no one-sided steps), or the arrays are on a device (the arena is host
+        memory). Every rank answers alike: the same call on the same communicator.
+        """
+        transport = self._coll
+        if getattr(transport, "arena", None) is None:
+            return None, (f"the {transport.name} transport has no shared-memory arena, which the node algorithms "
+                          "need; choose a two-sided algorithm")
+        nodes = self._node_count if self._node_count is not None else count_nodes(transport)
+        if persistent:
+            return nodes, ("persistent collectives run compiled plans, and this algorithm's schedule has one-sided "
+                           "steps on the node arena, which only the interpreter runs; use the blocking or i-form, or "
+                           "another algorithm")
+        if call.xp is not np:
+            return nodes, ("the node arena is host memory and these arrays are on a device; choose a two-sided "
+                           "algorithm")
+        return nodes, None
+
+    def _plan(self, call: Call, algorithm, persistent: bool = False):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -875,13 +900,17 @@ class Communicator(VectorCollectives):
         identity, :mod:`commkit.identity`) and its flight-recorder signature.
         """
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        if persistent:
+            key += ("persistent",)
         transport = self._coll
         if call.collective == "barrier" or call.dtype is None:
             native_ok = hasattr(transport, "native")
         else:
             native_ok = hasattr(transport, "native_supports") and transport.native_supports(
                 call.collective, call.dtype, call.op)
-        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok)
+        nodes, node_why = self._node_why(call, persistent)
+        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
+                                  node_why, transport.name)
         alg = choice.algorithm
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None
@@ -1452,8 +1481,8 @@ class Communicator(VectorCollectives):
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        plan = self._plans.get(key) or self._plan(call, algorithm)
+        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm, "persistent")
+        plan = self._plans.get(key) or self._plan(call, algorithm, persistent=True)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         if call.has_result and call.result is None:
             call.result = call.dst.reshape(call.shape)

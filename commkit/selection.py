@@ -10,8 +10,13 @@ Order of precedence, most specific first:
 
 A table maps each collective to an ordered list of rules. A rule may bound the
 process count (``min_procs``/``max_procs``), the message size in bytes
-(``min_bytes``/``max_bytes``, inclusive) and require the op to be commutative
-(``commutative: true``); the first rule whose bounds hold *and* whose algorithm
+(``min_bytes``/``max_bytes``, inclusive), require the op to be commutative
+(``commutative: true``), require every rank on one node (``one_node: true``:
+the communicator's ranks share one node's memory, so the node engine's
+algorithms, :mod:`commkit.algorithms.node`, can run the call) and name the
+transport it was measured on (``transport: "mpi"``; the threads world's
+messages are handed over without a copy, so what wins under MPI need not win
+there); the first rule whose bounds hold *and* whose algorithm
 applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
 Every rule carries a ``reason``. If no rule matches, the first applicable
 algorithm of :data:`FALLBACK` is used.
@@ -38,6 +43,12 @@ the algorithm's default (``COMMKIT_SEGMENT_ELEMENTS`` elements, else its own).
 :attr:`Choice.segment` carries it, and its reason says where it came from.
 The communicator turns it into elements (at least one) for the call's dtype.
 
+The node algorithms (``shm``) run only where the caller says they can
+(``nodes=1`` and no ``node_why``): the communicator tells its node count
+and why a call cannot use the arena (a persistent request, device arrays, a
+transport without one). A caller that says nothing (``nodes=None``) matches no
+``one_node`` rule, and a forced node algorithm is then checked when it runs.
+
 A forced algorithm (argument or environment) that cannot run the call raises
 :class:`~commkit.errors.AlgorithmNotApplicable`, unless
 ``COMMKIT_FALLBACK=warn``, which warns and selects automatically instead.
@@ -56,6 +67,7 @@ from . import algorithms
 from ._checks import parse_size
 from .errors import AlgorithmNotApplicable, InvalidArgument
 from .ops import get_op
+from .transports._arena import spans_nodes
 
 __all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice", "split_algorithm"]
 
@@ -76,7 +88,7 @@ FALLBACK = {
 }
 
 _RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative",
-              "segment_bytes"}
+              "segment_bytes", "one_node", "transport"}
 
 
 class Choice:
@@ -143,6 +155,12 @@ def validate_table(table, source: str) -> dict:
             for key in ("min_procs", "max_procs", "min_bytes", "max_bytes"):
                 if key in rule and (not isinstance(rule[key], int) or isinstance(rule[key], bool) or rule[key] < 0):
                     raise InvalidArgument(f"{where}: {key} must be a non-negative integer, got {rule[key]!r}.")
+            if "one_node" in rule and rule["one_node"] is not True:
+                raise InvalidArgument(f"{where}: one_node must be true (the rule then needs every rank on one node), "
+                                      f"got {rule['one_node']!r}; leave it out for a rule that holds anywhere.")
+            if "transport" in rule and not isinstance(rule["transport"], str):
+                raise InvalidArgument(f"{where}: transport must be a transport's name such as \"mpi\", "
+                                      f"got {rule['transport']!r}.")
             if "segment_bytes" in rule:
                 seg = rule["segment_bytes"]
                 if not isinstance(seg, int) or isinstance(seg, bool) or seg < 1:
@@ -177,7 +195,11 @@ def default_table() -> dict:
     return load_table(None)
 
 
-def _matches(rule, size, nbytes, op) -> bool:
+def _matches(rule, size, nbytes, op, one_node, transport) -> bool:
+    if rule.get("one_node") and not one_node:
+        return False
+    if rule.get("transport", transport) != transport:
+        return False
     if size < rule.get("min_procs", 0) or size > rule.get("max_procs", size):
         return False
     if nbytes < rule.get("min_bytes", 0) or nbytes > rule.get("max_bytes", nbytes):
@@ -187,19 +209,28 @@ def _matches(rule, size, nbytes, op) -> bool:
     return True
 
 
-def _why_not(alg, size, op, native_ok) -> str | None:
+def _why_not(alg, size, op, native_ok, nodes, node_why) -> str | None:
     if alg.name == "native":
         return None if native_ok else f"{alg.collective}_native is not available on this transport for this dtype and op"
+    if (node_why is not None or (nodes or 1) > 1) and algorithms.is_node_only(alg):
+        return node_why or spans_nodes("communicator", nodes)
     return alg.why_not(size, op)
 
 
+
 def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
-           native_ok: bool = False) -> Choice:
+           native_ok: bool = False, nodes: int | None = None, node_why: str | None = None,
+           transport: str | None = None) -> Choice:
     """Choose the algorithm for one call; see the module docstring for the precedence.
 
     ``op`` is a :class:`~commkit.ops.Op` or an op name such as ``"sum"`` (None for
-    collectives without a reduction).
+    collectives without a reduction). ``nodes`` is how many nodes the
+    communicator spans (None: not known); ``node_why`` says why this call cannot
+    run a node algorithm even so (None: it can, when ``nodes`` is 1).
+    ``transport`` is the name of the transport the call runs on (None: not
+    known; rules naming one then do not match).
     """
+    one_node = nodes == 1 and node_why is None
     if isinstance(op, str):
         op = get_op(op)
     forced, source = requested, "algorithm= argument"
@@ -221,7 +252,7 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
             raise AlgorithmNotApplicable(
                 f"{collective} algorithm {name!r} takes no segment size, but {forced!r} (from {source}) gives one; "
                 f"segmented {collective} algorithms: {segmented or 'none'}.")
-        why = _why_not(alg, size, op, native_ok)
+        why = _why_not(alg, size, op, native_ok, nodes, node_why)
         if why is None:
             seg = f", segment {segment} B" if segment is not None else ""
             return Choice(alg, f"forced by {source}{seg}", segment)
@@ -235,9 +266,9 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     tables.append((default_table(), "default.json"))
     for table, name in tables:
         for rule in table.get(collective, ()):
-            if _matches(rule, size, nbytes, op):
+            if _matches(rule, size, nbytes, op, one_node, transport):
                 alg = algorithms.get(collective, rule["algorithm"])
-                if _why_not(alg, size, op, native_ok) is None:
+                if _why_not(alg, size, op, native_ok, nodes, node_why) is None:
                     segment = rule.get("segment_bytes")
                     seg = f" (segment {segment} B)" if segment is not None else ""
                     return Choice(alg, f"{name}: {rule.get('reason', 'rule matched')}{seg}", segment)

@@ -134,24 +134,82 @@ ALL_NAMES = sorted({name for c in algorithms.COLLECTIVES for name in algorithms.
 rule_strategy = st.fixed_dictionaries(
     {"algorithm": st.sampled_from(ALL_NAMES)},
     optional={"min_procs": st.integers(0, 70), "max_procs": st.integers(0, 70), "min_bytes": st.integers(0, 1 << 21),
-              "max_bytes": st.integers(0, 1 << 21), "commutative": st.booleans()},
+              "max_bytes": st.integers(0, 1 << 21), "commutative": st.booleans(), "one_node": st.just(True),
+              "transport": st.sampled_from(["mpi", "local"])},
 )
 
 
 @given(collective=st.sampled_from(algorithms.COLLECTIVES), size=st.integers(1, 70), nbytes=st.integers(0, 1 << 21),
-       commutative=st.booleans(), rules=st.lists(rule_strategy, max_size=6), native_ok=st.booleans())
+       commutative=st.booleans(), rules=st.lists(rule_strategy, max_size=6), native_ok=st.booleans(),
+       nodes=st.sampled_from([None, 1, 2, 5]), node_why=st.sampled_from([None, "persistent"]),
+       transport=st.sampled_from([None, "mpi", "local"]))
 def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, collective, size, nbytes, commutative,
-                                                           rules, native_ok):
+                                                           rules, native_ok, nodes, node_why, transport):
     rules = [r for r in rules if algorithms.get(collective, r["algorithm"]) is not None]
     path = write_table(tmp_path_factory.mktemp("t"), {collective: rules})
     op = (SUM if commutative else NONCOMM) if collective in REDUCING else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COMMKIT_TUNING", path)
-        alg = selection.select(collective, size, nbytes, op, native_ok=native_ok).algorithm
+        choice = selection.select(collective, size, nbytes, op, native_ok=native_ok, nodes=nodes, node_why=node_why,
+                                  transport=transport)
+    alg = choice.algorithm
     if alg.name == "native":
         assert native_ok
     else:
         assert alg.why_not(size, op) is None
+    if algorithms.is_node_only(alg):  # only where every rank shares one node and the call may use the arena
+        assert nodes == 1 and node_why is None, choice
+    if choice.reason.startswith(path):
+        rule = next(r for r in rules if r["algorithm"] == alg.name and r.get("transport", transport) == transport
+                    and (not r.get("one_node") or (nodes == 1 and node_why is None)))
+        assert rule is not None
+
+
+def test_one_node_rules_need_one_node_the_transport_and_a_call_that_can_use_the_arena(tmp_path, monkeypatch):
+    path = write_table(tmp_path, {"allreduce": [
+        {"one_node": True, "transport": "mpi", "algorithm": "shm", "reason": "measured under MPI"},
+        {"algorithm": "ring", "reason": "anywhere"}]})
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+
+    def pick(**where):
+        return selection.select("allreduce", 2, 1 << 20, SUM, **where).algorithm.name
+
+    assert pick(nodes=1, transport="mpi") == "shm"
+    assert pick(nodes=2, transport="mpi") == "ring"  # spans nodes
+    assert pick(nodes=1, transport="local") == "ring"  # measured on another transport
+    assert pick(nodes=1) == "ring"  # transport not known
+    assert pick(transport="mpi") == "ring"  # nodes not known
+    assert pick(nodes=1, transport="mpi", node_why="a persistent request") == "ring"
+
+
+def test_a_forced_node_algorithm_where_it_cannot_run_says_why_before_sending():
+    with pytest.raises(ck.AlgorithmNotApplicable, match="spans 3 nodes"):
+        selection.select("allreduce", 6, 64, SUM, requested="shm", nodes=3)
+    with pytest.raises(ck.AlgorithmNotApplicable, match="persistent collectives run compiled plans"):
+        selection.select("allreduce", 2, 64, SUM, requested="shm", nodes=1, node_why="persistent collectives run "
+                         "compiled plans")
+    # Not known (a caller of select that says nothing): checked when it runs, as before.
+    assert selection.select("allreduce", 2, 64, SUM, requested="shm").algorithm.name == "shm"
+
+
+def test_the_default_picks_shm_only_where_it_was_measured_to_win():
+    def pick(collective, nbytes, **where):
+        return selection.select(collective, 2, nbytes, SUM if collective in REDUCING else None, **where).algorithm.name
+
+    mpi_node = {"nodes": 1, "transport": "mpi"}
+    assert pick("allreduce", 1 << 20, **mpi_node) == "shm"
+    assert pick("allreduce", (1 << 20) - 4, **mpi_node) == "ring"
+    assert pick("reduce", 4 << 20, **mpi_node) == "shm"
+    assert pick("gather", 1 << 20, **mpi_node) == "shm"
+    assert pick("scatter", 2 << 20, **mpi_node) == "shm"
+    assert pick("scatter", 4 << 20, **mpi_node) == "binomial"
+    for collective in ("broadcast", "allgather", "reduce_scatter", "alltoall"):  # measured not to win
+        assert pick(collective, 4 << 20, **mpi_node) != "shm", collective
+    # The threads world (messages handed over without a copy), another node count, a persistent request.
+    assert pick("allreduce", 4 << 20, nodes=1, transport="local") == "ring"
+    assert pick("allreduce", 4 << 20, nodes=2, transport="mpi") == "ring"
+    assert pick("allreduce", 4 << 20, node_why="persistent", **mpi_node) == "ring"
+    assert selection.select("allreduce", 3, 4 << 20, SUM, **mpi_node).algorithm.name != "shm"  # measured at 2
 
 
 # -- tuning files ----------------------------------------------------------------------------------
@@ -169,6 +227,8 @@ def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, co
     ({"allreduce": [{"algorithm": "ring", "max_bytes": -1}]}, "max_bytes must be a non-negative integer, got -1"),
     ({"allreduce": [{"algorithm": "ring", "min_procs": True}]}, "min_procs must be a non-negative integer, got True"),
     ({"allreduce": [{"algorithm": "ring", "max_bytes": "1M"}]}, "max_bytes must be a non-negative integer, got '1M'"),
+    ({"allreduce": [{"algorithm": "shm", "one_node": 1}]}, "one_node must be true .* got 1"),
+    ({"allreduce": [{"algorithm": "shm", "transport": 3}]}, "transport must be a transport's name .* got 3"),
 ])
 def test_malformed_tuning_files_name_the_file_and_the_problem(tmp_path, monkeypatch, content, problem):
     path = write_table(tmp_path, content)

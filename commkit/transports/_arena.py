@@ -67,8 +67,8 @@ import numpy as np
 
 from ..errors import AlgorithmNotApplicable, CommError, InvalidArgument
 
-__all__ = ["Arena", "node_arena", "node_name", "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE",
-           "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
+__all__ = ["Arena", "node_arena", "node_name", "count_nodes", "spans_nodes", "ranks_per_node", "arena_bytes",
+           "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
 
 LINE = 64
 """A cache line: the counter and the identity of each rank each have one to themselves."""
@@ -122,11 +122,15 @@ def arena_bytes() -> int:
     return -(-value // LINE) * LINE
 
 
+def spans_nodes(what: str, nodes: int) -> str:
+    """Why the node algorithms cannot run on a ``what`` (a communicator) of ``nodes`` nodes."""
+    return (f"the node algorithms need every rank of the communicator on one node, but this {what} spans {nodes} "
+            f"nodes{' (COMMKIT_RANKS_PER_NODE=' + str(ranks_per_node()) + ')' if ranks_per_node() else ''}; run "
+            "them on a communicator of one node's ranks (comm.split by node), or choose a two-sided algorithm")
+
+
 def _spans_nodes(what: str, nodes: int) -> AlgorithmNotApplicable:
-    return AlgorithmNotApplicable(
-        f"the node algorithms need every rank of the communicator on one node, but this {what} spans {nodes} "
-        f"nodes{' (COMMKIT_RANKS_PER_NODE=' + str(ranks_per_node()) + ')' if ranks_per_node() else ''}; run them "
-        "on a communicator of one node's ranks (comm.split by node), or choose a two-sided algorithm.")
+    return AlgorithmNotApplicable(spans_nodes(what, nodes) + ".")
 
 
 def _no_memory(nbytes: int, size: int, exc: BaseException) -> CommError:
@@ -270,16 +274,44 @@ class Arena:
 
 # -- MPI ---------------------------------------------------------------------------------------------
 
-def _mpi_arena(transport) -> Arena:
+def _mpi_node(comm):
+    """This rank's node: the ranks of ``comm`` that share its memory (and its emulated node, when one is set)."""
     from mpi4py import MPI
 
-    comm = transport.comm
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     k = ranks_per_node()
     if k is not None:
         emulated = node.Split(MPI.COMM_WORLD.Get_rank() // k, comm.Get_rank())
         node.Free()
         node = emulated
+    return node
+
+
+def count_nodes(transport) -> int:
+    """How many nodes ``transport``'s communicator spans; 1 when all its ranks share one node's memory.
+
+    Collective under MPI (every rank of the communicator calls it, as when the
+    communicator is made); in the threads world every rank is on one node
+    unless ``COMMKIT_RANKS_PER_NODE`` says otherwise, read at each call.
+    """
+    if transport.name != "mpi":
+        k = ranks_per_node()
+        return 1 if k is None else len({w // k for w in transport.ranks})
+    comm = transport.comm
+    node = _mpi_node(comm)
+    try:
+        if node.Get_size() == comm.Get_size():
+            return 1  # (then every rank's node holds every rank: all return here, none sums below)
+        return comm.allreduce(1 if node.Get_rank() == 0 else 0)
+    finally:
+        node.Free()
+
+
+def _mpi_arena(transport) -> Arena:
+    from mpi4py import MPI
+
+    comm = transport.comm
+    node = _mpi_node(comm)
     if node.Get_size() != comm.Get_size():
         # Every node is then smaller than the communicator: every rank raises here, none allocates.
         nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
