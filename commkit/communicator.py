@@ -426,6 +426,18 @@ class Communicator(VectorCollectives):
         """``"local"``, ``"mpi"`` or ``"nccl"``."""
         return self._base.name
 
+    @property
+    def nodes(self) -> int | None:
+        """How many nodes this communicator's ranks span (1: they share one node's memory), or None.
+
+        None where the transport has no shared-memory arena (NCCL). Under MPI it
+        was found when the communicator was made (``MPI_Comm_split_type``); the
+        threads world is one node unless ``COMMKIT_RANKS_PER_NODE`` splits it. The
+        node algorithms (``shm``) need 1, and the selector's ``one_node`` rules
+        (:mod:`commkit.selection`) match only then.
+        """
+        return self._node_why(None)[0]
+
     def __repr__(self) -> str:
         state = "freed" if self._closed else f"rank {self.rank} of {self.size}"
         return f"<commkit.Communicator {self.transport_name}: {state}>"
@@ -867,7 +879,7 @@ class Communicator(VectorCollectives):
                 f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
             )
 
-    def _node_why(self, call: Call, persistent: bool = False):
+    def _node_why(self, call: Call | None, persistent: bool = False):
         """``(nodes, why)`` for the selector: how many nodes the ranks span, and why this call cannot use them.
 
         ``why`` is None when a node algorithm can run the call; else it says why
@@ -884,7 +896,7 @@ class Communicator(VectorCollectives):
             return nodes, ("persistent collectives run compiled plans, and this algorithm's schedule has one-sided "
                            "steps on the node arena, which only the interpreter runs; use the blocking or i-form, or "
                            "another algorithm")
-        if call.xp is not np:
+        if call is not None and call.xp is not np:
             return nodes, ("the node arena is host memory and these arrays are on a device; choose a two-sided "
                            "algorithm")
         return nodes, None

@@ -538,6 +538,7 @@ from mpi4py import MPI as M
 comm = ck.init()
 raw = M.COMM_WORLD.Dup()
 one_node = "COMMKIT_RANKS_PER_NODE" not in os.environ
+assert comm.nodes == (1 if one_node else 2), comm.nodes
 n = 1 << 18  # 1 MiB of float32: the shipped table's shm rules start here at 2 ranks on one node
 for trial in range(3):  # the first call, the second (its plan) and the third (compiled where it can be)
     rng = np.random.default_rng([trial, comm.rank])
@@ -590,3 +591,9 @@ def test_the_threads_world_keeps_the_two_sided_default():
         return comm.last_algorithm, float(y[0])
 
     assert ck.run_local(body, size=2) == [("ring", 2.0)] * 2
+
+
+def test_nodes_counts_what_the_emulation_knob_splits(monkeypatch):
+    assert ck.run_local(lambda comm: comm.nodes, size=3) == [1, 1, 1]
+    monkeypatch.setenv("COMMKIT_RANKS_PER_NODE", "2")
+    assert ck.run_local(lambda comm: comm.nodes, size=5) == [3] * 5
