@@ -29,8 +29,8 @@ broadcast (``Bcast``), reduce (``Reduce``), gather and scatter (``Gather``,
 ``Scatter``; the size is one rank's block), allgather (``Allgather``),
 reduce_scatter (``Reduce_scatter_block``), and alltoall (``Alltoall``; the size
 is one rank's whole input, p blocks), and barrier (``Barrier``: no data, what a
-node call's waits cost, timed at every size alike); ``commkit``, the default selection's
-two-sided algorithm, runs beside each (the broadcast in place too, as
+node call's waits cost, timed at every size alike); ``commkit``, the default selection
+(a two-sided algorithm, or ``shm`` where the table names it), runs beside each (the broadcast in place too, as
 ``Bcast`` is); broadcast, allgather, reduce_scatter and
 alltoall also on shared arrays (``shm shared``; the broadcast in place, as
 ``Bcast`` is). Every ``shm`` result is checked
