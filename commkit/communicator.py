@@ -48,9 +48,9 @@ from .ops import MAX, get_op
 from .plan import (SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile_ops, nonblocking_steps,
                    persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe, native_timeout_error,
-                       run_schedule, writes_input)
-from .transports._arena import count_nodes, node_name
+from .schedule import (CLAIM, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
+                       native_timeout_error, run_schedule, writes_input)
+from .transports._arena import arena_bytes, count_nodes, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -901,6 +901,18 @@ class Communicator(VectorCollectives):
                            "algorithm")
         return nodes, None
 
+    def _arena_too_small(self, choice, call: Call):
+        """Why the node arena cannot hold ``call``'s chunks under ``choice`` (a node algorithm), or None if it can."""
+        itemsize = call.dtype.itemsize if call.dtype is not None else 1
+        segment = None if choice.segment is None else max(1, choice.segment // itemsize)
+        claim = next((step for step in self._steps(choice.algorithm, call, segment) if step.kind == CLAIM), None)
+        made = getattr(self._coll, "__dict__", {}).get("_node_arena")  # (its size was read when it was made)
+        have = made.slot_bytes if made is not None else arena_bytes()
+        if claim is None or claim.elements * itemsize <= have:
+            return None
+        return (f"this call's chunks need {claim.elements * itemsize} bytes of node arena slot per rank, and the "
+                f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
+
     def _plan(self, call: Call, algorithm, persistent: bool = False):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
@@ -923,6 +935,13 @@ class Communicator(VectorCollectives):
         nodes, node_why = self._node_why(call, persistent)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
                                   node_why, transport.name)
+        if not choice.forced and algorithms.is_node_only(choice.algorithm):
+            # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
+            # or COMMKIT_SEGMENT_ELEMENTS large) takes the next rule instead of failing where a two-sided one runs.
+            node_why = self._arena_too_small(choice, call)
+            if node_why is not None:
+                choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
+                                          nodes, node_why, transport.name)
         alg = choice.algorithm
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None

@@ -92,14 +92,19 @@ _RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max
 
 
 class Choice:
-    """The selected algorithm, its segment size (bytes, or None for the default) and why it was selected."""
+    """The selected algorithm, its segment size (bytes, or None for the default) and why it was selected.
 
-    __slots__ = ("algorithm", "reason", "segment")
+    ``forced`` is True when the caller or the environment named the algorithm
+    (not a table or the fallback).
+    """
 
-    def __init__(self, algorithm, reason: str, segment: int | None = None):
+    __slots__ = ("algorithm", "reason", "segment", "forced")
+
+    def __init__(self, algorithm, reason: str, segment: int | None = None, forced: bool = False):
         self.algorithm = algorithm
         self.reason = reason
         self.segment = segment
+        self.forced = forced
 
     def __repr__(self) -> str:
         seg = f", segment {self.segment} B" if self.segment is not None else ""
@@ -255,7 +260,7 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
         why = _why_not(alg, size, op, native_ok, nodes, node_why)
         if why is None:
             seg = f", segment {segment} B" if segment is not None else ""
-            return Choice(alg, f"forced by {source}{seg}", segment)
+            return Choice(alg, f"forced by {source}{seg}", segment, forced=True)
         if os.environ.get("COMMKIT_FALLBACK", "").lower() != "warn":
             raise AlgorithmNotApplicable(f"{why} (forced by {source}); set COMMKIT_FALLBACK=warn to fall back instead.")
         warnings.warn(f"{why}; falling back to automatic selection.", RuntimeWarning, stacklevel=3)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -597,3 +599,36 @@ def test_nodes_counts_what_the_emulation_knob_splits(monkeypatch):
     assert ck.run_local(lambda comm: comm.nodes, size=3) == [1, 1, 1]
     monkeypatch.setenv("COMMKIT_RANKS_PER_NODE", "2")
     assert ck.run_local(lambda comm: comm.nodes, size=5) == [3] * 5
+
+
+@pytest.mark.parametrize("env", [{"COMMKIT_NODE_ARENA_BYTES": "65536"}, {"COMMKIT_SEGMENT_ELEMENTS": str(1 << 22)}])
+def test_a_table_rule_for_the_node_engine_yields_to_an_arena_too_small_for_the_call(tmp_path, monkeypatch, env):
+    # The shipped shm rules hold under MPI only; a tuning file's rule for the threads world shows the same path.
+    # An arena set small, or segments set large for the pipelined algorithms, must not turn a call the two-sided
+    # default runs into an error: the rule is passed over. Forced by name, the call still says why it cannot run.
+    table = {"allreduce": [{"one_node": True, "algorithm": "shm", "reason": "test"},
+                           {"algorithm": "ring", "reason": "test"}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("COMMKIT_TUNING", str(path))
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def body(comm):
+        x = np.full(1 << 21, comm.rank + 1.0, np.float32)  # 8 MiB: in one chunk of 4M elements, 16 MiB of slot
+        small = comm.allreduce(x[:1000])  # fits the arena: the rule holds
+        assert comm.last_algorithm == "shm", comm.last_choice
+        got = comm.allreduce(x)
+        algorithm = comm.last_algorithm
+        try:
+            comm.allreduce(x, algorithm="shm")
+        except InvalidArgument as exc:
+            error = str(exc)
+        else:
+            error = ""
+        return float(small[0]), float(got[0]), algorithm, error
+
+    for small, value, algorithm, error in ck.run_local(body, size=2):
+        assert (small, value, algorithm) == (3.0, 3.0, "ring")
+        assert "bytes of slot per rank, but the node arena has" in error, error
