@@ -39,7 +39,7 @@ class Op:
         kinds: NumPy dtype kinds (``"biufc"`` letters) the op accepts.
     """
 
-    __slots__ = ("fn", "commutative", "name", "identity", "kinds", "is_ufunc")
+    __slots__ = ("fn", "commutative", "name", "identity", "kinds", "is_ufunc", "fresh_for_complex")
 
     def __init__(
         self,
@@ -57,6 +57,20 @@ class Op:
         self.identity = identity
         self.kinds = kinds
         self.is_ufunc = isinstance(fn, np.ufunc)
+        # NumPy multiplies complex numbers with fused multiply-adds in one loop and without in another, and
+        # picks the loop by whether the output overlaps an input: x *= y and z = x * y can differ in the last
+        # bit. Two ranks that fold the same values, one in place and one not, would then hold different
+        # results; a complex product is therefore always computed into new memory (see out_of_place).
+        self.fresh_for_complex = fn is np.multiply
+
+    def out_of_place(self, dtype) -> bool:
+        """Whether a fold of ``dtype`` must compute into new memory, then copy (``into[...] = fn(a, b)``).
+
+        True for functions that are not ufuncs (they return their result), and
+        for a complex product, whose last bit NumPy's in-place loop rounds
+        differently: every rank that computes the same fold then gets the same bits.
+        """
+        return not self.is_ufunc or (self.fresh_for_complex and dtype.kind == "c")
 
     def __repr__(self) -> str:
         return f"Op({self.name!r}, commutative={self.commutative})"
@@ -77,7 +91,7 @@ class Op:
         """
         if src is None:
             src = into
-        if self.is_ufunc:
+        if self.is_ufunc and not (self.fresh_for_complex and into.dtype.kind == "c"):
             if operand_first:
                 self.fn(operand, src, out=into)
             else:

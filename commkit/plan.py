@@ -112,7 +112,7 @@ def _reduce_op(step, bufs, slots=None):
                           _view(bufs, step.src, slots))
     fn = step.op.fn
     a, b = (operand, src) if step.operand_first else (src, operand)
-    if step.op.is_ufunc:
+    if not step.op.out_of_place(into.dtype):
         def run(tag, fn=fn, a=a, b=b, out=into):
             fn(a, b, out=out)
         return inline(run, "{0}({1}, {2}, out={3})", (fn, a, b, into))

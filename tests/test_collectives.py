@@ -243,3 +243,33 @@ def test_binomial_gather_and_scatter_copy_no_more_than_the_blocks_that_wrap(coll
             assert copied[0] == count, copied
         leaves = [r for r in range(p) if not algorithms.tree.binomial_children((r - root) % p, p) and r != root]
         assert leaves and all(copied[r] == 0 for r in leaves), (root, copied)
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 7, 8])
+@pytest.mark.parametrize("dtype", [np.complex128, np.complex64])
+def test_every_rank_holds_the_same_bits_of_a_complex_product(p, dtype):
+    # NumPy's in-place complex multiply rounds differently from its out-of-place one (it fuses a multiply-add
+    # in one loop and not the other), and an algorithm whose ranks fold the same values, one in place and one
+    # not (recursive doubling at p = 7: ranks that took part in the fold and ranks that did not), left them
+    # with different results. Every allreduce algorithm, at the first call, the compiled plans and in place.
+    names = [name for name in ck.algorithms.for_collective("allreduce") if name not in ("native", "hier")]
+
+    def body(comm):
+        differs = []
+        for count in (1, 3, 7, 100):
+            rng = np.random.default_rng([comm.rank, count, p])
+            x = (rng.standard_normal(count) + 1j * rng.standard_normal(count)).astype(dtype)
+            for name in names:
+                try:
+                    got = [comm.allreduce(x, "prod", algorithm=name) for _ in range(3)]  # the third runs a plan
+                except ck.AlgorithmNotApplicable:
+                    continue
+                inplace = x.copy()
+                comm.allreduce(inplace, "prod", out=inplace, algorithm=name)
+                mine = [y.tobytes() for y in got + [inplace]]
+                everyone = comm.allgather_object(mine)
+                if any(theirs != everyone[0] for theirs in everyone):
+                    differs.append((name, count))
+        return differs
+
+    assert ck.run_local(body, size=p)[0] == []
