@@ -564,6 +564,12 @@ for trial in range(3):  # the first call, the second (its plan) and the third (c
     raw.Gather(half, gref, root=0)
     if comm.rank == 0:
         np.testing.assert_array_equal(gat.reshape(-1), gref)
+    blocks = x.reshape(2, -1)  # 1 MiB scattered
+    sc = comm.scatter(blocks if comm.rank == 1 else None, root=1, out=np.empty(n // 2, np.float32))
+    assert comm.last_algorithm == ("shm" if one_node else "binomial"), comm.last_choice
+    scref = np.empty(n // 2, np.float32)
+    raw.Scatter(blocks, scref, root=1)
+    np.testing.assert_array_equal(sc, scref)
 # A persistent request cannot run one-sided steps: the table's next rule serves it, on the same shape.
 req = comm.allreduce_init(x)
 req.start()
