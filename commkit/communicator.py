@@ -45,8 +45,8 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import (SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile_ops, nonblocking_steps,
-                   persistent_steps, stand_in, timed_native)
+from .plan import (NOT_PERSISTENT, SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
+                   nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
                        native_timeout_error, run_schedule, writes_input)
@@ -893,9 +893,7 @@ class Communicator(VectorCollectives):
                           "need; choose a two-sided algorithm")
         nodes = self._node_count if self._node_count is not None else count_nodes(transport)
         if persistent:
-            return nodes, ("persistent collectives run compiled plans, and this algorithm's schedule has one-sided "
-                           "steps on the node arena, which only the interpreter runs; use the blocking or i-form, or "
-                           "another algorithm")
+            return nodes, NOT_PERSISTENT
         if call is not None and call.xp is not np:
             return nodes, ("the node arena is host memory and these arrays are on a device; choose a two-sided "
                            "algorithm")

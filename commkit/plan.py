@@ -193,6 +193,11 @@ def _pooled_transfer(k: int):
                        f"{t})", ())
 
 
+NOT_PERSISTENT = ("persistent collectives run compiled plans, and this algorithm's schedule has one-sided steps on the "
+                  "node arena, which only the interpreter runs; use the blocking or i-form, or another algorithm")
+"""Why a persistent request cannot run a node algorithm (the selector is told so, and a forced one says it)."""
+
+
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
                 pooled=False) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
@@ -213,9 +218,7 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     """
     if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
         if persistent_tag is not None:
-            raise AlgorithmNotApplicable(
-                "persistent collectives run compiled plans, and this algorithm's schedule has one-sided steps on "
-                "the node arena, which only the interpreter runs; use the blocking or i-form, or another algorithm.")
+            raise AlgorithmNotApplicable(NOT_PERSISTENT + ".")
         return None
     ops = []
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it

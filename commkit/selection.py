@@ -222,7 +222,6 @@ def _why_not(alg, size, op, native_ok, nodes, node_why) -> str | None:
     return alg.why_not(size, op)
 
 
-
 def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
            native_ok: bool = False, nodes: int | None = None, node_why: str | None = None,
            transport: str | None = None) -> Choice:
