@@ -570,6 +570,16 @@ for trial in range(3):  # the first call, the second (its plan) and the third (c
     scref = np.empty(n // 2, np.float32)
     raw.Scatter(blocks, scref, root=1)
     np.testing.assert_array_equal(sc, scref)
+# Arrays every rank of the node can read: the default's shm reads peers' arrays where they lie (no slot).
+if one_node:
+    xs, outs = comm.shared_empty(n, np.float32), comm.shared_empty(n, np.float32)
+    xs[:] = x
+    with ck.trace() as traced:
+        comm.allreduce(xs, out=outs)
+    assert comm.last_algorithm == "shm", comm.last_choice
+    np.testing.assert_array_equal(outs, y)
+    names = {name for e in traced.events if e["rank"] == comm.rank for name in (e["range"][0], e["src_range"][0])}
+    assert f"out@{1 - comm.rank}" in names and not any(name.startswith("slot") for name in names), names
 # A persistent request cannot run one-sided steps: the table's next rule serves it, on the same shape.
 req = comm.allreduce_init(x)
 req.start()
