@@ -45,10 +45,10 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import (NOT_PERSISTENT, SEEN, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
+from .plan import (SEEN, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
                    nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
                        native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
@@ -879,21 +879,19 @@ class Communicator(VectorCollectives):
                 f"ranks disagree about collective call #{seq} (seen on rank {self.rank}):\n  " + "\n  ".join(lines)
             )
 
-    def _node_why(self, call: Call | None, persistent: bool = False):
+    def _node_why(self, call: Call | None):
         """``(nodes, why)`` for the selector: how many nodes the ranks span, and why this call cannot use them.
 
         ``why`` is None when a node algorithm can run the call; else it says why
-        not: the transport has no arena, the request is persistent (compiled plans
-        run no one-sided steps), or the arrays are on a device (the arena is host
-        memory). Every rank answers alike: the same call on the same communicator.
+        not: the transport has no arena, or the arrays are on a device (the arena
+        is host memory). Every rank answers alike: the same call on the same
+        communicator.
         """
         transport = self._coll
         if getattr(transport, "arena", None) is None:
             return None, (f"the {transport.name} transport has no shared-memory arena, which the node algorithms "
                           "need; choose a two-sided algorithm")
         nodes = self._node_count if self._node_count is not None else count_nodes(transport)
-        if persistent:
-            return nodes, NOT_PERSISTENT
         if call is not None and call.xp is not np:
             return nodes, ("the node arena is host memory and these arrays are on a device; choose a two-sided "
                            "algorithm")
@@ -911,7 +909,7 @@ class Communicator(VectorCollectives):
         return (f"this call's chunks need {claim.elements * itemsize} bytes of node arena slot per rank, and the "
                 f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
 
-    def _plan(self, call: Call, algorithm, persistent: bool = False):
+    def _plan(self, call: Call, algorithm):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -922,15 +920,13 @@ class Communicator(VectorCollectives):
         identity, :mod:`commkit.identity`) and its flight-recorder signature.
         """
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        if persistent:
-            key += ("persistent",)
         transport = self._coll
         if call.collective == "barrier" or call.dtype is None:
             native_ok = hasattr(transport, "native")
         else:
             native_ok = hasattr(transport, "native_supports") and transport.native_supports(
                 call.collective, call.dtype, call.op)
-        nodes, node_why = self._node_why(call, persistent)
+        nodes, node_why = self._node_why(call)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
                                   node_why, transport.name)
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
@@ -1245,11 +1241,27 @@ class Communicator(VectorCollectives):
                     coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
                                 inplace=inplace)
             return [(TRANSFER, run, None, (), 0)], prologue, taken
-        src, dst = call.src, call.dst
-        if "in" in slots and src is not None:  # a shape plan: no array of this call is bound
-            src = stand_in(len(src), call.dtype)
-            dst = src if call.aliased else stand_in(len(dst), call.dtype)
-        elif call.aliased:
+        if "in" in slots and call.src is not None:  # a shape plan: no array of this call is bound
+            src = stand_in(len(call.src), call.dtype)
+            bufs = {"in": src, "out": src if call.aliased else stand_in(len(call.dst), call.dtype)}
+        else:
+            bufs, prologue = self._own_buffers(call, inplace_safe)
+        if pooled:  # each run's slot holds its scratch (and its in and out, where a transfer moves them)
+            bufs["out"] = stand_in(len(call.dst), call.dtype)  # one of its own: a slot's in and out are two arrays
+            bufs["tmp"], slots = stand_in(scratch_n, call.dtype), ("in", "out", "tmp")
+        else:
+            bufs["tmp"] = self._tmp_for(call, scratch_n, private=persistent_tag is not None)
+        taken = Slots(bufs, slots) if slots else None
+        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled), prologue, taken
+
+    def _own_buffers(self, call: Call, inplace_safe: bool):
+        """``({"in": ..., "out": ...}, prologue)``: the arrays a run of ``call`` reads and writes.
+
+        In place, an algorithm that reads its input after writing its output reads a
+        copy the ``prologue`` (``prologue(tag)``, None if none is needed) saves first.
+        """
+        src, dst, prologue = call.src, call.dst, None
+        if call.aliased:
             if inplace_safe:
                 src = call.dst
             else:  # the algorithm reads the input after writing the output: save the input first, each run
@@ -1257,15 +1269,11 @@ class Communicator(VectorCollectives):
 
                 def prologue(tag, dst=src, given=call.src):
                     dst[...] = given
-        private = persistent_tag is not None
-        if pooled:  # each run's slot holds its scratch (and its in and out, where a transfer moves them)
-            dst = stand_in(len(call.dst), call.dtype)  # one of its own: a slot's in and out are two arrays
-            tmp, slots = stand_in(scratch_n, call.dtype), ("in", "out", "tmp")
-        else:
-            tmp = _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
-        bufs = {"in": src, "out": dst, "tmp": tmp}
-        taken = Slots(bufs, slots) if slots else None
-        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled), prologue, taken
+        return {"in": src, "out": dst}, prologue
+
+    def _tmp_for(self, call: Call, scratch_n: int, private: bool):
+        """The scratch ``"tmp"`` of a run of ``call``: none, the communicator's, or its own (``private``)."""
+        return _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
 
     def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False, pool=None) -> Plan | None:
         """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
@@ -1510,8 +1518,8 @@ class Communicator(VectorCollectives):
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm, "persistent")
-        plan = self._plans.get(key) or self._plan(call, algorithm, persistent=True)
+        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        plan = self._plans.get(key) or self._plan(call, algorithm)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         if call.has_result and call.result is None:
             call.result = call.dst.reshape(call.shape)
@@ -1537,6 +1545,11 @@ class Communicator(VectorCollectives):
             chan, number, release = self._persistent_channels.claim()
             base = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, name))
             tag = self._layout.tag(base, number)
+            if any(step.kind in ONE_SIDED for step in steps):  # (compiled plans run no one-sided step)
+                bufs, prologue = self._own_buffers(call, inplace_safe)
+                bufs["tmp"] = self._tmp_for(call, scratch_n, private=True)
+                return InterpretedPersistentRequest(self, steps, bufs, chan, tag, call.collective, name, signature,
+                                                    result, finish, prologue, timeout, release)
             ops, prologue, _ = self._bound(call, plan, persistent_tag=tag, chan=chan)
         return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
                                  timeout, native, release)

@@ -45,11 +45,11 @@ from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
-from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, native_timeout_error, timeout_error,
+from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, ScheduleRun, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["SEEN", "Plan", "PersistentPool", "PersistentRequest", "Slots", "compile_ops", "nonblocking_steps",
-           "persistent_steps", "stand_in", "timed_native"]
+__all__ = ["SEEN", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest", "Slots",
+           "compile_ops", "nonblocking_steps", "persistent_steps", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -193,11 +193,6 @@ def _pooled_transfer(k: int):
                        f"{t})", ())
 
 
-NOT_PERSISTENT = ("persistent collectives run compiled plans, and this algorithm's schedule has one-sided steps on the "
-                  "node arena, which only the interpreter runs; use the blocking or i-form, or another algorithm")
-"""Why a persistent request cannot run a node algorithm (the selector is told so, and a forced one says it)."""
-
-
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
                 pooled=False) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
@@ -213,12 +208,13 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     with ``pooled`` too (a timed shape plan with a :class:`PersistentPool`)
     transfer ``k`` is the run's slot's ``_t{k}`` (:func:`_pooled_transfer`).
     Returns None, so the shape keeps the interpreter, for a schedule with steps
-    of another kind (the node arena's one-sided steps); a persistent request
-    cannot run one and raises :class:`~commkit.errors.AlgorithmNotApplicable`.
+    of another kind (the node arena's one-sided steps; a persistent request of
+    one is an :class:`InterpretedPersistentRequest`).
     """
     if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
-        if persistent_tag is not None:
-            raise AlgorithmNotApplicable(NOT_PERSISTENT + ".")
+        if persistent_tag is not None:  # (the communicator gives those an InterpretedPersistentRequest)
+            raise TypeError("one-sided steps run only in the interpreter; a persistent request of such a schedule "
+                            "is an InterpretedPersistentRequest.")
         return None
     ops = []
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
@@ -893,6 +889,19 @@ class PersistentRequest(Request):
 
     def start(self) -> "PersistentRequest":
         """Begin one run of the collective (never blocks). Returns the request."""
+        self._begin()
+        if self._native is not None:
+            self._native.Start()  # the library progresses it; test() and wait() look at it
+            return self
+        self._index = 0
+        self._pending = None
+        if self._driven:
+            self._comm._progress.add(self)
+        self._advance()
+        return self
+
+    def _begin(self) -> None:
+        """What every start does first: refuse a misuse, take the call number and its flight record, the prologue."""
         if self._freed:
             raise InvalidArgument(f"this persistent {self._collective} was freed; create a new one.")
         if self._active:
@@ -909,15 +918,6 @@ class PersistentRequest(Request):
         self._active = self._running = True
         if self._prologue is not None:
             self._prologue(self._tag)
-        if self._native is not None:
-            self._native.Start()  # the library progresses it; test() and wait() look at it
-            return self
-        self._index = 0
-        self._pending = None
-        if self._driven:
-            comm._progress.add(self)
-        self._advance()
-        return self
 
     def _still_active(self, before: str) -> InvalidArgument:
         return InvalidArgument(f"this persistent {self._collective} is active: complete it with wait() (or a "
@@ -1097,4 +1097,75 @@ class PersistentRequest(Request):
     def __repr__(self) -> str:
         state = "freed" if self._freed else ("running" if self._running else "active" if self._active else "inactive")
         return f"<commkit.PersistentRequest {self._collective} ({self._algorithm}): {state}>"
+
+
+class InterpretedPersistentRequest(PersistentRequest):
+    """A persistent collective whose schedule has one-sided steps (the node algorithms, docs/node.md).
+
+    Compiled plans run no one-sided step, so each ``start()`` runs the schedule
+    through the interpreter on the request's buffers, as an i-form does
+    (:class:`~commkit.schedule.ScheduleRun`), with the request's own tag (its
+    identity on its channel's arena) and a new call number. Everything else is
+    :class:`PersistentRequest`'s: the same misuse is refused, the same flight
+    record kept, a timeout breaks the communicator alike. The first start makes
+    its channel's arena, the library's collective (after a timed check that every
+    rank has come), so that one start waits until every rank has started.
+    """
+
+    def __init__(self, comm, steps, bufs, chan, tag, collective, algorithm, signature, result, finish=None,
+                 prologue=None, timeout=None, release=None):
+        super().__init__(comm, (), tag, collective, algorithm, signature, result, finish, prologue, timeout,
+                         release=release)
+        self._steps, self._bufs, self._chan = steps, bufs, chan
+        self._run = None
+
+    def start(self) -> "InterpretedPersistentRequest":
+        """Begin one run of the collective (never blocks). Returns the request."""
+        self._begin()
+        comm = self._comm
+        info = (self._collective, self._algorithm, self._seq, comm.rank, None)
+        try:
+            self._run = ScheduleRun(iter(self._steps), self._bufs, self._chan, self._tag, self._timeout, info,
+                                    self._finish, comm._progress, comm._recorder, self._rec,
+                                    comm._collective_timed_out, self._result_value)
+        except BaseException:
+            self._active = self._running = False
+            raise
+        return self
+
+    @property
+    def done(self) -> bool:
+        """Whether no run is in progress (without making progress)."""
+        return not self._running or self._run._done
+
+    def _ended(self) -> None:
+        self._active = self._running = False
+        self._result = self._run._result
+
+    def test(self) -> bool:
+        """Advance without blocking; True once the current run is complete (or none was started)."""
+        if not self._running:
+            self._active = False
+            return True
+        try:
+            if not self._run.test():
+                return False
+        except BaseException:
+            self._active = self._running = False
+            raise
+        self._ended()
+        return True
+
+    def wait(self, timeout: float | None = None):
+        """Block until the current run completes; return its result (the output array, or None)."""
+        if not self._running:
+            self._active = False
+            return self._result
+        try:
+            self._run.wait(timeout)
+        except BaseException:
+            self._active = self._running = False
+            raise
+        self._ended()
+        return self._result
 

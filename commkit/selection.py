@@ -45,9 +45,9 @@ The communicator turns it into elements (at least one) for the call's dtype.
 
 The node algorithms (``shm``) run only where the caller says they can
 (``nodes=1`` and no ``node_why``): the communicator tells its node count
-and why a call cannot use the arena (a persistent request, device arrays, a
-transport without one). A caller that says nothing (``nodes=None``) matches no
-``one_node`` rule, and a forced node algorithm is then checked when it runs.
+and why a call cannot use the arena (device arrays, a transport without one,
+chunks larger than its slots). A caller that says nothing (``nodes=None``) gets no
+node algorithm from a table, and a forced one is then checked when it runs.
 
 A forced algorithm (argument or environment) that cannot run the call raises
 :class:`~commkit.errors.AlgorithmNotApplicable`, unless
@@ -272,6 +272,8 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
         for rule in table.get(collective, ()):
             if _matches(rule, size, nbytes, op, one_node, transport):
                 alg = algorithms.get(collective, rule["algorithm"])
+                if algorithms.is_node_only(alg) and not one_node:
+                    continue  # a table's node algorithm runs only where the caller says every rank shares one node
                 if _why_not(alg, size, op, native_ok, nodes, node_why) is None:
                     segment = rule.get("segment_bytes")
                     seg = f" (segment {segment} B)" if segment is not None else ""

@@ -379,8 +379,6 @@ def test_repeated_and_nonblocking_calls_keep_the_interpreter():
         first = comm.iallreduce(x, algorithm="shm:64")
         second = comm.iallreduce(2 * x, algorithm="shm:64")
         late = second.wait(), first.wait()  # in the other order
-        with pytest.raises(AlgorithmNotApplicable, match="one-sided"):
-            comm.allreduce_init(x, algorithm="shm")
         return runs, late
 
     p = 3
@@ -390,6 +388,72 @@ def test_repeated_and_nonblocking_calls_keep_the_interpreter():
             np.testing.assert_array_equal(run, want)
         np.testing.assert_array_equal(first, want)
         np.testing.assert_array_equal(second, 2 * want)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_persistent_requests_run_the_node_algorithms_through_the_interpreter(p):
+    # Compiled plans run no one-sided step: each start runs the schedule on the request's own buffers, with a new
+    # call number, as an i-form does. Restarted with new data, in place, overlapped with two-sided calls and an
+    # i-form, with two requests in flight started in one order and waited in the other; every result against the
+    # blocking form's, and a request's misuse refused as a compiled one's is.
+    def body(comm):
+        got = []
+        x = np.zeros(70_001, np.float32)
+        y = np.zeros(5, np.float64)
+        big = comm.allreduce_init(x, algorithm="shm:16K")  # several chunks through the arena
+        small = comm.reduce_init(y, "max", root=p - 1, algorithm="shm")
+        inplace = np.zeros(9)
+        mine = comm.allreduce_init(inplace, out=inplace, algorithm="shm")
+        assert "(shm)" in repr(big) and "(shm)" in repr(small)
+        for k in range(3):
+            x[:] = np.arange(70_001, dtype=np.float32) * (comm.rank + k)
+            y[:] = comm.rank * (k + 1.0)
+            inplace[:] = comm.rank + k
+            big.start()
+            small.start()
+            side = comm.iallreduce(np.full(3, k + 1.0), algorithm="ring")
+            with pytest.raises(InvalidArgument, match="is active"):
+                big.start()
+            smallest = small.wait()
+            biggest = big.wait()
+            mine.start()
+            got.append((biggest.copy(), None if smallest is None else smallest.copy(), mine.wait().copy(),
+                        side.wait().copy(), comm.allreduce(x, algorithm="ring")))
+        for request in (big, small, mine):
+            request.free()
+        with pytest.raises(InvalidArgument, match="was freed"):
+            big.start()
+        return got
+
+    for r, got in enumerate(ck.run_local(body, size=p)):
+        for k, (biggest, smallest, mine, side, ring) in enumerate(got):
+            np.testing.assert_allclose(biggest, ring, rtol=1e-6)
+            np.testing.assert_array_equal(mine, np.full(9, sum(q + k for q in range(p))))
+            np.testing.assert_array_equal(side, np.full(3, p * (k + 1.0)))
+            if r == p - 1:
+                np.testing.assert_array_equal(smallest, np.full(5, (p - 1) * (k + 1.0)))
+            else:
+                assert smallest is None
+
+
+def test_a_persistent_node_request_whose_peer_never_starts_times_out_naming_it():
+    # The first start makes the arena of the request's channel (the library's collective, after a timed check
+    # that every rank has come); a later start whose peer never comes times out in wait(), naming the peer.
+    def body(comm):
+        request = comm.allreduce_init(np.ones(10), algorithm="shm", timeout=0.3)
+        request.start()
+        request.wait()
+        if comm.rank == 1:
+            return None  # never starts it again
+        request.start()
+        with pytest.raises(CommTimeout) as info:
+            request.wait()
+        with pytest.raises(ck.CommBroken):
+            comm.allreduce(np.ones(2), algorithm="ring")
+        return str(info.value)
+
+    message = ck.run_local(body, size=2)[0]
+    assert "allreduce #1 (algorithm 'shm')" in message and "waiting for rank(s) 1" in message, message
 
 
 def test_emulated_nodes_on_threads(monkeypatch):
@@ -580,11 +644,12 @@ if one_node:
     np.testing.assert_array_equal(outs, y)
     names = {name for e in traced.events if e["rank"] == comm.rank for name in (e["range"][0], e["src_range"][0])}
     assert f"out@{1 - comm.rank}" in names and not any(name.startswith("slot") for name in names), names
-# A persistent request cannot run one-sided steps: the table's next rule serves it, on the same shape.
+# A persistent request of the same shape runs the same algorithm (its steps through the interpreter).
 req = comm.allreduce_init(x)
-req.start()
-np.testing.assert_array_equal(req.wait(), y)
-assert "(ring)" in repr(req), repr(req)
+for _ in range(3):
+    req.start()
+    np.testing.assert_array_equal(req.wait(), y)
+assert ("(shm)" if one_node else "(ring)") in repr(req), repr(req)
 req.free()
 assert np.array_equal(comm.allreduce(x), y) and comm.last_algorithm == ("shm" if one_node else "ring")
 print("ok", comm.rank, flush=True)

@@ -42,7 +42,7 @@ peer has read its arrays, before the caller may write them again.
 
 Restrictions: every rank of the communicator on one node (MPI's
 ``COMM_TYPE_SHARED``; ``COMMKIT_RANKS_PER_NODE`` emulates nodes for tests);
-not for persistent requests. Costs are in the simulator's node terms (see
+persistent requests run them through the interpreter at each start. Costs are in the simulator's node terms (see
 :mod:`commkit.sim`): a wait is one α (a flag crossing cores, plus a step of
 Python), a copy into or out of the arena β per byte, a fold of k slots
 (k-1)γ per byte.
