@@ -169,6 +169,23 @@ def test_the_slowest_rank_decides_and_every_rank_returns_the_same_table(monkeypa
     assert [(r["min_bytes"], r.get("max_bytes")) for r in rules] == [(64 * K, 64 * K), (1 * M, None)]
 
 
+def test_every_rank_returns_the_same_reduce_points(monkeypatch):
+    # Each rank times the reduction itself; the table keeps the ranks' mean, as it does for gamma.
+    _fixed_constants(monkeypatch)
+    _fake_samples(monkeypatch, {})
+
+    def measure_gamma(dtype, op, sizes, reps=5):
+        rank = int(threading.current_thread().name.rsplit("-", 1)[1])
+        return GAMMA * (1 + rank), [(n, GAMMA * n * (1 + rank)) for n in sizes]
+
+    monkeypatch.setattr(tune, "measure_gamma", measure_gamma)
+    tables = _tune(["allreduce"])
+    assert tables[0] == tables[1]
+    assert tables[0]["measured"]["gamma"] == pytest.approx(1.5 * GAMMA)
+    assert [t for _, t in tables[0]["measured"]["reduce_points"]] == pytest.approx(
+        [1.5 * GAMMA * n for n, _ in tables[0]["measured"]["reduce_points"]])
+
+
 def test_a_wrong_result_never_wins(monkeypatch):
     _fixed_constants(monkeypatch)
     _fake_samples(monkeypatch, {"allreduce": set(QUICK_LADDER)}, wrong_at={("allreduce", 1 * M)})
