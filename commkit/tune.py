@@ -492,8 +492,8 @@ def node_rules(p: int, transport: str, probes, reps: int) -> list[dict]:
         else:
             rule["max_bytes"] = int(won[-1]["bytes"])
         rule["algorithm"] = "shm"
-        rule["reason"] = (f"{'; '.join(notes)} (commkit tune on {p} ranks of one node, {transport} transport, "
-                          f"{reps} reps, interleaved; the median of the slowest rank)")
+        rule["reason"] = (f"{'; '.join(notes)} (commkit tune, measured on {p} ranks of one node, {transport} "
+                          f"transport, {reps} reps, interleaved; the median of the slowest rank)")
         rules.append(rule)
         i = j + 1
     return rules

@@ -126,7 +126,7 @@ def test_one_rule_per_winning_range_before_the_models_rules(tmp_path, monkeypatc
         f"measured: shm 1000000.0 us against {other[256 * K]} 2000000.0 us at 256 KiB, shm 1000000.0 us against "
         f"{other[1 * M]} 2000000.0 us at 1 MiB; shm not faster by more than the spread of runs at 64 KiB (shm "
         f"3000000.0 us against {other[64 * K]} 2000000.0 us)")
-    assert "(commkit tune on 2 ranks of one node, local transport, 5 reps" in allreduce["reason"]
+    assert "(commkit tune, measured on 2 ranks of one node, local transport, 5 reps" in allreduce["reason"]
     assert "faster at the largest size measured, so the rule is left open above 2 MiB" in last["reason"]
 
     # Every probe is recorded: each collective with shm, at every size of the ladder, on every rank.
