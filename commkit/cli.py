@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Measure this machine's per-message cost (alpha), per-byte cost (beta) and per-byte "
                     "reduction cost (gamma) through commkit's own executor, derive where each algorithm wins "
                     "from the cost model, confirm each crossover with a short benchmark, time the segment sizes "
-                    "of segmented algorithms (--segments), and write a tuning file. Use it with: "
+                    "of segmented algorithms (--segments), time the node engine (shm) where every rank shares "
+                    "one node (--no-node skips it), and write a tuning file. Use it with: "
                     "export COMMKIT_TUNING=PATH. Run under mpiexec, or pass -n N.",
     )
     _job_options(tune)
@@ -113,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
                       help="segment sizes to time for segmented algorithms such as ring_pipelined, besides each "
                            "one's default, e.g. 16K,64K,256K (default 16K,64K,256K,1M; only sizes below the "
                            "measured message run); the fastest becomes the rule's segment_bytes")
+    tune.add_argument("--no-node", action="store_true",
+                      help="do not time the node engine's shm algorithms (by default, where every rank shares one "
+                           "node, tune times them against the table's choice and writes one_node rules where "
+                           "they win)")
     tune.set_defaults(func=_tune)
 
     sim = sub.add_parser(
@@ -405,7 +410,8 @@ def _tune(args, argv) -> int:
     if machine["oversubscribed"]:
         log("NOTE: more ranks than cores: the measurements include waiting for a core; use fewer ranks")
     table = tune.run(comm, procs=procs, collectives=collectives, max_bytes=max_bytes, dtype=args.dtype,
-                     op=args.op, quick=args.quick, log=log, machine=machine, segments=segments)
+                     op=args.op, quick=args.quick, log=log, machine=machine, segments=segments,
+                     node=not args.no_node)
     if comm.rank != 0:
         return 0
     from .selection import validate_table

@@ -38,6 +38,22 @@ How, and why this way:
 * Rules are bounded to the process counts they were derived for. Other
   counts (``--procs``) use the same alpha, beta, gamma and say so: they are
   model extrapolations, not measurements.
+* The node engine's algorithms (``shm``, :mod:`commkit.algorithms.node`) have
+  no place in the cost model, so where every rank shares one node
+  (``comm.nodes == 1``) a node pass measures them instead, after the model's
+  table is built: for each tuned collective with a ``shm`` algorithm, at
+  ``comm.size`` ranks only, ``shm`` runs against the algorithm the table being
+  written (then the shipped one) selects, at each size of :func:`node_ladder`
+  (interleaved, alternating which goes first, same buffers, a barrier before
+  each run; the median over repetitions of the slowest rank's time). shm wins
+  a size only by more than the spread of identical runs. Each contiguous
+  range of wins becomes one ``one_node`` rule for this transport, placed
+  before the collective's other rules, from the smallest winning size to the
+  largest: the sizes between a win and a loss stay with the table's choice,
+  and a range that reaches the largest size measured is left open above it
+  (the best evidence there is: shm won the last size measured, and the
+  table's rule above it is not measured either). Every rank gathers every
+  rank's times, so all take the same decisions and return the same table.
 """
 
 from __future__ import annotations
@@ -47,7 +63,7 @@ import time
 
 import numpy as np
 
-from . import algorithms, bench, collectives, cost
+from . import algorithms, bench, collectives, cost, selection
 from ._checks import parse_size
 from ._units import format_bytes, format_seconds
 from .algorithms.pipelined import segment_elements
@@ -56,7 +72,8 @@ from .ops import get_op
 from .schedule import CallInfo, Exchange, run_schedule
 
 __all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary",
-           "SEGMENT_LADDER", "parse_segments", "segment_candidates", "measure_segments"]
+           "SEGMENT_LADDER", "parse_segments", "segment_candidates", "measure_segments", "NODE_LADDER_START",
+           "node_ladder", "measure_node", "node_rules"]
 
 _REDUCING = collectives.REDUCING
 
@@ -354,6 +371,160 @@ def _segment_probe_size(min_bytes: int, max_bytes, cap: int) -> int | None:
     return min(max(middle, low), top)
 
 
+# -- the node pass ----------------------------------------------------------------------------------
+
+NODE_LADDER_START = 64 << 10
+"""The smallest size the node pass measures: below it a node call's waits (several microseconds of
+Python each) cost more than the copies it saves (benchmarks/node_floor.py, docs/node.md)."""
+
+
+def node_ladder(max_bytes: int, quick: bool = False) -> list[int]:
+    """The sizes the node pass measures: :data:`NODE_LADDER_START` doubling (x4 with ``quick``), then ``max_bytes``.
+
+    ``[max_bytes]`` alone when ``max_bytes`` is not above the start.
+    """
+    sizes, size = [], NODE_LADDER_START
+    while size < max_bytes:
+        sizes.append(size)
+        size *= 4 if quick else 2
+    return [*sizes, max_bytes]
+
+
+def _table_choice(table, collective, p, nbytes, op, transport) -> str:
+    """The two-sided algorithm ``table``, then the shipped table, then the fallback select for this call.
+
+    As :func:`commkit.selection.select` walks them, without ``COMMKIT_TUNING`` (the
+    table being written takes its place) and with no rule for one node matching:
+    what the call would run were there no node algorithm.
+    """
+    for rule in (*table.get(collective, ()), *selection.default_table().get(collective, ())):
+        if selection._matches(rule, p, nbytes, op, False, transport):
+            alg = algorithms.get(collective, rule["algorithm"])
+            if alg.name != "native" and not algorithms.is_node_only(alg) and alg.why_not(p, op) is None:
+                return alg.name
+    return next(name for name in selection.FALLBACK[collective]
+                if algorithms.get(collective, name).why_not(p, op) is None)
+
+
+def _node_samples(case, other, reps):
+    """This rank's seconds for ``shm`` and ``other`` on ``case`` (shape ``(2, reps)``), and shm's wrong results.
+
+    One untimed run of each first (it makes the plans and the arena, and is
+    checked); then ``reps`` rounds, each running both, which goes first
+    alternating, a barrier before every run.
+    """
+    names = ("shm", other)
+    wrong = 0
+    for name in names:
+        case.poison()
+        result = case.run(name)
+        if name == "shm" and not case.correct(result):
+            wrong += 1
+    samples = np.zeros((2, reps))
+    for i in range(reps):
+        for k in ((0, 1) if i % 2 == 0 else (1, 0)):
+            case.comm.barrier()
+            t0 = time.perf_counter()
+            case.run(names[k])
+            samples[k, i] = time.perf_counter() - t0
+    return samples, wrong
+
+
+def measure_node(comm, collective: str, nbytes: int, other: str, *, dtype="float32", op="sum",
+                 reps: int = 11) -> dict:
+    """Time ``shm`` against ``other`` for one collective and size; collective call, the same record on every rank.
+
+    Returns ``{"collective", "bytes" (as commkit.selection counts them, rounded as
+    :class:`commkit.bench.Case` rounds), "shm_seconds", "other", "other_seconds",
+    "spread", "wrong", "shm_faster"}``: the medians over ``reps`` of the slowest
+    rank's time, the larger interquartile spread of the two relative to its
+    median, shm's wrong results, and whether shm is faster by more than the spread.
+
+    Cost: ``2 * (reps + 1)`` calls of ``nbytes`` and ``2 * reps`` barriers.
+    """
+    case = bench.Case(comm, collective, nbytes, dtype, op, 0, np)
+    samples, wrong = _node_samples(case, other, reps)
+    everyone = comm.allgather_object((samples, wrong))
+    times = np.max([s for s, _ in everyone], axis=0)  # a run lasts until its slowest rank finishes
+    wrong = int(sum(w for _, w in everyone))
+    median = np.median(times, axis=1)
+    q25, q75 = np.percentile(times, [25, 75], axis=1)
+    spread = float(np.max((q75 - q25) / median)) if np.all(median > 0) else 0.0
+    t_shm, t_other = float(median[0]), float(median[1])
+    faster = wrong == 0 and t_other - t_shm > spread * t_shm
+    return {"collective": collective, "bytes": case.size, "shm_seconds": t_shm, "other": other,
+            "other_seconds": t_other, "spread": round(spread, 3), "wrong": wrong, "shm_faster": faster}
+
+
+def _us(probe) -> str:
+    return f"shm {probe['shm_seconds'] * 1e6:.1f} us against {probe['other']} {probe['other_seconds'] * 1e6:.1f} us"
+
+
+def node_rules(p: int, transport: str, probes, reps: int) -> list[dict]:
+    """One ``one_node`` rule naming ``shm`` for each contiguous range of ``probes`` (ascending sizes) shm won.
+
+    A range runs from its smallest winning size to its largest (``max_bytes``
+    left out where it reaches the last probe); its reason gives every time
+    measured in it and at the sizes that bound it.
+    """
+    rules = []
+    i = 0
+    while i < len(probes):
+        if not probes[i]["shm_faster"]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(probes) and probes[j + 1]["shm_faster"]:
+            j += 1
+        won = probes[i:j + 1]
+        rule = {"min_procs": p, "max_procs": p, "one_node": True, "transport": transport}
+        if won[0]["bytes"] > 0:
+            rule["min_bytes"] = int(won[0]["bytes"])
+        notes = ["measured: " + ", ".join(f"{_us(x)} at {_size(x['bytes'])}" for x in won)]
+        for k in (i - 1, j + 1):
+            if 0 <= k < len(probes):
+                why = "gave a wrong result" if probes[k]["wrong"] else "not faster by more than the spread of runs"
+                notes.append(f"shm {why} at {_size(probes[k]['bytes'])} ({_us(probes[k])})")
+        if j == len(probes) - 1:
+            if won[-1]["bytes"] > 0:  # (a barrier has no sizes to extrapolate to)
+                notes.append(f"faster at the largest size measured, so the rule is left open above "
+                             f"{_size(won[-1]['bytes'])} (not measured there)")
+        else:
+            rule["max_bytes"] = int(won[-1]["bytes"])
+        rule["algorithm"] = "shm"
+        rule["reason"] = (f"{'; '.join(notes)} (commkit tune, measured on {p} ranks of one node, {transport} "
+                          f"transport, {reps} reps, interleaved; the median of the slowest rank)")
+        rules.append(rule)
+        i = j + 1
+    return rules
+
+
+def _node_pass(comm, table, collectives, sizes, dtype, op, reps, log) -> None:
+    """Measure shm against the table's choice at ``comm.size`` ranks; put its rules first in ``table``."""
+    p, transport = comm.size, comm.transport_name
+    records = table["measured"]["node"] = []
+    for collective in collectives:
+        if algorithms.get(collective, "shm") is None:
+            continue
+        the_op = get_op(op) if collective in _REDUCING else None
+        probes = []
+        for nbytes in ([0] if collective == "barrier" else sizes):
+            actual = bench.actual_size(collective, p, nbytes, np.dtype(dtype).itemsize)
+            other = _table_choice(table, collective, p, actual, the_op, transport)
+            probes.append(measure_node(comm, collective, actual, other, dtype=dtype, op=op, reps=reps))
+        records.extend(probes)
+        rules = node_rules(p, transport, probes, reps)
+        table[collective] = rules + table.get(collective, [])
+        wrong = [_size(x["bytes"]) for x in probes if x["wrong"]]
+        won = ", ".join(_span(r.get("min_bytes", 0), r.get("max_bytes")) for r in rules)
+        log(f"node pass {collective}: shm {'faster at ' + won if rules else 'not faster at any size'} of "
+            f"{len(probes)} measured" + (f"; WRONG RESULTS from shm at {', '.join(wrong)}" if wrong else ""))
+
+
+def _span(lo, hi) -> str:
+    return f"{_size(lo)}-{_size(hi)}" if hi is not None else f">= {_size(lo)}"
+
+
 # -- the table ---------------------------------------------------------------------------------------
 
 
@@ -500,8 +671,11 @@ def _confirmed(collective, regimes, confirm, log, step=1):
 
 
 def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="float32", op="sum",
-        quick: bool = False, log=lambda text: None, machine: dict | None = None, segments=None) -> dict:
-    """Measure, derive, confirm, measure segment sizes; return the tuning table on every rank (collective call).
+        quick: bool = False, log=lambda text: None, machine: dict | None = None, segments=None,
+        node: bool = True) -> dict:
+    """Measure, derive, confirm, measure segment sizes, time the node engine; return the table on every rank.
+
+    A collective call.
 
     Args:
         comm: a communicator of 2 or more ranks.
@@ -515,12 +689,17 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
         segments: the segment sizes (bytes) tried for segmented algorithms, besides each
             one's default: ``"16K,64K"`` or a list (see :func:`parse_segments`); default
             :data:`SEGMENT_LADDER`. Only sizes below the measured message are tried.
+        node: where every rank shares one node (``comm.nodes == 1``), time each
+            collective's ``shm`` against the table's choice at :func:`node_ladder`
+            sizes and write ``one_node`` rules where it wins (see the module
+            docstring); False: no node pass.
 
     Raises:
         InvalidArgument: fewer than 2 ranks, or bad ``segments`` (raised before anything is measured).
 
     Cost: the segment measurements add, for each segmented rule at ``comm.size`` ranks,
-    ``(iters + 1)`` calls per candidate size (iters 5 with ``quick``, else 20).
+    ``(iters + 1)`` calls per candidate size (iters 5 with ``quick``, else 20); the node
+    pass ``2 * (iters + 1)`` calls per collective and ladder size.
     """
     ladder = list(SEGMENT_LADDER) if segments is None else parse_segments(segments)
     segment_elements()  # a bad COMMKIT_SEGMENT_ELEMENTS fails now, not after the measurements
@@ -535,8 +714,11 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
     alpha, beta = fit_alpha_beta(points)
     gsizes = [256 << 10, 1 << 20, 4 << 20] if quick else [256 << 10, 1 << 20, 4 << 20, 16 << 20]
     gamma, gpoints = measure_gamma(dtype, op, gsizes, reps)
-    # Every rank measured its own gamma; use their mean (they share the machine's cores).
-    gamma = float(comm.allreduce(np.array([gamma]), op="sum")[0]) / comm.size
+    # Every rank measured its own gamma; use their mean (they share the machine's cores), and keep the mean
+    # of the points behind it, so that every rank returns the same table.
+    means = comm.allreduce(np.array([gamma, *(t for _, t in gpoints)]), op="sum") / comm.size
+    gamma = float(means[0])
+    gpoints = [(n, float(t)) for (n, _), t in zip(gpoints, means[1:])]
     log(f"alpha = {format_seconds(alpha)}, beta = {beta * 1e9:.3g} ns/B "
         f"({1 / beta / 1e9 if beta else float('inf'):.2f} GB/s), gamma = {gamma * 1e9:.3g} ns/B ({dtype} {op})")
     iters = 5 if quick else 20
@@ -570,13 +752,31 @@ def run(comm, *, procs=None, collectives=None, max_bytes: int = 4 << 20, dtype="
         "reduce_points": [[n, t] for n, t in gpoints],
         "segment_ladder": ladder,
     }
-    return build_table(alpha, beta, gamma, procs, collectives, measured_p=comm.size, confirm=confirm,
-                       measure_segment=measure_segment, machine=machine, measured=measured,
-                       itemsize=np.dtype(dtype).itemsize)
+    table = build_table(alpha, beta, gamma, procs, collectives, measured_p=comm.size, confirm=confirm,
+                        measure_segment=measure_segment, machine=machine, measured=measured,
+                        itemsize=np.dtype(dtype).itemsize)
+    nodes = comm.nodes
+    if not node:
+        table["measured"]["node_pass"] = "not run: turned off (--no-node)"
+    elif nodes != 1:
+        why = "the transport has no node arena" if nodes is None else f"the ranks span {nodes} nodes"
+        table["measured"]["node_pass"] = f"not run: {why}"
+        log(f"no node pass: {why}")
+    else:
+        sizes = node_ladder(max_bytes, quick)
+        log(f"node pass: the {comm.size} ranks share one node; timing shm against the table's choice at "
+            f"{', '.join(map(_size, sizes))} ...")
+        _node_pass(comm, table, collectives, sizes, dtype, op, iters, log)
+        table["measured"]["node_pass"] = (f"shm against the table's choice at {comm.size} ranks, {op} on {dtype}, "
+                                          f"interleaved, median of {iters} of the slowest rank's times")
+    return table
 
 
 def summary(table: dict) -> str:
-    """A few lines describing a tuning table: the constants, each collective's thresholds and measured segments."""
+    """A few lines describing a tuning table: the constants, each collective's thresholds and measured segments.
+
+    Rules for one node name their transport: ``p=2 >= 1 MiB: shm (one node, mpi)``.
+    """
     m = table.get("measured", {})
     lines = [f"alpha = {format_seconds(m.get('alpha', 0))}, beta = {m.get('beta', 0) * 1e9:.3g} ns/B, "
              f"gamma = {m.get('gamma', 0) * 1e9:.3g} ns/B (measured on {m.get('nprocs')} ranks)"]
@@ -588,9 +788,11 @@ def summary(table: dict) -> str:
         for rule in rules:
             if rule.get("commutative") is False:
                 continue
-            lo, hi = rule.get("min_bytes", 0), rule.get("max_bytes")
-            span = f"{_size(lo)}-{_size(hi)}" if hi is not None else f">= {_size(lo)}"
-            extra = "" if "commutative" in rule or collective not in _REDUCING else " (non-commutative)"
+            span = _span(rule.get("min_bytes", 0), rule.get("max_bytes"))
+            if rule.get("one_node"):
+                extra = f" (one node, {rule.get('transport', 'any transport')})"
+            else:
+                extra = "" if "commutative" in rule or collective not in _REDUCING else " (non-commutative)"
             if "segment_bytes" in rule:
                 extra += f" (segment {_size(rule['segment_bytes'])})"
             parts.append(f"p={rule.get('min_procs')} {span}: {rule['algorithm']}{extra}")
