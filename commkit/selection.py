@@ -69,7 +69,8 @@ from .errors import AlgorithmNotApplicable, InvalidArgument
 from .ops import get_op
 from .transports._arena import spans_nodes
 
-__all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice", "split_algorithm"]
+__all__ = ["select", "load_table", "validate_table", "FALLBACK", "default_table", "Choice", "split_algorithm",
+           "rule_matches"]
 
 log = logging.getLogger("commkit")
 
@@ -200,7 +201,8 @@ def default_table() -> dict:
     return load_table(None)
 
 
-def _matches(rule, size, nbytes, op, one_node, transport) -> bool:
+def rule_matches(rule: dict, size: int, nbytes: int, op, one_node: bool, transport: str | None) -> bool:
+    """Whether ``rule``'s bounds hold for a call (its algorithm may still not apply: see :func:`select`)."""
     if rule.get("one_node") and not one_node:
         return False
     if rule.get("transport", transport) != transport:
@@ -270,7 +272,7 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     tables.append((default_table(), "default.json"))
     for table, name in tables:
         for rule in table.get(collective, ()):
-            if _matches(rule, size, nbytes, op, one_node, transport):
+            if rule_matches(rule, size, nbytes, op, one_node, transport):
                 alg = algorithms.get(collective, rule["algorithm"])
                 if algorithms.is_node_only(alg) and not one_node:
                     continue  # a table's node algorithm runs only where the caller says every rank shares one node

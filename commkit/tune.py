@@ -398,7 +398,7 @@ def _table_choice(table, collective, p, nbytes, op, transport) -> str:
     what the call would run were there no node algorithm.
     """
     for rule in (*table.get(collective, ()), *selection.default_table().get(collective, ())):
-        if selection._matches(rule, p, nbytes, op, False, transport):
+        if selection.rule_matches(rule, p, nbytes, op, False, transport):
             alg = algorithms.get(collective, rule["algorithm"])
             if alg.name != "native" and not algorithms.is_node_only(alg) and alg.why_not(p, op) is None:
                 return alg.name

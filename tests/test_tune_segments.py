@@ -250,7 +250,7 @@ def test_cli_tune_measures_segments_and_calls_use_them(tmp_path, monkeypatch, ca
     def body(c):
         comms[threading.get_ident()] = c
         return cli.main(["tune", "--quick", "-c", "allreduce", "--max-bytes", "2M", "--segments", "128K,64K",
-                         "-O", path])
+                         "--no-node", "-O", path])
 
     assert ck.run_local(body, 2, timeout=120) == [0, 0]
     out, err = capsys.readouterr()
