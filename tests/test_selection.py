@@ -201,6 +201,7 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     assert pick("allreduce", (1 << 20) - 4, **mpi_node) == "ring"
     assert pick("reduce", 4 << 20, **mpi_node) == "shm"
     assert pick("gather", 1 << 20, **mpi_node) == "shm"
+    assert pick("gather", 32 << 20, **mpi_node) == "binomial"
     assert pick("scatter", 2 << 20, **mpi_node) == "shm"
     assert pick("scatter", 4 << 20, **mpi_node) == "binomial"
     for collective in ("broadcast", "allgather", "reduce_scatter", "alltoall"):  # measured not to win
