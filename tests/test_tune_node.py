@@ -19,8 +19,8 @@ from commkit import cli, selection, tune
 from commkit.transports._arena import ENV_RANKS_PER_NODE
 
 from test_cli import run_commkit
+from test_tune_segments import GAMMA, _fixed_constants  # the model's constants, fixed
 
-ALPHA, BETA, GAMMA = 5e-6, 2e-10, 1e-10
 K, M = 1 << 10, 1 << 20
 QUICK_LADDER = [64 * K, 256 * K, 1 * M, 2 * M]  # node_ladder(2M, quick=True)
 
@@ -30,18 +30,6 @@ def _clean_env(monkeypatch):
     for name in ("COMMKIT_TUNING", ENV_RANKS_PER_NODE, "COMMKIT_ALLREDUCE_ALGORITHM", "COMMKIT_ALLTOALL_ALGORITHM",
                  "COMMKIT_GATHER_ALGORITHM", "COMMKIT_BARRIER_ALGORITHM"):
         monkeypatch.delenv(name, raising=False)
-
-
-def _fixed_constants(monkeypatch):
-    """Make tune.run's alpha, beta, gamma fixed, so the model's table (and the competitor) is known."""
-    def measure_alpha_beta(comm, sizes, reps=5):
-        return [(n, ALPHA + BETA * n) for n in sizes]
-
-    def measure_gamma(dtype, op, sizes, reps=5):
-        return GAMMA, [(n, GAMMA * n) for n in sizes]
-
-    monkeypatch.setattr(tune, "measure_alpha_beta", measure_alpha_beta)
-    monkeypatch.setattr(tune, "measure_gamma", measure_gamma)
 
 
 def _fake_samples(monkeypatch, wins, *, wrong_at=(), per_rank=None):
