@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 import zlib
 from contextlib import contextmanager
@@ -50,7 +51,7 @@ from .plan import (SEEN, InterpretedPersistentRequest, Plan, PersistentPool, Per
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
                        native_timeout_error, run_schedule, writes_input)
-from .transports._arena import arena_bytes, count_nodes, node_name
+from .transports._arena import arena_bytes, count_nodes, free_arena, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -474,7 +475,14 @@ class Communicator(VectorCollectives):
         return self._closed if self._closed and self._closed is not _FREED else None
 
     def free(self) -> None:
-        """Release the communicator's contexts. Using it afterwards raises CommClosed."""
+        """Release the communicator's contexts. Using it afterwards raises CommClosed.
+
+        Collective, as ``MPI_Comm_free`` is: every rank calls it. On a communicator
+        whose calls used the node engine (docs/node.md) it also gives the node arena
+        back, which waits until every rank has called ``free()`` (for the timeout,
+        when one is set; a rank that does not come then leaves the arena to the end
+        of the job, with a warning).
+        """
         if self._closed is _FREED:
             return
         self._closed = _FREED
@@ -482,10 +490,43 @@ class Communicator(VectorCollectives):
         self._fast.clear()
         self._forget_shapes()
         self._forget_hot()
+        self._free_arena()
         self._finalizer()
         if self._progress.requests:
             _ABANDONED.extend(self._progress.requests)
         self._sends.clear()
+
+    def _free_arena(self) -> None:
+        """Give the node arena back, once every rank is known to be freeing it too (see :meth:`free`).
+
+        ``MPI_Win_free`` returns only when every rank of the node has called it, and
+        no timeout can end it, so every rank first checks in with every other, twice
+        (each round on a tag of its own, within the timeout): a rank frees the arena
+        only when all have come and all know that all have, and a rank that gave up
+        in either round never lets another reach the library's call alone. Only the
+        arena of the communicator's own calls: a persistent request's channel is
+        freed when its last request is, by each rank at its own time, so its arena
+        stays to the end of the job. Under MPI only: the threads world's arena is
+        NumPy memory, which the collector gives back.
+        """
+        if self._coll.name != "mpi" or made_arena(self._coll) is None:
+            return
+        nothing = np.empty(0, np.uint8)
+        peers = [q for q in range(self.size) if q != self.rank]
+        for _ in range(2):
+            tag = self._ctl_tag("free", self._next_seq())
+            try:
+                stuck = self._coll.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag,
+                                            self.timeout)
+            except CommError as exc:
+                stuck, reason = peers, str(exc)
+            else:
+                reason = f"rank(s) {stuck} did not call free() within {self.timeout} s"
+            if stuck:
+                warnings.warn(f"communicator {self._label} on rank {self.rank}: its node arena stays until the job "
+                              f"ends, since {reason}; free() is collective.", RuntimeWarning, stacklevel=3)
+                return
+        free_arena(self._coll)
 
     @property
     def flight_recorder(self) -> _watchdog.FlightRecorder:

@@ -67,8 +67,8 @@ import numpy as np
 
 from ..errors import AlgorithmNotApplicable, CommError, InvalidArgument
 
-__all__ = ["Arena", "node_arena", "node_name", "count_nodes", "spans_nodes", "ranks_per_node", "arena_bytes",
-           "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
+__all__ = ["Arena", "node_arena", "made_arena", "free_arena", "node_name", "count_nodes", "spans_nodes",
+           "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
 
 LINE = 64
 """A cache line: the counter and the identity of each rank each have one to themselves."""
@@ -151,8 +151,10 @@ class Arena:
         last: the call number of this rank's previous node call (-1: none yet).
     """
 
-    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=(), allocate=None, shared=None):
+    def __init__(self, rank: int, size: int, segments, fence, failed=None, keep=(), allocate=None, shared=None,
+                 release=None):
         self._keep = list(keep)  # what the memory belongs to (MPI windows and their communicator), kept alive
+        self._release = release  # frees the slots' memory (collective under MPI), or None: the collector does
         self.rank = rank
         self.size = size
         self.slot_bytes = len(segments[0]) - _HEADER
@@ -190,6 +192,18 @@ class Arena:
     def identity(self, peer: int) -> int:
         """The call ``peer`` recorded last (read after a :meth:`counter` that showed its publication)."""
         return int(self._idents[peer][0])
+
+    def free(self) -> None:
+        """Give the slots' memory back (under MPI: ``MPI_Win_free``, which waits until every rank of the node frees).
+
+        Every rank of the node calls it, once no node call of its communicator can
+        run again; the views of the slots are dropped first, so none outlives the
+        memory. Shared arrays (:meth:`allocate`) are the caller's and stay.
+        """
+        self.slots, self._counters, self._idents, self._where, self._views = [], [], [], [], {}
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     # -- shared arrays -------------------------------------------------------------------------------
 
@@ -353,8 +367,16 @@ def _mpi_arena(transport) -> Arena:
         counter[0] = value
         return value
 
-    # MPI frees the windows and the node communicator at finalize
-    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node), allocate=allocate, shared=shared)
+    def release():
+        # (the shared arrays' windows stay: their memory is the caller's; the node communicator goes, and
+        # MPI keeps what those windows need of it)
+        win.Unlock_all()
+        win.Free()
+        node.Free()
+
+    # MPI frees the windows and the node communicator at finalize, unless the communicator is freed first
+    return Arena(node.Get_rank(), node.Get_size(), segments, fence, keep=(win, node), allocate=allocate, shared=shared,
+                 release=release)
 
 
 # -- threads -------------------------------------------------------------------------------------------
@@ -410,6 +432,19 @@ def _local_arena(transport) -> Arena:
 
 
 _ARENAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # transport -> Arena
+
+
+def made_arena(transport) -> Arena | None:
+    """``transport``'s node arena if a node call has made it, else None (nothing is made)."""
+    return _ARENAS.get(transport)
+
+
+def free_arena(transport) -> None:
+    """Give back ``transport``'s node arena, if it has one (every rank of the node calls it; see :meth:`Arena.free`)."""
+    arena = _ARENAS.pop(transport, None)
+    transport.__dict__.pop("_node_arena", None)
+    if arena is not None:
+        arena.free()
 
 
 def node_arena(transport, rendezvous=None) -> Arena:
