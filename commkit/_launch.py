@@ -46,7 +46,8 @@ import time
 import uuid
 
 from ._checks import check_timeout
-from ._mpiexec import OUTER_JOB_PREFIXES, launcher_rank, launcher_size, mpiexec_command, terminate_group
+from ._mpiexec import (OUTER_JOB_PREFIXES, launcher_rank, launcher_size, mpiexec_command, remove_left_segments,
+                       shm_names, terminate_group)
 from .errors import CommError, CommTimeout, InvalidArgument, RankError
 
 __all__ = ["launch", "launcher"]
@@ -120,6 +121,7 @@ def launch(fn, nprocs: int = 4, *args, timeout: float | None = None, label: bool
         control = _Control(jobdir, nprocs)
         tag = f"{_TAG}={uuid.uuid4().hex}"
         argv = [sys.executable, "-m", "commkit._launch_child", jobdir]
+        shm = shm_names()
         try:
             proc = subprocess.Popen(mpiexec_command(nprocs, argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=_child_env(env, tag), start_new_session=True)
@@ -134,6 +136,8 @@ def launch(fn, nprocs: int = 4, *args, timeout: float | None = None, label: bool
             control.close()
             for pump in pumps:
                 pump.join(5)
+            if shm is not None:  # a job that did not end cleanly leaves its MPI's segments behind
+                remove_left_segments(shm, wait=0.0 if proc.returncode == 0 else 2.0)
         if timed_out:
             raise CommTimeout(
                 f"launch: {name} on {nprocs} ranks did not finish within {timeout:g} s; "

@@ -21,11 +21,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from .errors import TransportUnavailable
 
-__all__ = ["find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "run_group", "run_job",
-           "terminate_group", "under_mpiexec"]
+__all__ = ["find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "remove_left_segments", "run_group",
+           "run_job", "shm_names", "terminate_group", "under_mpiexec"]
 
 # The rank and the size of this process in its job, as each launcher names them.
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -130,10 +131,86 @@ def run_job(nprocs: int, argv: list[str], *, timeout: float | None = None, env: 
             cwd: str | None = None, label_output: bool = False) -> subprocess.CompletedProcess:
     """Run ``argv`` under mpiexec and capture its output; the whole job is ended on timeout.
 
+    A job that did not end cleanly (``MPI_Abort``, a rank killed, the timeout) leaves
+    its MPI library's shared-memory segments in ``/dev/shm``: they are removed once
+    the job has ended (see :func:`remove_left_segments`).
+
     Raises:
         subprocess.TimeoutExpired: after ending every process of the job.
     """
-    return run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env, cwd=cwd)
+    before = shm_names()
+    clean = False
+    try:
+        result = run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env,
+                           cwd=cwd)
+        clean = result.returncode == 0
+        return result
+    finally:
+        if not clean and before is not None:
+            remove_left_segments(before)
+
+
+SHM = "/dev/shm"
+# The names MPICH (its intranode segments and shared windows) and Open MPI (its sm segments) give their files there.
+_SEGMENT_PREFIXES = ("mpich_shm_", "sm_segment.")
+
+
+def shm_names() -> set | None:
+    """The names of the files in /dev/shm now (None where there is none): what a job's cleanup compares against."""
+    try:
+        return set(os.listdir(SHM))
+    except OSError:  # no /dev/shm (not Linux): nothing to look after
+        return None
+
+
+def _in_use() -> set:
+    """The names of the files in /dev/shm that a process this user can see maps or holds open."""
+    used = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                used.update(line.rsplit(SHM + "/", 1)[1].split()[0] for line in f if SHM + "/" in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM + "/"):
+                    used.add(target[len(SHM) + 1:].split()[0])
+        except OSError:  # the process ended, or is another user's
+            continue
+    return used
+
+
+def remove_left_segments(before: set, wait: float = 2.0) -> list[str]:
+    """Remove the MPI libraries' /dev/shm segments that appeared since ``before`` and that nothing uses.
+
+    Called once a job has ended without cleaning up (MPI does not, on an abort or
+    when a rank is killed). Only files of this user, named as MPICH and Open MPI
+    name theirs, made while the job ran, that no process maps or holds open: a
+    job running beside it keeps its own. A rank the launcher killed may still be
+    going when it returns, so a file in use is looked at again for up to ``wait``
+    seconds. Returns the names removed.
+    """
+    now = shm_names() or set()
+    fresh = {name for name in now - before if name.startswith(_SEGMENT_PREFIXES)}
+    removed = []
+    deadline = time.monotonic() + wait
+    while fresh:
+        used = _in_use()
+        for name in sorted(fresh - used):
+            fresh.discard(name)
+            path = os.path.join(SHM, name)
+            try:
+                if os.stat(path).st_uid != os.getuid():
+                    continue
+                os.unlink(path)
+            except OSError:
+                continue
+            removed.append(name)
+        if not fresh or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return removed
 
 
 def run_group(cmd: list[str], *, timeout: float | None = None, env: dict | None = None,
@@ -146,5 +223,32 @@ def run_group(cmd: list[str], *, timeout: float | None = None, env: dict | None 
     except BaseException:
         terminate_group(proc)
         proc.communicate()
+        _await_group(proc.pid)
         raise
+    if proc.returncode != 0:  # an aborted job's launcher may return before the ranks it killed have gone
+        _await_group(proc.pid)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _await_group(pgid: int, grace: float = 5.0) -> None:
+    """Wait until no process of group ``pgid`` is left: SIGKILL the stragglers after ``grace`` s, give up after twice.
+
+    (A killed process nobody reaps stays in its group as a zombie: hence the bound.)
+    """
+    start = time.monotonic()
+    killed = False
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):  # none left (or only another user's: not ours to wait for)
+            return
+        waited = time.monotonic() - start
+        if waited > 2 * grace:
+            return
+        if waited > grace and not killed:
+            killed = True
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+        time.sleep(0.01)

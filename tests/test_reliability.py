@@ -153,6 +153,7 @@ def test_uncaught_exception_under_mpiexec_ends_the_job(tmp_path):
 
     script = tmp_path / "fail.py"
     script.write_text(RAISE_ON_ONE_RANK)
+    shm = _mpi_segments()
     start = time.monotonic()
     result = run_job(3, [sys.executable, str(script)], timeout=60,
                      env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
@@ -160,6 +161,18 @@ def test_uncaught_exception_under_mpiexec_ends_the_job(tmp_path):
     assert result.returncode != 0
     assert result.stderr.count("RuntimeError: rank one gives up") == 1
     assert "rank 1 raised RuntimeError" in result.stderr
+    # MPI_Abort leaves the library's shared-memory segments behind; the launcher removes the job's own.
+    assert shm is None or not _mpi_segments() - shm, sorted(_mpi_segments() - shm)
+
+
+def _mpi_segments() -> set | None:
+    """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
+    import os
+
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(("mpich_shm_", "sm_segment."))}
+    except OSError:
+        return None
 
 
 SIGKILL_MID_COLLECTIVE = """
