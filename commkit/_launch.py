@@ -46,8 +46,8 @@ import time
 import uuid
 
 from ._checks import check_timeout
-from ._mpiexec import (OUTER_JOB_PREFIXES, launcher_rank, launcher_size, mpiexec_command, remove_left_segments,
-                       shm_names, terminate_group)
+from ._mpiexec import (OUTER_JOB_PREFIXES, after_job, launcher_rank, launcher_size, mpiexec_command, shm_names,
+                       terminate_group)
 from .errors import CommError, CommTimeout, InvalidArgument, RankError
 
 __all__ = ["launch", "launcher"]
@@ -136,8 +136,7 @@ def launch(fn, nprocs: int = 4, *args, timeout: float | None = None, label: bool
             control.close()
             for pump in pumps:
                 pump.join(5)
-            if shm is not None:  # a job that did not end cleanly leaves its MPI's segments behind
-                remove_left_segments(shm, wait=0.0 if proc.returncode == 0 else 2.0)
+            after_job(shm, proc.returncode)  # (a job that did not end cleanly leaves its MPI's segments behind)
         if timed_out:
             raise CommTimeout(
                 f"launch: {name} on {nprocs} ranks did not finish within {timeout:g} s; "

@@ -25,8 +25,8 @@ import time
 
 from .errors import TransportUnavailable
 
-__all__ = ["find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "remove_left_segments", "run_group",
-           "run_job", "shm_names", "terminate_group", "under_mpiexec"]
+__all__ = ["after_job", "find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "remove_left_segments",
+           "run_group", "run_job", "shm_names", "terminate_group", "under_mpiexec"]
 
 # The rank and the size of this process in its job, as each launcher names them.
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -139,15 +139,24 @@ def run_job(nprocs: int, argv: list[str], *, timeout: float | None = None, env: 
         subprocess.TimeoutExpired: after ending every process of the job.
     """
     before = shm_names()
-    clean = False
+    returncode = None
     try:
         result = run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env,
                            cwd=cwd)
-        clean = result.returncode == 0
+        returncode = result.returncode
         return result
     finally:
-        if not clean and before is not None:
-            remove_left_segments(before)
+        after_job(before, returncode)
+
+
+def after_job(before: set | None, returncode: int | None) -> None:
+    """Once a job has ended: remove what it left in /dev/shm (``before``: :func:`shm_names` when it started).
+
+    After an unclean end (``returncode`` not 0, or None: the job was stopped) a rank
+    may still be going for a moment, so files in use are looked at again for 2 s.
+    """
+    if before is not None:
+        remove_left_segments(before, wait=0.0 if returncode == 0 else 2.0)
 
 
 SHM = "/dev/shm"

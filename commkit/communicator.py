@@ -49,8 +49,8 @@ from .ops import MAX, get_op
 from .plan import (SEEN, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
                    nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, inplace_safe,
-                       native_timeout_error, run_schedule, writes_input)
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, check_in,
+                       inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -511,15 +511,11 @@ class Communicator(VectorCollectives):
         """
         if self._coll.name != "mpi" or made_arena(self._coll) is None:
             return
-        nothing = np.empty(0, np.uint8)
-        peers = [q for q in range(self.size) if q != self.rank]
         for _ in range(2):
-            tag = self._ctl_tag("free", self._next_seq())
             try:
-                stuck = self._coll.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag,
-                                            self.timeout)
+                stuck = check_in(self._coll, self._ctl_tag("free", self._next_seq()), self.timeout)
             except CommError as exc:
-                stuck, reason = peers, str(exc)
+                stuck, reason = [q for q in range(self.size) if q != self.rank], str(exc)
             else:
                 reason = f"rank(s) {stuck} did not call free() within {self.timeout} s"
             if stuck:
@@ -943,7 +939,7 @@ class Communicator(VectorCollectives):
         itemsize = call.dtype.itemsize if call.dtype is not None else 1
         segment = None if choice.segment is None else max(1, choice.segment // itemsize)
         claim = next((step for step in self._steps(choice.algorithm, call, segment) if step.kind == CLAIM), None)
-        made = getattr(self._coll, "__dict__", {}).get("_node_arena")  # (its size was read when it was made)
+        made = made_arena(self._coll)  # (its size was read when it was made)
         have = made.slot_bytes if made is not None else arena_bytes()
         if claim is None or claim.elements * itemsize <= have:
             return None

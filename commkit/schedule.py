@@ -668,6 +668,17 @@ class _Reached:
 _REACHED = _Reached()
 
 
+def check_in(chan, tag: int, timeout: float | None) -> list:
+    """An empty message to and from every other rank of ``chan`` on ``tag``: the ranks not heard from in ``timeout``.
+
+    What comes before a collective of the library's that no timeout can end (making
+    or freeing a node arena), so that a rank that never comes is named instead.
+    """
+    nothing = np.empty(0, np.uint8)
+    peers = [q for q in range(chan.size) if q != chan.rank]
+    return chan.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag, timeout)
+
+
 class _NodeCall:
     """One run's use of the node arena: the arena, the call's number and tag, its turn (see :class:`Claim`)."""
 
@@ -683,9 +694,7 @@ class _NodeCall:
         def rendezvous():
             # Making the arena is a collective of the library's, which no timeout can end: first every
             # rank checks in with every other, on this call's tag, so a rank that never comes is named.
-            nothing = np.empty(0, np.uint8)
-            peers = [q for q in range(chan.size) if q != chan.rank]
-            stuck = chan.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag, timeout)
+            stuck = check_in(chan, tag, timeout)
             if stuck:
                 raise timeout_error(info, index, step, stuck, timeout)
 
