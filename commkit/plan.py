@@ -41,7 +41,7 @@ from time import monotonic as _monotonic
 import numpy as np
 
 from ._events import active as _trace_active
-from .errors import AlgorithmNotApplicable, InvalidArgument, InvalidBuffer
+from .errors import InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
