@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["MAX_SLEEP", "SPIN_SECONDS", "Backoff", "share_cores"]
+__all__ = ["MAX_SLEEP", "SPIN_SECONDS", "Backoff", "oversubscribed", "share_cores"]
 
 # A polling wait spins this long before it sleeps: most waits end within it, and a sleep
 # costs tens of microseconds of latency.
@@ -25,8 +25,9 @@ SPIN_SECONDS = 2e-4
 # of its event, long enough that oversubscribed ranks leave the core to the peer they wait on.
 MAX_SLEEP = 1e-3
 
-# More ranks than cores on this host (share_cores): a spinning wait gives its core away after each poll.
-_yield = False
+# More ranks than cores on this host (set by share_cores): a spinning wait gives its core away after each
+# poll. Read by every spinning loop, here and in the transports.
+oversubscribed = False
 
 
 def share_cores(ranks_here: int, cores: int | None = None) -> bool:
@@ -38,10 +39,10 @@ def share_cores(ranks_here: int, cores: int | None = None) -> bool:
     which costs a fraction of a microsecond when no one else wants it. The
     transports call this once they know how many ranks run here.
     """
-    global _yield
+    global oversubscribed
     cores = (os.cpu_count() or 1) if cores is None else cores
-    _yield = ranks_here > cores
-    return _yield
+    oversubscribed = ranks_here > cores
+    return oversubscribed
 
 
 class Backoff:
@@ -88,7 +89,7 @@ class Backoff:
         if now - self.start > self.spin:
             time.sleep(self.sleep if self.deadline is None else min(self.sleep, self.deadline - now))
             self.sleep = min(self.sleep * 2, self.most)
-        elif _yield:
+        elif oversubscribed:
             os.sched_yield()
         return True
 

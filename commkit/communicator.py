@@ -46,7 +46,7 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import (SEEN, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
+from .plan import (SEEN, Entry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
                    nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, check_in,
@@ -82,6 +82,9 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
     return collective, op, algorithm, x.dtype, x.shape, form, timeout is None
 
 
+# The collectives whose public method tries the entry of its last call shape on new arrays first
+# (``_new_<collective>``, a generated function: plan.Plan.entry); _fresh makes them.
+_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "alltoall")
 _FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _fresh runs (and broadcast, allgather ...)
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
@@ -303,7 +306,12 @@ class Communicator(VectorCollectives):
         self._by_shape_i: dict = {}  # the cached schedules of i-forms by the arguments' kinds (see _fresh)
         self._fresh_hot: dict = {}  # collective -> the kinds and entry of its last call _fresh ran (see _fresh)
         self._fresh_hot_i: dict = {}  # the same for the i-forms
-        self._fresh_x = self._fresh_out = None  # weak references to the arrays of the last call _fresh ran
+        # Weak references to x and out of the last call on new arrays (None: no out), in a list the shape
+        # entries (plan.Plan.entry) read and write without the communicator's attributes (see _fresh).
+        self._fresh_last = [None, None]
+        for collective in _FRESH_ENTRIES:  # the entry of each collective's last shape on new arrays (see _fresh)
+            setattr(self, "_new_" + collective, None)
+        self._entries: dict = {}  # collective -> whether its installed entry is timed (see _drop_entries)
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         self._closed = None  # None while usable, else the reason it is not
@@ -340,6 +348,8 @@ class Communicator(VectorCollectives):
         # for, no check mode, no outstanding request to drive, a usable communicator.
         self._shapes_on = (self._plans_on and not self._check and not self._closed and not self._progress.requests)
         self._plain = self._shapes_on and self._timeout is None
+        if not self._plain and self._entries:
+            self._drop_entries(untimed_only=self._shapes_on)
 
     @property
     def plans(self) -> bool:
@@ -462,6 +472,7 @@ class Communicator(VectorCollectives):
     def _break(self, reason: str) -> None:
         """Mark this communicator unusable: messages of an interrupted call may still arrive."""
         self._plain = self._shapes_on = False
+        self._drop_entries()
         if not self._closed:
             self._closed = (
                 f"this communicator is broken: {reason} Messages of that call may still arrive, so every later "
@@ -1096,7 +1107,7 @@ class Communicator(VectorCollectives):
                     shaped = self._shape_plan(call, plan, key, shaped, timed)
                 if shaped:
                     if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later calls: _fresh
-                        self._by_shape[call.fresh] = (shaped, steps is None)
+                        self._by_shape[call.fresh] = [shaped, steps is None, None]  # (2: its entry, see _fresh)
                         self._fresh_hot.pop(call.collective, None)  # (its last entry may be of this key)
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug("rank %d: %s #%d of %d bytes on %d ranks -> %s (%s; shape plan)", self.rank,
@@ -1366,7 +1377,24 @@ class Communicator(VectorCollectives):
         self._by_shape_i.clear()
         self._fresh_hot.clear()
         self._fresh_hot_i.clear()
-        self._fresh_x = self._fresh_out = None
+        self._fresh_last[:] = (None, None)
+        self._drop_entries()
+
+    def _drop_entries(self, untimed_only: bool = False) -> None:
+        """Take the collectives' entries on new arrays out of their public methods' way (see _fresh).
+
+        An untimed entry is installed only while the communicator is plain
+        (``_plain``: no default timeout, check mode, outstanding request, and
+        usable), a timed one while all but the default timeout holds
+        (``_shapes_on``); each is dropped as soon as its condition ends, so an
+        entry need not check it itself, and ``_fresh`` installs it again at the
+        next such call. ``untimed_only``: drop the untimed ones alone.
+        """
+        entries = self._entries
+        for collective, timed in list(entries.items()):
+            if not (untimed_only and timed):
+                setattr(self, "_new_" + collective, None)
+                del entries[collective]
 
     def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None):
         """A call on new arrays of a shape already run: checked here and run from its cache; else _GENERAL.
@@ -1403,6 +1431,7 @@ class Communicator(VectorCollectives):
         if not (self._shapes_on or nonblocking and self._plans_on and not self._check and not self._closed):
             return _GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
         form = 0 if out is None else _IN_PLACE if out is x else 1  # _out_form, written out
+        given_timeout = timeout
         hot = self._fresh_hot_i if nonblocking else self._fresh_hot
         h = hot.get(collective)
         if (h is not None and h[0] is x.dtype and h[1] == x.shape and h[2] is op and h[3] is algorithm
@@ -1410,7 +1439,6 @@ class Communicator(VectorCollectives):
                 and h[10] == root):
             entry, shape, timeout = h[7], h[8], h[9]  # (a given timeout was checked by the call that made h)
         else:
-            given_timeout = timeout
             if timeout is None:
                 timeout = self._timeout
             try:
@@ -1429,9 +1457,9 @@ class Communicator(VectorCollectives):
             return _GENERAL
         blocking_untimed = timeout is None and not nonblocking
         if blocking_untimed:
-            last = self._fresh_x
+            last, last_out = self._fresh_last
             if (last is not None and last() is x
-                    and (out is None if self._fresh_out is None else self._fresh_out() is out)):
+                    and (out is None if last_out is None else last_out() is out)):
                 return _GENERAL
         given_out = out
         result = None
@@ -1459,12 +1487,20 @@ class Communicator(VectorCollectives):
                 if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
                     src = src.copy()
                 return self._fresh_request(collective, entry, src, dst, result, timeout)
-            shaped, native = entry
+            shaped, native, made = entry
             if blocking_untimed:
                 # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
                 # never a weak reference's answer).
-                self._fresh_x, self._fresh_out = _weakref(x), None if given_out is None else _weakref(given_out)
+                self._fresh_last[:] = (_weakref(x), None if given_out is None else _weakref(given_out))
                 shaped.run(src, dst)
+                if made is None:  # the shape's entry: its next call on new arrays comes straight to it
+                    made = entry[2] = shaped.entry(Entry(
+                        x.dtype, x.shape, op, root, algorithm, form, shape,
+                        None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
+                        self._fresh_last)) or False
+                if made and self._plain:
+                    setattr(self, "_new_" + collective, made)
+                    self._entries[collective] = False
             else:
                 seq = self._seq
                 run, pool = shaped.run, shaped.pool
@@ -1477,6 +1513,14 @@ class Communicator(VectorCollectives):
                     run(src, dst, timeout)
                 except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                     raise self._gave_up(collective, seq, exc, native) from None
+                if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
+                    made = entry[2] = shaped.entry(Entry(
+                        x.dtype, x.shape, op, root, algorithm, form, shape,
+                        None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
+                        self._fresh_last, timeout, given_timeout, self._timeout, native)) or False
+                if made and self._shapes_on:
+                    setattr(self, "_new_" + collective, made)
+                    self._entries[collective] = True
         finally:
             self._entry.release()
         return result
@@ -1775,6 +1819,11 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_allreduce  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, op, None)
+            if result is not _GENERAL:
+                return result
         key = ('allreduce', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
@@ -1819,6 +1868,11 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_reduce  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None and type(root) is int:
+            result = fn(x, out, algorithm, timeout, op, root)
+            if result is not _GENERAL:
+                return result
         key = ('reduce', id(x), id(out), op, root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
@@ -1851,6 +1905,11 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_scan  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, op, None)
+            if result is not _GENERAL:
+                return result
         key = ('scan', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
@@ -1915,6 +1974,11 @@ class Communicator(VectorCollectives):
                     and (x is None or plan.dtype is x.dtype and x.shape == plan.shape_x)
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_broadcast  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, root, None)
+            if result is not _GENERAL:
+                return result
         key = ('broadcast', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
@@ -2073,6 +2137,11 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_allgather  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, None, None)
+            if result is not _GENERAL:
+                return result
         key = ('allgather', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
@@ -2124,6 +2193,11 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_alltoall  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, None, None)
+            if result is not _GENERAL:
+                return result
         key = ('alltoall', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):

@@ -36,19 +36,20 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 from time import monotonic as _monotonic
 
 import numpy as np
 
 from ._events import active as _trace_active
-from .errors import InvalidArgument, InvalidBuffer
+from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, ScheduleRun, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["SEEN", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest", "Slots",
+__all__ = ["SEEN", "Entry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest", "Slots",
            "compile_ops", "nonblocking_steps", "persistent_steps", "stand_in", "timed_native"]
 
 
@@ -336,6 +337,112 @@ class _Names:
         return name
 
 
+class Entry(NamedTuple):
+    """The call kinds a shape plan's entry (:meth:`Plan.entry`) accepts; anything else takes the general path.
+
+    ``a`` is matched by identity (the op, or broadcast's root, as the general
+    path got it), ``b`` by value (reduce's root; None elsewhere). ``form``: 0
+    without ``out``, 1 with an ``out`` of its own, 2 in place (``out is x``).
+    ``result_shape`` is the result's (``out``'s) shape; ``scratch``, where this
+    rank gets no result (reduce off the root), the array its run writes
+    instead. ``log`` is the communicator's logger (a call it would log at
+    DEBUG takes the general path, which logs it); ``general`` the value that
+    says "take the general path"; ``weak`` makes weak references, and ``last``
+    is the communicator's list of weak references to the last call's ``x`` and
+    ``out`` on new arrays (see ``Communicator._fresh``).
+
+    A timed entry (``timeout`` the seconds its calls wait, for a timed shape
+    plan) takes calls that give the same ``timeout`` object (``given``), or
+    none while the communicator's default is still the object it was
+    (``default``); ``native``: its plan runs the library's collective.
+    """
+
+    dtype: object
+    shape: tuple
+    a: object
+    b: object
+    algorithm: object
+    form: int
+    result_shape: tuple
+    scratch: object
+    log: object
+    general: object
+    weak: Callable
+    last: list
+    timeout: float | None = None
+    given: object = None
+    default: object = None
+    native: bool = False
+
+
+def _entry_head(entry: Entry, ns: dict, pool=None, mask=None) -> tuple[list, list]:
+    """The lines of an entry (:meth:`Plan.entry`) before its run's body, and those taking the guard.
+
+    The communicator installs an entry only while it is plain (no timeout,
+    check mode, outstanding request; usable) and drops it as soon as it is not,
+    so that is not checked here.
+    """
+    log = entry.log
+    # The logger's own cache of its isEnabledFor answers, read as a dict (False: DEBUG is off); where
+    # there is none, or it holds no answer yet, the call takes the general path, which asks.
+    cache = getattr(log, "_cache", None)
+    debug = "_log_cache.get(10) is not False" if type(cache) is dict else "_debug(10)"  # 10: logging.DEBUG
+    ns.update(_ndarray=np.ndarray, _e_dtype=entry.dtype, _e_shape=entry.shape, _e_a=entry.a, _e_b=entry.b,
+              _e_alg=entry.algorithm, _e_rshape=entry.result_shape, _trace_active=_trace_active,
+              _log_cache=cache, _debug=log.isEnabledFor, _GENERAL=entry.general, _weak=entry.weak,
+              _empty=np.empty, _may_share=np.may_share_memory, _e_scratch=entry.scratch, _e_last=entry.last)
+    form = entry.form
+    kinds = ["type(_x) is not _ndarray", "_x.dtype is not _e_dtype", "_x.shape != _e_shape", "_a is not _e_a",
+             "_alg is not _e_alg"]
+    if entry.timeout is None:
+        kinds.append("_to is not None")
+    else:  # the timeout given, or none while the communicator's default is the one this was made for
+        ns.update(_e_given=entry.given, _e_default=entry.default)
+        kinds.append("_to is not _e_given" + (" or _comm._timeout is not _e_default" if entry.given is None else ""))
+    if entry.b is not None:
+        kinds.append("_b != _e_b")
+    kinds += ["_trace_active", debug]
+    kinds.append("_out is not None" if form == 0 else "_out is not _x" if form == 2 else "_out is None or _out is _x")
+    kinds.append("not (_fl := _x.flags).c_contiguous" + (" or not _fl.writeable" if form == 2 else ""))
+    head = ["    if (" + "\n            or ".join(kinds) + "):", "        return _GENERAL"]
+    flat_in = "_x" if len(entry.shape) == 1 else "_x.reshape(-1)"
+    if form == 0 and entry.scratch is not None:  # no result on this rank: the run writes scratch
+        head += ["    _result = None", "    _b_out = _e_scratch"]
+    elif form == 0:
+        head.append("    _result = _empty(_e_rshape, _e_dtype)")
+        head.append("    _b_out = _result" if len(entry.result_shape) == 1 else "    _b_out = _result.reshape(-1)")
+    elif form == 1:
+        head += ["    if not (type(_out) is _ndarray and _out.dtype is _e_dtype and _out.shape == _e_rshape",
+                 "            and (_fo := _out.flags).c_contiguous and _fo.writeable",
+                 "            # two arrays that each own their memory (the usual fresh pair) cannot share it",
+                 "            and (_out.base is None and _x.base is None or not _may_share(_x, _out))):",
+                 "        return _GENERAL",
+                 "    _result = _out",
+                 "    _b_out = _out" if len(entry.result_shape) == 1 else "    _b_out = _out.reshape(-1)"]
+    else:
+        head += ["    _result = _out"]
+    # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
+    last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
+    head += ["    _w, _wo = _e_last",
+             f"    if _w is not None and _w() is _x and {last_out}:",
+             "        return _GENERAL",
+             f"    _b_in = {flat_in}"]
+    if form == 2:
+        head.append("    _b_out = _b_in")
+    if entry.timeout is not None:
+        ns["_timeout"] = entry.timeout
+    if pool is not None:  # a call number's first call posts its transfers: the communicator runs it
+        head += [f"    if _pool_slots[_comm._seq & {mask}] is None:", "        return _GENERAL"]
+        ns["_pool_slots"] = pool.slots
+    guard = ["    if not _acquire(False):",
+             "        return _GENERAL  # (the general path raises ConcurrentCall)",
+             # weakly: the communicator keeps no caller's array alive
+             "    _e_last[0] = _weak(_x)" if form == 0 else "    _e_last[:] = _weak(_x), _weak(_out)"]
+    if form == 0:
+        guard.append("    _e_last[1] = None")
+    return head, guard
+
+
 def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=None) -> Callable[..., object] | None:
     """The body of :meth:`Plan.run`, written for this plan and compiled once.
 
@@ -370,7 +477,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
     timed out is abandoned and carried by the error as ``.pending``, as a library
     collective's request is).
     """
-    ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm,
+    ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm, "_CommTimeout": CommTimeout,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
           "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish}
@@ -417,6 +524,17 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
         return None
     if not body:
         body.append("pass")
+    # What the run's bookkeeping names: its first step (index and object) and the call's signature.
+    marks = (units[0][0] if units else 0, const(units[0][1] if units else None), const(plan.signature))
+    if slots is not None and fresh is None:
+        # A shape plan keeps what it was written as (no caller's array: see _Names), so that its
+        # entries (Plan.entry) are assembled from the same lines.
+        plan.parts = (dict(ns), tuple(body), tuple(sliced), marks, timed)
+    return _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, None)
+
+
+def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
+    """The run's function from the lines :func:`_generate` wrote: its head, bookkeeping and ``body``."""
     done = "return _finish()" if plan.finish is not None else "return _result"
     head = []
     if timed:
@@ -460,6 +578,11 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
         else:
             shape_of = "_shape"
         head = [f"    _result = _empty({shape_of}, _dtype)", "    _b_out = _result.reshape(-1)"]
+    guard = []  # how the run takes the communicator's guard (a shape plan's caller holds it)
+    if entry is not None:
+        head, guard = _entry_head(entry, ns, pool, plan.seq_mask)
+    elif slots is None or fresh is not None:
+        guard = ["    if not _acquire(False):", f"        raise _comm._concurrent({plan.collective!r})"]
     taking = []  # a pooled run: its slot, and its buffers where a transfer moves them
     if pool is not None:
         ns["_slots"], ns["_make"], ns["_copyto"] = pool.slots, pool.make, np.copyto
@@ -475,24 +598,29 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
         taking += sliced
     else:
         head += ["    " + line for line in sliced]
-    step0 = const(units[0][1] if units else None)
+    first, step0, signature_name = marks
     # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
     coll, alg = repr(plan.collective), repr(plan.algorithm)
-    shape_plan = slots is not None and fresh is None  # run by the communicator's general path, which holds the guard
+    shape_plan = slots is not None and fresh is None and entry is None  # its caller holds the guard
     waits_native = timed and any("_pending" in line for line in body)  # a timed library collective
+    if entry is not None:
+        signature = "def run(_x, _out, _alg, _to, _a, _b):"
+    elif shape_plan:
+        signature = "def run(_b_in, _b_out, _timeout):" if timed else "def run(_b_in, _b_out):"
+    else:
+        signature = "def run():"
     source = "\n".join([
-        ("def run(_b_in, _b_out, _timeout):" if timed else "def run(_b_in, _b_out):") if shape_plan else "def run():",
+        signature,
         *head,
-        *([] if shape_plan else ["    if not _acquire(False):", f"        raise _comm._concurrent({coll})"]),
+        *guard,
         "    seq = _comm._seq",
         "    _comm._seq = seq + 1",
         *("    " + line for line in taking),
         *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         "    # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
         "    # end, step, step_obj, state",
-        f"    rec = [seq, {coll}, {alg}, {const(plan.signature)}, 0.0, None, {units[0][0] if units else 0}, "
-        f"{step0}, 'running']",
+        f"    rec = [seq, {coll}, {alg}, {signature_name}, 0.0, None, {first}, {step0}, 'running']",
         *(["    _pending = None"] if waits_native else []),
         "    _append(rec)",
         "    _comm._last = _last",
@@ -503,6 +631,9 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
         "        _end(rec, 'failed')",
         f"        raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
+        *([f"    except _CommTimeout as exc:  # (the run marked the call timed out in its record)",
+           f"        raise _comm._gave_up({coll}, seq, exc, {entry.native}) from None"]
+          if entry is not None and timed else []),
         "    except BaseException:",  # a user's op that raised, an interrupt: the record says so
         f"        if rec[{STATE}] == 'running':  # record.state",
         "            _end(rec, 'failed')",
@@ -804,7 +935,7 @@ class Plan:
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready",
-                 "shape_x", "shape_out", "pool", "posted")
+                 "shape_x", "shape_out", "pool", "posted", "parts")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None, slots=None, fresh=None, timed=False, pool=None):
@@ -833,7 +964,32 @@ class Plan:
         # run is None when the ops cannot be written that way (see _generate): use the general path.
         self.pool = pool  # a shape plan's persistent transfers, one slot per call number (PersistentPool)
         self.posted = None  # with a pool: the same shape plan posting its transfers, for a number's first call
+        self.parts = None  # a shape plan's lines, for its entries (set by _generate)
         self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed, pool)
+
+    def entry(self, entry: "Entry"):
+        """This shape plan as the whole call on new arrays: ``run(x, out, algorithm, timeout, a, b)``, or None.
+
+        The public method hands it its arguments as it got them (``a``: the op,
+        or broadcast's root; ``b``: reduce's root). The function checks them
+        against the call kinds it was written for (``entry``: those the general
+        path checked and ran, see :class:`Entry`) with the checks the
+        communicator's ``_fresh`` makes, takes the communicator's guard, and runs
+        the plan's body on the arrays given, allocating the result where no
+        ``out`` came. Anything else -- another shape, dtype, op, form, a
+        timeout, a strided or overlapping array, tracing, debug logging, the
+        same arrays as the last call (whose loop gets its own plan), a
+        concurrent call -- returns ``_GENERAL`` before anything is sent, and the
+        general path takes the call (and names what is wrong). The
+        communicator installs an entry only while it is plain (no timeout,
+        check mode or outstanding request) and drops it when that ends. So a
+        call on new arrays costs its checks, the bookkeeping and the transport
+        calls, in one Python function. Its text is ``run.source``.
+        """
+        if self.parts is None:
+            return None
+        ns, body, sliced, marks, timed = self.parts
+        return _assemble(self, dict(ns), list(body), list(sliced), marks, True, None, timed, self.pool, entry)
 
 
 

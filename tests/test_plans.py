@@ -686,6 +686,220 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
         assert listed == [3.0] * 6
 
 
+def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_checked_path():
+    """The entry of a known shape (Plan.entry) takes new arrays of that shape and nothing else.
+
+    Every call that differs in a way the entry does not check for itself goes on to
+    the checked path and gets the answer (or the error) it got before entries.
+    """
+    import logging
+
+    def body(comm):
+        r, p = comm.rank, comm.size
+        for k in range(3):  # the shape's second call compiles its plan, the third makes its entry
+            comm.allreduce(np.full(4, r + k, np.float64))
+        entry = comm._new_allreduce
+        assert entry is not None
+        fresh = []
+        real_fresh = comm._fresh
+
+        def counted(*args, **kwargs):
+            fresh.append(args[0])
+            return real_fresh(*args, **kwargs)
+        comm._fresh = counted
+        total = sum(range(p))
+        for k in range(5):  # new arrays of the shape: the entry alone
+            assert comm.allreduce(np.full(4, r + k, np.float64)).tolist() == [total + p * k] * 4
+        assert fresh == [] and comm._new_allreduce is entry
+        got = {}
+        got["dtype"] = comm.allreduce(np.full(4, r, np.float32)).dtype
+        got["shape"] = comm.allreduce(np.full(5, r, np.float64)).tolist()
+        comm.allreduce(np.full(4, r, np.float64))  # (the entry of the shape it was, back again)
+        got["op"] = comm.allreduce(np.full(4, r, np.float64), "max").tolist()
+        comm.allreduce(np.full(4, r, np.float64))
+        got["algorithm"] = comm.allreduce(np.full(4, r, np.float64), algorithm="ring").tolist(), comm.last_algorithm
+        got["timeout"] = comm.allreduce(np.full(4, r, np.float64), timeout=30).tolist()
+        out = np.empty(4)
+        got["out"] = comm.allreduce(np.full(4, r, np.float64), out=out) is out and out.tolist()
+        got["strided"] = comm.allreduce(np.full(8, r, np.float64)[::2]).tolist()
+        x = np.full(4, r, np.float64)
+        got["read-only out"] = None
+        read_only = np.empty(4)
+        read_only.flags.writeable = False
+        try:
+            comm.allreduce(x, out=read_only)
+        except ck.InvalidBuffer as exc:
+            got["read-only out"] = "read-only" in str(exc)
+        # A concurrent call (another thread inside a call here): the general path names it.
+        comm._entry.acquire()
+        try:
+            comm.allreduce(np.full(4, r, np.float64))
+        except ck.ConcurrentCall:
+            got["concurrent"] = True
+        finally:
+            comm._entry.release()
+        # Check mode, a default timeout, an outstanding request: the entry is dropped while they last.
+        dropped = []
+        comm.check = True
+        dropped.append(comm._new_allreduce)
+        got["check"] = comm.allreduce(np.full(4, r, np.float64)).tolist()
+        comm.check = False
+        comm.timeout = 30
+        dropped.append(comm._new_allreduce)
+        got["default timeout"] = comm.allreduce(np.full(4, r, np.float64)).tolist()
+        comm.timeout = None
+        request = comm.iallreduce(np.full(4, r, np.float64))
+        dropped.append(comm._new_allreduce)
+        got["with a request out"] = comm.allreduce(np.full(4, r, np.float64)).tolist(), request.wait().tolist()
+        comm.allreduce(np.full(4, r, np.float64))
+        got["back"] = comm._new_allreduce is entry
+        # Debug logging (one logger for every rank's thread: rank 0 turns it on and off): the general
+        # path runs the call and logs it.
+        records = []
+        handler = logging.Handler(logging.DEBUG)
+        handler.emit = records.append
+        log = logging.getLogger("commkit")
+        level = log.level
+        comm.barrier()
+        if r == 0:
+            log.addHandler(handler)
+            log.setLevel(logging.DEBUG)
+        comm.barrier()
+        try:
+            comm.allreduce(np.full(4, r, np.float64))
+        finally:
+            comm.barrier()
+            if r == 0:
+                log.setLevel(level)
+                log.removeHandler(handler)
+        got["logged"] = sum("allreduce" in record.getMessage() for record in records) if r == 0 else p
+        comm._fresh = real_fresh
+        comm.free()
+        try:
+            comm.allreduce(np.full(4, r, np.float64))
+        except ck.CommClosed:
+            got["freed"] = True
+        return got, dropped
+
+    for p in (2, 3):
+        total = float(sum(range(p)))
+        for got, dropped in ck.run_local(body, p):
+            assert dropped == [None, None, None]
+            assert got["dtype"] == np.float32
+            assert got["shape"] == [total] * 5
+            assert got["op"] == [float(p - 1)] * 4
+            assert got["algorithm"] == ([total] * 4, "ring")
+            assert got["timeout"] == got["check"] == got["default timeout"] == got["strided"] == [total] * 4
+            assert got["out"] == [total] * 4
+            assert got["read-only out"] is True
+            assert got["concurrent"] is True
+            assert got["with a request out"] == ([total] * 4, [total] * 4)
+            assert got["back"] is True
+            assert got["logged"] >= p  # (each rank's call)
+            assert got["freed"] is True
+
+
+def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
+    """A timed call on new arrays runs its shape's timed entry: only for the same timeout (given, or the
+    communicator's default while it is the same), and it gives up on a peer that does not come."""
+    def body(comm):
+        r, p = comm.rank, comm.size
+        total = sum(range(p))
+        calls = []
+        real_fresh = comm._fresh
+
+        def counted(*args, **kwargs):
+            calls.append(args[0])
+            return real_fresh(*args, **kwargs)
+        comm._fresh = counted
+        got = {}
+        for k in range(8):
+            assert comm.allreduce(np.full(3, r + k, np.float64), timeout=30).tolist() == [total + p * k] * 3
+        got["given"] = len(calls), comm._entries.get("allreduce")
+        got["another timeout"] = comm.allreduce(np.full(3, r, np.float64), timeout=31.0).tolist()
+        comm.timeout = 20
+        for k in range(8):
+            assert comm.allreduce(np.full(3, r + k, np.float64)).tolist() == [total + p * k] * 3
+        before = len(calls)
+        comm.timeout = 25  # the entry made for the default of 20 must not run a call of 25 s
+        got["new default"] = comm.allreduce(np.full(3, r, np.float64)).tolist(), len(calls) - before
+        comm.timeout = None  # untimed again: no timed entry runs an untimed call
+        before = len(calls)
+        got["untimed"] = comm.allreduce(np.full(3, r, np.float64)).tolist(), len(calls) - before
+        for k in range(3):
+            comm.allreduce(np.full(3, r + k, np.float64), timeout=30)
+        comm._fresh = real_fresh
+        if r == p - 1:
+            return got, None, None  # never joins the next call
+        try:
+            comm.allreduce(np.full(3, r, np.float64), timeout=0.3)
+        except ck.CommTimeout as exc:
+            message = str(exc)
+        try:
+            comm.allreduce(np.full(3, r, np.float64), timeout=30)
+        except ck.CommBroken:
+            broken = True
+        return got, message, broken
+
+    for p in (2, 3):
+        total = float(sum(range(p)))
+        for r, (got, message, broken) in enumerate(ck.run_local(body, p)):
+            # Only the first three calls ask _fresh: the first two go on to the general path (the second
+            # compiles the shape plan), the third runs the plan and makes the entry, which runs the other five.
+            assert got["given"] == (3, True), got
+            assert got["another timeout"] == [total] * 3
+            assert got["new default"] == ([total] * 3, 1)
+            assert got["untimed"] == ([total] * 3, 1)
+            if r < p - 1:
+                assert "timed out after 0.3 s in allreduce" in message and "waiting for rank(s)" in message, message
+                assert broken is True
+
+
+def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answers():
+    """Each collective's entry (no out, its own out, in place; reduce on and off the root) against the
+    interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
+    forms = {"allreduce": (None, "out", "x"), "scan": (None, "out", "x"), "reduce": (None, "out"),
+             "broadcast": (None, "out", "x"), "allgather": (None, "out"), "alltoall": (None, "out")}
+
+    def call(comm, name, k, form):
+        r, p = comm.rank, comm.size
+        shape = (p, 3) if name == "alltoall" else (2, 3)
+        x = (np.arange(np.prod(shape)).reshape(shape) * (r + 1) + k).astype(np.int64)
+        result_shape = (p,) + shape if name == "allgather" else shape
+        out = x if form == "x" else np.empty(result_shape, np.int64) if form == "out" else None
+        if name == "reduce":
+            if out is not None and r != p - 1:
+                out = None  # (only the root has a result)
+            return comm.reduce(x, "sum", p - 1, out=out)
+        if name == "broadcast":
+            return comm.broadcast(x, p - 1, out=out)
+        if name in ("allgather", "alltoall"):
+            return getattr(comm, name)(x, out=out)
+        return getattr(comm, name)(x, "prod" if name == "scan" else "sum", out=out)
+
+    def body(comm):
+        ran = {}
+        answers = []
+        for name, shapes in forms.items():
+            for form in shapes:
+                for k in range(6):
+                    before = getattr(comm, "_new_" + name)
+                    result = call(comm, name, k, form)
+                    if k >= 3:  # from the fourth call the entry runs it, and stays
+                        assert before is not None and getattr(comm, "_new_" + name) is before, (name, form, k)
+                        ran[name, form] = True
+                    answers.append(None if result is None else result.tolist())
+        comm.plans = False
+        reference = [None if (result := call(comm, name, k, form)) is None else result.tolist()
+                     for name, shapes in forms.items() for form in shapes for k in range(6)]
+        return answers, reference, len(ran)
+
+    for p in (1, 2, 3):
+        for answers, reference, ran in ck.run_local(body, p):
+            assert answers == reference
+            assert ran == sum(len(shapes) for shapes in forms.values())
+
+
 def test_the_same_arrays_after_new_ones_still_get_their_own_plan():
     def body(comm):
         for _ in range(3):

@@ -534,7 +534,7 @@ def test_a_spinning_wait_yields_its_core_only_where_ranks_outnumber_cores(monkey
 
     yields = []
     monkeypatch.setattr(_wait.os, "sched_yield", lambda: yields.append(1))
-    monkeypatch.setattr(_wait, "_yield", False)
+    monkeypatch.setattr(_wait, "oversubscribed", False)
     try:
         for ranks, cores, shared in ((4, 2, True), (2, 2, False), (0, 2, False), (3, 1, True)):
             assert _wait.share_cores(ranks, cores) is shared

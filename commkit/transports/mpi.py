@@ -9,7 +9,8 @@ own collectives with the proper datatype and op.
 
 Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
 ``Waitall`` directly. With a timeout the executor must be able to give up, so
-requests are polled with ``Testall`` (spinning briefly, then backing off to
+requests are polled with ``Testall`` (a few tests before the clock is read,
+then spinning briefly, then backing off to
 short sleeps so oversubscribed ranks leave the core to the peer they wait on;
 where the launcher says more ranks run on this host than it has cores, each
 spinning poll yields the core as well).
@@ -46,6 +47,7 @@ import numpy as np
 from ..errors import MessageTruncated, TransportUnavailable
 from ..ops import OPS
 from . import _cuda
+from .. import _wait
 from .._wait import Backoff, share_cores
 from .base import ANY_SOURCE, ANY_TAG, Status, inline, short_receive
 
@@ -159,6 +161,26 @@ def _poll(test, timeout: float) -> bool:
     return True
 
 
+_QUICK = range(16)  # tests of a timed wait before it reads the clock (see _testall_until)
+
+
+def _testall_until(requests, statuses, timeout: float) -> bool:
+    """``Testall`` until every request completes (True) or ``timeout`` passes (False).
+
+    The first tests come without reading the clock or making a :class:`Backoff`:
+    a small transfer's messages arrive within a few of them, and the clock and the
+    closure cost about as much as a test. They yield the core where ranks
+    outnumber cores, as the spinning polls after them do.
+    """
+    testall = MPI.Request.Testall
+    for _ in _QUICK:
+        if testall(requests, statuses):
+            return True
+        if _wait.oversubscribed:
+            os.sched_yield()
+    return _poll(lambda: testall(requests, statuses), timeout)
+
+
 class _Pending:
     """Requests of one posted transfer, with the peer each one talks to.
 
@@ -192,7 +214,7 @@ class _Pending:
         try:
             if timeout is None:
                 MPI.Request.Waitall(requests, statuses)
-            elif not _poll(lambda: MPI.Request.Testall(requests, statuses), timeout):
+            elif not _testall_until(requests, statuses, timeout):
                 return self._stuck()
         except MPI.Exception as exc:
             raise self._failed(exc) from None
