@@ -17,11 +17,21 @@ How, and why this way:
   3.2 us when quiet and 19.6 us under load, with medians) other processes
   only ever add time, so the minimum is the least disturbed sample.
 * The crossovers come from :func:`commkit.cost.crossovers` with those
-  constants. Each one inside the benchmarked range is then confirmed: both
-  algorithms run (interleaved, same buffers) at half and twice the crossover.
-  Where the measurement disagrees, more sizes are probed in the direction it
-  points and the threshold moves to where the measured winner changes; every
-  rule's ``reason`` states the prediction and the measurement.
+  constants, less the model's regimes narrower than 1/8 of their lower bound
+  (:data:`MIN_REGIME_FRACTION`): the formulas of segmented algorithms are
+  sawtooths, and where two of them nearly tie the winner flips every few
+  bytes (reduce at p = 2 traded rabenseifner and binary_tree_segmented over
+  ranges a few hundred bytes wide, where the two formulas agree to the last
+  bit). Such a regime's sizes go to the neighbour whose algorithm has the
+  lower mean predicted time over them, and the rule's reason names what was
+  merged and the predicted time given up. Each crossover left inside the benchmarked range is then
+  confirmed: both algorithms run (interleaved, same buffers) at half and twice
+  the crossover. Where the measurement disagrees, more sizes are probed in the
+  direction it points and the threshold moves to where the measured winner
+  changes; every rule's ``reason`` states the prediction and the measurement.
+  A moved threshold stays where it was measured even if it leaves a rule
+  narrower than the model's minimum: that is evidence, not a near-tie of two
+  formulas, and the rule's reason says it was kept as measured.
 * Segmented algorithms (:attr:`commkit.algorithms.Algorithm.segmented`, such
   as allreduce ``ring_pipelined``) get their segment size measured, not
   modelled: the cost formulas know only the default segment. For every rule
@@ -60,6 +70,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -72,8 +83,8 @@ from .ops import get_op
 from .schedule import CallInfo, Exchange, run_schedule
 
 __all__ = ["measure_alpha_beta", "fit_alpha_beta", "measure_gamma", "build_table", "run", "summary",
-           "SEGMENT_LADDER", "parse_segments", "segment_candidates", "measure_segments", "NODE_LADDER_START",
-           "node_ladder", "measure_node", "node_rules"]
+           "MIN_REGIME_FRACTION", "SEGMENT_LADDER", "parse_segments", "segment_candidates", "measure_segments",
+           "NODE_LADDER_START", "node_ladder", "measure_node", "node_rules"]
 
 _REDUCING = collectives.REDUCING
 
@@ -528,9 +539,116 @@ def _span(lo, hi) -> str:
 # -- the table ---------------------------------------------------------------------------------------
 
 
+MIN_REGIME_FRACTION = 8
+"""A model regime narrower than 1/8 of its lower bound is merged into its neighbours (see :func:`_regimes`).
+
+Such a regime spans less than a sixth of an octave. The formulas of segmented
+algorithms are sawtooths (their cost jumps wherever the segment count does), so two
+nearly equal algorithms trade the win back and forth over a few bytes, which is noise
+in the formulas, not a regime: the teeth sit where the default segment puts them, and
+``tune`` measures the segment of a segmented rule instead. The confirming bench, which
+measures at half and twice a crossover, cannot resolve a range that narrow either.
+Wider islands, such as ring_pipelined's win from 64 to 83 MiB at p = 165, stay. What is
+merged is a near-tie: over 300 random constants and process counts of the collectives
+with segmented algorithms, the predicted time given up was under 0.1% for most merged
+rules and 2.5% at most; each rule's reason quotes its own figure."""
+
+
+@dataclass(frozen=True)
+class _Merged:
+    """A regime of the table and the model's regimes it covers (``pieces``, in order, some won by others)."""
+
+    regime: cost.Regime
+    pieces: tuple
+
+    @property
+    def given_up(self):
+        """The pieces whose sizes the model gives to another algorithm than this regime's."""
+        return [x for x in self.pieces if x.algorithm != self.regime.algorithm]
+
+
+def _too_narrow(reg) -> bool:
+    """Narrower than 1/:data:`MIN_REGIME_FRACTION` of its lower bound (the first and the last regime never are)."""
+    return reg.max_bytes is not None and (reg.max_bytes + 1 - reg.min_bytes) * MIN_REGIME_FRACTION < reg.min_bytes
+
+
+def _sizes_in(reg, step, most=9):
+    """Up to ``most`` call sizes spread evenly over ``reg`` (whole ``step``-byte elements), both ends included."""
+    count = (reg.max_bytes + 1 - reg.min_bytes) // step
+    picks = sorted({round(k * (count - 1) / (most - 1)) for k in range(most)}) if count > most else range(count)
+    return [reg.min_bytes + k * step for k in picks]
+
+
 def _regimes(collective, p, alpha, beta, gamma, commutative, itemsize):
-    return cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative,
-                           itemsize=itemsize)
+    """The model's regimes (:func:`commkit.cost.crossovers`) with the too narrow ones merged into their neighbours.
+
+    A regime narrower than 1/:data:`MIN_REGIME_FRACTION` of its lower bound (the
+    narrowest relative to its lower bound first) gives its sizes to the neighbour
+    whose algorithm has the lower mean predicted time over them; neighbours that then
+    name the same algorithm become one regime. The neighbours keep the sizes the model
+    says they win, so of the tables without that regime this one has the least
+    predicted time over the neighbours' and its sizes together. Only a neighbour's
+    algorithm can be chosen, and every regime's algorithm applies at ``p`` and for
+    the op (applicability depends on neither the size nor the neighbours), so the
+    merged regime's does too.
+
+    Returns:
+        a list of :class:`_Merged`, smallest sizes first: contiguous from 0, the last unbounded.
+    """
+    model = cost.crossovers(collective, p, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative,
+                            itemsize=itemsize)
+    step = itemsize or 1
+
+    def mean_time(algorithm, sizes):
+        return sum(cost.predict(collective, algorithm, p, n, alpha=alpha, beta=beta, gamma=gamma)
+                   for n in sizes) / len(sizes)
+
+    merged = [_Merged(reg, (reg,)) for reg in model]
+    while True:
+        narrow = [i for i, m in enumerate(merged) if _too_narrow(m.regime)]
+        if not narrow:
+            return merged
+        i = min(narrow, key=lambda k: ((merged[k].regime.max_bytes + 1 - merged[k].regime.min_bytes)
+                                       / merged[k].regime.min_bytes, k))
+        sizes = _sizes_in(merged[i].regime, step)
+        # A narrow regime is neither the first nor the last, so it has a neighbour on each side.
+        into = min((i - 1, i + 1), key=lambda k: (mean_time(merged[k].regime.algorithm, sizes), k))
+        algorithm = merged[into].regime.algorithm
+        merged[i] = _Merged(cost.Regime(algorithm, merged[i].regime.min_bytes, merged[i].regime.max_bytes),
+                            merged[i].pieces)
+        merged = _joined(merged)
+
+
+def _joined(merged):
+    """``merged`` with each run of neighbours that name the same algorithm made one."""
+    out = []
+    for m in merged:
+        if out and out[-1].regime.algorithm == m.regime.algorithm:
+            last = out.pop()
+            m = _Merged(cost.Regime(m.regime.algorithm, last.regime.min_bytes, m.regime.max_bytes),
+                        last.pieces + m.pieces)
+        out.append(m)
+    return out
+
+
+def _merged_note(collective, p, merged, alpha, beta, gamma, step):
+    """A sentence on the model's narrow regimes merged into this one and the predicted time given up; None if none."""
+    given_up = merged.given_up
+    if not given_up:
+        return None
+    worst = 0.0
+    for piece in given_up:
+        for n in _sizes_in(piece, step):
+            best = cost.predict(collective, piece.algorithm, p, n, alpha=alpha, beta=beta, gamma=gamma)
+            ours = cost.predict(collective, merged.regime.algorithm, p, n, alpha=alpha, beta=beta, gamma=gamma)
+            if best > 0:
+                worst = max(worst, ours / best - 1)
+    listed = ", ".join(f"{x.algorithm} at {_span(x.min_bytes, x.max_bytes)}" for x in given_up[:4])
+    more = f" and {len(given_up) - 4} more" if len(given_up) > 4 else ""
+    slower = f"at most {worst:.1%}" if worst >= 0.001 else "less than 0.1%"
+    return (f"the model's regimes {listed}{more} are merged in (each was narrower than 1/{MIN_REGIME_FRACTION} "
+            f"of its lower bound: two near-equal formulas trading the win, not a regime of its own); "
+            f"{merged.regime.algorithm} is predicted {slower} slower there")
 
 
 def _rule(p, reg, collective, reason, commutative_only, segment=None):
@@ -548,9 +666,15 @@ def _rule(p, reg, collective, reason, commutative_only, segment=None):
     return rule
 
 
-def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutative):
+def _model_reason(collective, p, merged, alpha, beta, gamma, measured_p, commutative, step):
+    reg = merged.regime
     lo, hi = reg.min_bytes, reg.max_bytes
-    probe = lo if hi is None else (lo + hi) // 2
+    # Quote the ranking inside the widest range the algorithm won in the model itself, not inside a merged one.
+    own = max((x for x in merged.pieces if x.algorithm == reg.algorithm),
+              key=lambda x: math.inf if x.max_bytes is None else x.max_bytes - x.min_bytes)
+    probe = own.min_bytes
+    if own.max_bytes is not None:  # the middle element: the formulas count whole elements
+        probe += (own.max_bytes + 1 - own.min_bytes) // step // 2 * step
     ranking = cost.best(collective, p, probe, alpha=alpha, beta=beta, gamma=gamma, commutative=commutative)
     runner = next((x for x in ranking if x.algorithm != reg.algorithm), None)
     span = f"{_size(lo)} to {_size(hi)}" if hi is not None else f"{_size(lo)} and up"
@@ -559,6 +683,9 @@ def _model_reason(collective, p, reg, alpha, beta, gamma, measured_p, commutativ
     if runner is not None:
         text += (f" ({format_seconds(ranking[0].seconds)} vs {runner.algorithm} {format_seconds(runner.seconds)} "
                  f"at {_size(probe)}; {ranking[0].formula})")
+    note = _merged_note(collective, p, merged, alpha, beta, gamma, step)
+    if note is not None:
+        text += f"; {note}"
     if not commutative:
         text += "; for non-commutative ops"
     if p != measured_p:
@@ -610,14 +737,20 @@ def build_table(alpha: float, beta: float, gamma: float, procs, collectives, *, 
         reducing = collective in _REDUCING
         for p in sorted(procs):
             for commutative in ((True, False) if reducing else (True,)):
-                model = _regimes(collective, p, alpha, beta, gamma, commutative, itemsize)
+                merged = _regimes(collective, p, alpha, beta, gamma, commutative, itemsize)
+                model = [m.regime for m in merged]
                 final, notes = model, [[] for _ in model]
                 if confirm is not None and p == measured_p and commutative:
                     final, notes = _confirmed(collective, model, confirm, table["measured"]["confirmations"],
                                               itemsize or 1)
-                for predicted, reg, note in zip(model, final, notes):
+                for predicted, reg, note in zip(merged, final, notes):
                     # The reason states the model's own range, then what the bench made of its ends.
-                    reason = _model_reason(collective, p, predicted, alpha, beta, gamma, measured_p, commutative)
+                    reason = _model_reason(collective, p, predicted, alpha, beta, gamma, measured_p, commutative,
+                                           itemsize or 1)
+                    if reg != predicted.regime and _too_narrow(reg):
+                        # Measured ends are evidence, not formula noise: such a rule stays, and says why it is narrow.
+                        note = [*note, f"narrower than 1/{MIN_REGIME_FRACTION} of its lower bound once the bench "
+                                       f"moved its ends; kept as measured"]
                     segment, seg_note = _segment_for(collective, p, reg, measured_p, measure_segment,
                                                      table["measured"]["segments"])
                     rules.append(_rule(p, reg, collective, "; ".join([reason, *note, *seg_note]),
