@@ -46,11 +46,11 @@ from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, Com
 from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
-from .plan import (SEEN, Entry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots, compile_ops,
-                   nonblocking_steps, persistent_steps, stand_in, timed_native)
+from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
+                   compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, check_in,
-                       inplace_safe, native_timeout_error, run_schedule, writes_input)
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, CompletedRun, Progress, ScheduleRequest, ScheduleRun,
+                       check_in, inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -311,6 +311,8 @@ class Communicator(VectorCollectives):
         self._fresh_last = [None, None]
         for collective in _FRESH_ENTRIES:  # the entry of each collective's last shape on new arrays (see _fresh)
             setattr(self, "_new_" + collective, None)
+            setattr(self, "_new_i" + collective, None)  # and of its i-form's
+        self._iforms_on = False
         self._entries: dict = {}  # collective -> whether its installed entry is timed (see _drop_entries)
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
@@ -348,6 +350,7 @@ class Communicator(VectorCollectives):
         # for, no check mode, no outstanding request to drive, a usable communicator.
         self._shapes_on = (self._plans_on and not self._check and not self._closed and not self._progress.requests)
         self._plain = self._shapes_on and self._timeout is None
+        self._iforms_on = self._plans_on and not self._check and not self._closed  # (read by i-form entries)
         if not self._plain and self._entries:
             self._drop_entries(untimed_only=self._shapes_on)
 
@@ -471,7 +474,7 @@ class Communicator(VectorCollectives):
 
     def _break(self, reason: str) -> None:
         """Mark this communicator unusable: messages of an interrupted call may still arrive."""
-        self._plain = self._shapes_on = False
+        self._plain = self._shapes_on = self._iforms_on = False
         self._drop_entries()
         if not self._closed:
             self._closed = (
@@ -497,7 +500,7 @@ class Communicator(VectorCollectives):
         if self._closed is _FREED:
             return
         self._closed = _FREED
-        self._plain = self._shapes_on = False
+        self._plain = self._shapes_on = self._iforms_on = False
         self._fast.clear()
         self._forget_shapes()
         self._forget_hot()
@@ -1169,8 +1172,9 @@ class Communicator(VectorCollectives):
             if not nonblocking:
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
-                self._by_shape_i[call.fresh] = (plan, self._nonblocking_steps(call, plan),
-                                                self._pool(call, plan, nonblocking=True))
+                # (3: the shape's entry, made by _fresh at its next call)
+                self._by_shape_i[call.fresh] = [plan, self._nonblocking_steps(call, plan),
+                                                self._pool(call, plan, nonblocking=True), None]
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
@@ -1395,6 +1399,9 @@ class Communicator(VectorCollectives):
             if not (untimed_only and timed):
                 setattr(self, "_new_" + collective, None)
                 del entries[collective]
+        if not untimed_only:  # (an i-form's entry checks for itself whether it may run; see _fresh)
+            for collective in _FRESH_ENTRIES:
+                setattr(self, "_new_i" + collective, None)
 
     def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None):
         """A call on new arrays of a shape already run: checked here and run from its cache; else _GENERAL.
@@ -1486,7 +1493,16 @@ class Communicator(VectorCollectives):
             if nonblocking:
                 if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
                     src = src.copy()
-                return self._fresh_request(collective, entry, src, dst, result, timeout)
+                request = self._fresh_request(collective, entry, src, dst, result, timeout)
+                if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it
+                    entry[3] = nonblocking_entry(
+                        Entry(x.dtype, x.shape, op, root, algorithm, form, shape,
+                              None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
+                              self._fresh_last, timeout, given_timeout, self._timeout),
+                        IEntry(collective, entry[0], entry[1], entry[2], weakref.proxy(self), ScheduleRequest, ScheduleRun,
+                               CompletedRun, _EMPTY))
+                setattr(self, "_new_i" + collective, entry[3])
+                return request
             shaped, native, made = entry
             if blocking_untimed:
                 # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
@@ -1565,7 +1581,7 @@ class Communicator(VectorCollectives):
         progress = self._progress
         if progress.held >= self._max_in_flight:
             return _GENERAL  # the general path raises, naming the limit
-        plan, compiled, pool = entry
+        plan, compiled, pool, _ = entry
         _, steps, scratch_n, _, name, tagbase, signature = plan
         seq = self._seq
         self._seq = seq + 1
@@ -1836,6 +1852,11 @@ class Communicator(VectorCollectives):
 
     def iallreduce(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allreduce`; ``wait()`` returns the result."""
+        fn = self._new_iallreduce  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, op, None)
+            if request is not _GENERAL:
+                return request
         request = self._fresh("allreduce", x, out, op, algorithm, timeout, nonblocking=True)
         if request is not _GENERAL:
             return request
@@ -1887,6 +1908,11 @@ class Communicator(VectorCollectives):
     def ireduce(self, x, op="sum", root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`reduce`."""
         if type(root) is int:
+            fn = self._new_ireduce  # the last shape's i-form entry on new arrays (see _fresh)
+            if fn is not None:
+                request = fn(x, out, algorithm, timeout, op, root)
+                if request is not _GENERAL:
+                    return request
             request = self._fresh("reduce", x, out, op, algorithm, timeout, nonblocking=True, root=root)
             if request is not _GENERAL:
                 return request
@@ -1922,6 +1948,11 @@ class Communicator(VectorCollectives):
 
     def iscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`scan`."""
+        fn = self._new_iscan  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, op, None)
+            if request is not _GENERAL:
+                return request
         request = self._fresh("scan", x, out, op, algorithm, timeout, nonblocking=True)
         if request is not _GENERAL:
             return request
@@ -1991,6 +2022,11 @@ class Communicator(VectorCollectives):
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`broadcast`."""
+        fn = self._new_ibroadcast  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, root, None)
+            if request is not _GENERAL:
+                return request
         request = self._fresh("broadcast", x, out, root, algorithm, timeout, nonblocking=True)
         if request is not _GENERAL:
             return request
@@ -2154,6 +2190,11 @@ class Communicator(VectorCollectives):
 
     def iallgather(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`allgather`."""
+        fn = self._new_iallgather  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, None, None)
+            if request is not _GENERAL:
+                return request
         request = self._fresh("allgather", x, out, None, algorithm, timeout, stacked=True, nonblocking=True)
         if request is not _GENERAL:
             return request
@@ -2210,6 +2251,11 @@ class Communicator(VectorCollectives):
 
     def ialltoall(self, x, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`alltoall`."""
+        fn = self._new_ialltoall  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, None, None)
+            if request is not _GENERAL:
+                return request
         request = self._fresh("alltoall", x, out, None, algorithm, timeout, nonblocking=True)
         if request is not _GENERAL:
             return request

@@ -49,8 +49,9 @@ from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summa
 from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, ScheduleRun, native_timeout_error, timeout_error,
                        transfer_error, wire_bytes)
 
-__all__ = ["SEEN", "Entry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest", "Slots",
-           "compile_ops", "nonblocking_steps", "persistent_steps", "stand_in", "timed_native"]
+__all__ = ["SEEN", "Entry", "IEntry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest",
+           "Slots", "compile_ops", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
+           "timed_native"]
 
 
 def _view(bufs, ref, slots=None):
@@ -375,7 +376,7 @@ class Entry(NamedTuple):
     native: bool = False
 
 
-def _entry_head(entry: Entry, ns: dict, pool=None, mask=None) -> tuple[list, list]:
+def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False) -> tuple[list, list]:
     """The lines of an entry (:meth:`Plan.entry`) before its run's body, and those taking the guard.
 
     The communicator installs an entry only while it is plain (no timeout,
@@ -394,19 +395,23 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None) -> tuple[list, lis
     form = entry.form
     kinds = ["type(_x) is not _ndarray", "_x.dtype is not _e_dtype", "_x.shape != _e_shape", "_a is not _e_a",
              "_alg is not _e_alg"]
-    if entry.timeout is None:
+    if entry.timeout is None and not nonblocking:
         kinds.append("_to is not None")
     else:  # the timeout given, or none while the communicator's default is the one this was made for
         ns.update(_e_given=entry.given, _e_default=entry.default)
         kinds.append("_to is not _e_given" + (" or _comm._timeout is not _e_default" if entry.given is None else ""))
     if entry.b is not None:
         kinds.append("_b != _e_b")
+    if nonblocking:  # (an i-form's entry stays installed: it checks that i-forms may run compiled)
+        kinds.append("not _comm._iforms_on")
     kinds += ["_trace_active", debug]
     kinds.append("_out is not None" if form == 0 else "_out is not _x" if form == 2 else "_out is None or _out is _x")
     kinds.append("not (_fl := _x.flags).c_contiguous" + (" or not _fl.writeable" if form == 2 else ""))
     head = ["    if (" + "\n            or ".join(kinds) + "):", "        return _GENERAL"]
     flat_in = "_x" if len(entry.shape) == 1 else "_x.reshape(-1)"
-    if form == 0 and entry.scratch is not None:  # no result on this rank: the run writes scratch
+    if form == 0 and entry.scratch is not None and nonblocking:  # no result here: scratch of its own
+        head += ["    _result = None", f"    _b_out = _empty({entry.scratch.size}, _e_dtype)"]
+    elif form == 0 and entry.scratch is not None:  # no result on this rank: the run writes scratch
         head += ["    _result = None", "    _b_out = _e_scratch"]
     elif form == 0:
         head.append("    _result = _empty(_e_rshape, _e_dtype)")
@@ -421,12 +426,13 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None) -> tuple[list, lis
                  "    _b_out = _out" if len(entry.result_shape) == 1 else "    _b_out = _out.reshape(-1)"]
     else:
         head += ["    _result = _out"]
-    # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
-    last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
-    head += ["    _w, _wo = _e_last",
-             f"    if _w is not None and _w() is _x and {last_out}:",
-             "        return _GENERAL",
-             f"    _b_in = {flat_in}"]
+    if not nonblocking:
+        # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
+        last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
+        head += ["    _w, _wo = _e_last",
+                 f"    if _w is not None and _w() is _x and {last_out}:",
+                 "        return _GENERAL"]
+    head.append(f"    _b_in = {flat_in}")
     if form == 2:
         head.append("    _b_out = _b_in")
     if entry.timeout is not None:
@@ -788,6 +794,117 @@ def _moved(steps) -> set:
 # A slot-list entry: this call number came once (its call posted its transfers), or its slot is in
 # flight or was given up; the number's next call makes a slot (see PersistentPool).
 SEEN = "seen"
+
+
+class IEntry(NamedTuple):
+    """What an i-form's entry (:func:`nonblocking_entry`) runs, besides the kinds its :class:`Entry` says.
+
+    ``collective`` names the call; ``plan`` is the communicator's cached plan tuple (choice, steps, scratch
+    count, in-place safety, name, tag base, signature); ``compiled`` the
+    shape's generator function (:func:`nonblocking_steps`); ``pool`` its
+    persistent transfers (:class:`PersistentPool`) or None. ``comm`` is the
+    communicator (a proxy), ``request``, ``run`` and ``completed`` the request,
+    run and completed-run classes of :mod:`commkit.schedule`; ``empty`` the
+    scratch of algorithms that need none.
+    """
+
+    collective: str
+    plan: tuple
+    compiled: Callable
+    pool: object
+    comm: object
+    request: type
+    run: type
+    completed: type
+    empty: object
+
+
+def nonblocking_entry(entry: Entry, spec: IEntry):
+    """An i-form on new arrays of a known shape as one generated function: ``run(x, out, algorithm, timeout, a, b)``.
+
+    What the communicator's ``_fresh`` and ``_fresh_request`` do for such a call,
+    written out for its kinds: the checks of :class:`Entry` (and that i-forms may
+    run compiled: plans on, no check mode, a usable communicator), the
+    outstanding-request limit, the guard, the call number (settling the requests
+    outstanding first, as every call does), the flight-recorder entry and the
+    tag; then the call's transfers started from a persistent slot where the
+    number has one (its first call posts), or posted. Its steps are driven at
+    once, as :class:`commkit.schedule.ScheduleRun` drives them at its start: a
+    run that completes there (a small call's usually does) is handed back as a
+    completed request without making a run object; one that does not becomes a
+    run from the step in flight, which :class:`commkit.schedule.Progress` drives
+    from then on. Anything else returns ``entry.general`` before anything is
+    sent. Its text is ``run.source``.
+    """
+    comm = spec.comm
+    choice, steps, scratch_n, inplace_safe, name, tagbase, signature = spec.plan
+    layout, progress, recorder = comm._layout, comm._progress, comm._recorder
+    ns = {"_comm": comm, "_acquire": comm._entry.acquire, "_release": comm._entry.release, "_progress": progress,
+          "_recorder": recorder, "_append": recorder.calls.append, "_last": (name, choice), "_sig": signature,
+          "_monotonic": _monotonic, "_compiled": spec.compiled, "_chan": comm._coll, "_Request": spec.request,
+          "_Run": spec.run, "_Completed": spec.completed,
+          # through the proxy at each call: a bound method would keep the communicator alive
+          "_on_timeout": lambda pending, reason: comm._collective_timed_out(pending, reason),
+          "_EMPTY": spec.empty, "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error,
+          "_end": FlightRecorder.finish, "_max_held": comm._max_in_flight, "_span": comm._seq_span,
+          "_rank": comm.rank}
+    head, _ = _entry_head(entry, ns, nonblocking=True)
+    coll, alg = repr(spec.collective), repr(name)
+    timeout = repr(entry.timeout) if entry.timeout is not None else "None"
+    ns["_timeout"] = entry.timeout
+    if entry.form == 2 and not inplace_safe:  # a schedule that reads its input after writing out
+        head.append("    _b_in = _b_in.copy()")
+    start = [f"_tmp = _empty({scratch_n}, _e_dtype)" if scratch_n else "_tmp = _EMPTY",
+             "_gen = _compiled(_b_in, _b_out, _tmp, tag, rec)"]
+    pool = spec.pool
+    if pool is not None:
+        ns.update(_slots=pool.slots, _make=pool.make, _pool_run=pool.run, _SEEN=SEEN)
+        start = ["_i = seq & " + str(layout.seq_mask), "_slot = _slots[_i]", "_slots[_i] = _SEEN",
+                 "if _slot is None:  # the number's first call posts its transfers",
+                 *("    " + line for line in start), "else:",
+                 "    if _slot is _SEEN:", "        _slot = _make(seq)",
+                 "    _gen = _pool_run(_b_in, _b_out, _slot, _slots, _i, rec)"]
+    info = f"({coll}, {alg}, seq, _rank, None)"
+    source = "\n".join([
+        "def run(_x, _out, _alg, _to, _a, _b):",
+        *head,
+        "    if _progress.held >= _max_held or not _acquire(False):",
+        "        return _GENERAL  # (the general path raises, naming the limit or the concurrent call)",
+        "    try:",
+        "        seq = _comm._seq",
+        "        _comm._seq = seq + 1",
+        "        if _progress.requests:",
+        f"            _progress.settle(seq, _span, {timeout})",
+        "        # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
+        "        # end, step, step_obj, state",
+        f"        rec = [seq, {coll}, {alg}, _sig, _monotonic(), None, -1, None, 'running']",
+        "        _append(rec)",
+        "        _comm._last = _last",
+        f"        tag = ((seq & {layout.seq_mask}) << {layout.seq_shift}) | {tagbase}",
+        *("        " + line for line in start),
+        "        # Driven at once, as a run is at its start: the steps that complete now.",
+        "        try:",
+        "            for _item in _gen:",
+        "                if not _item[2].test():  # in flight: a run drives it from here",
+        f"                    return _Request(_Run(None, None, _chan, tag, _timeout, {info}, None, _progress,",
+        "                                         _recorder, rec, _on_timeout, _result, _gen, _item), _progress)",
+        "        except _InvalidBuffer as exc:",
+        "            _end(rec, 'failed')",
+        f"            raise transfer_error({info}, rec[{STEP}], rec[{STEP_OBJ}], exc) from None",
+        "        except BaseException:",
+        f"            if rec[{STATE}] == 'running':",
+        "                _end(rec, 'failed')",
+        "            raise",
+        f"        rec[{T_END}] = _monotonic()",
+        f"        rec[{STATE}] = 'done'",
+        "        return _Request(_Completed(_result), _progress)",
+        "    finally:",
+        "        _release()",
+    ])
+    exec(compile(source, f"<commkit i-form entry: {spec.collective} {name}>", "exec"), ns)
+    run = ns["run"]
+    run.source = source
+    return run
 
 
 class PersistentPool:

@@ -78,6 +78,7 @@ __all__ = [
     "run_schedule",
     "ScheduleRun",
     "ScheduleRequest",
+    "CompletedRun",
     "CallInfo",
 ]
 
@@ -1043,7 +1044,7 @@ class ScheduleRun:
     def __init__(self, steps: Iterator, bufs: dict, chan, tag: int, timeout, info: CallInfo,
                  finish: Callable[[], Any] | None = None, progress: Progress | None = None,
                  recorder=None, rec: list | None = None, on_timeout: Callable[[Any], None] | None = None,
-                 value=None, run: Iterator | None = None):
+                 value=None, run: Iterator | None = None, begun=None):
         # info: a CallInfo, or the tuple of its fields (cheaper to make per call).
         self.tag_seq = info[2] if type(info) is tuple else info.seq  # the call number in its tag (Progress.settle)
         self._value = value  # the result when there is no finish to compute it
@@ -1068,6 +1069,8 @@ class ScheduleRun:
             tracer = info[4] if type(info) is tuple else info.tracer
             run = execute(steps, bufs, chan, tag, timeout, info, self._rec, tracer, blocking=False)
         self._run = run
+        if begun is not None:  # its start already ran up to this step, in flight (plan.nonblocking_entry)
+            self._index, self._step, self._pending = begun
         # Start at the call, as MPI's nonblocking collectives do, so that every rank starts its
         # requests in call order. On NCCL, whose steps complete once enqueued, this enqueues the
         # whole collective on the caller's stream here, whatever order the requests are waited in.
@@ -1193,6 +1196,26 @@ class ScheduleRun:
     def done(self) -> bool:
         """Whether the collective has completed (without making progress)."""
         return self._done
+
+
+class CompletedRun:
+    """The run of a nonblocking collective that its start completed: what :class:`ScheduleRequest` reads of one.
+
+    An i-form's entry (:func:`commkit.plan.nonblocking_entry`) hands one back when
+    every step completed at the call, without making a :class:`ScheduleRun`.
+    """
+
+    __slots__ = ("_result",)
+    _done = True
+
+    def __init__(self, result):
+        self._result = result
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None):
+        return self._result
 
 
 class ScheduleRequest(Request):

@@ -855,6 +855,61 @@ def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
                 assert broken is True
 
 
+def test_an_i_form_entry_starts_new_arrays_alone_and_keeps_every_rule_of_the_requests():
+    """The i-form entry of a known shape (plan.nonblocking_entry): right results whether its start completes
+    the run or leaves a step in flight; check mode and a broken communicator still send the call on to the
+    checked path. (The outstanding-request limit, through the entries too: test_lifetime, test_mismatch.)"""
+    import time
+
+    def body(comm):
+        r, p = comm.rank, comm.size
+        total = sum(range(p))
+        for k in range(3):
+            assert comm.iallreduce(np.full(4, r + k, np.float64)).wait().tolist() == [total + p * k] * 4
+        assert comm._new_iallreduce is not None
+        calls = []
+        real_fresh = comm._fresh
+
+        def counted(*args, **kwargs):
+            calls.append(args[0])
+            return real_fresh(*args, **kwargs)
+        comm._fresh = counted
+        got = {}
+        # Started together, waited for in the other order; the last rank starts late, so the others' starts
+        # leave their runs in flight.
+        if r == p - 1:
+            time.sleep(0.05)
+        requests = [comm.iallreduce(np.full(4, r + k, np.float64)) for k in range(3)]
+        got["in flight"] = [q.wait().tolist() for q in reversed(requests)][::-1]
+        got["entry only"] = list(calls)
+        held = [comm.iallreduce(np.full(4, r, np.float64)) for _ in range(3)]
+        got["held"] = [q.wait().tolist() for q in held]
+        comm.check = True
+        got["check"] = comm.iallreduce(np.full(4, r, np.float64)).wait().tolist()
+        comm.check = False
+        comm._fresh = real_fresh
+        if r == p - 1:
+            return got, None
+        try:
+            comm.iallreduce(np.full(4, r, np.float64)).wait(timeout=0.3)
+        except ck.CommTimeout:
+            pass
+        try:
+            comm.iallreduce(np.full(4, r, np.float64))
+        except ck.CommBroken:
+            return got, "broken"
+        return got, None
+
+    for p in (2, 3):
+        total = float(sum(range(p)))
+        for r, (got, broken) in enumerate(ck.run_local(body, p)):
+            assert got["in flight"] == [[total + p * k] * 4 for k in range(3)], got
+            assert got["entry only"] == [], got
+            assert got["held"] == [[total] * 4] * 3
+            assert got["check"] == [total] * 4
+            assert broken == ("broken" if r < p - 1 else None)
+
+
 def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answers():
     """Each collective's entry (no out, its own out, in place; reduce on and off the root) against the
     interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
