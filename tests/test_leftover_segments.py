@@ -1,4 +1,4 @@
-"""MPI segments a job leaves in /dev/shm are removed after the job.
+"""MPI segments a job leaves in /dev/shm are removed: after each job, and at the end of a test session.
 
 MPICH (``mpich_shm_*``) and Open MPI (``sm_segment.*``) leave their shared-memory
 files behind when a job does not end cleanly (``MPI_Abort``, a killed rank, a
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import sys
 import textwrap
 
@@ -70,6 +71,57 @@ def test_only_new_unused_mpi_segments_of_this_user_are_removed(fake_shm):
         mapped.close()
     # Once the job that held them has gone, they are removed too.
     assert sorted(remove_left_segments(before, wait=0.0)) == ["mpich_shm_held_0", "sm_segment.host.0.mapped.0"]
+
+
+def _session(tmp_path, test_module: str):
+    """Run a test session of ``test_module`` under this suite's conftest.py, its /dev/shm a stand-in that holds
+    one MPI segment from before it began. Returns (the stand-in, the session's CompletedProcess)."""
+    from commkit._mpiexec import run_group
+
+    fake_shm = _stand_in(tmp_path)
+    _touch(fake_shm, "mpich_shm_before_0")  # not the session's to remove
+    session = tmp_path / "session"
+    session.mkdir()
+    shutil.copy(os.path.join(HERE, "conftest.py"), session / "conftest.py")
+    # Replaced as the module is collected, before the session's net looks at /dev/shm.
+    (session / "test_session.py").write_text(
+        'import os\nfrom commkit import _mpiexec\n_mpiexec.SHM = os.environ["FAKE_SHM"]\n'
+        + textwrap.dedent(test_module))
+    env = dict(os.environ, FAKE_SHM=fake_shm, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = run_group([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(session)], timeout=120,
+                       env=env, cwd=str(session))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return fake_shm, result
+
+
+LEAKY_SESSION = """
+running = []
+
+
+def test_a_job_that_left_its_segment():
+    with open(os.path.join(_mpiexec.SHM, "mpich_shm_1eaced_0"), "wb") as f:
+        f.write(b"segment")
+
+
+def test_a_job_still_running_at_the_end():
+    running.append(open(os.path.join(_mpiexec.SHM, "sm_segment.host.0.a11ve.0"), "wb"))
+"""
+
+
+def test_a_session_removes_and_lists_what_its_jobs_left_and_keeps_what_is_in_use(tmp_path):
+    fake_shm, result = _session(tmp_path, LEAKY_SESSION)
+    out = result.stdout + result.stderr
+    assert "warning: MPI segments left in /dev/shm" in out
+    assert os.path.join(fake_shm, "mpich_shm_1eaced_0") in out
+    assert "a11ve" not in out and "mpich_shm_before_0" not in out
+    # Kept: the session still held it when its net looked.
+    assert sorted(os.listdir(fake_shm)) == ["mpich_shm_before_0", "sm_segment.host.0.a11ve.0"]
+
+
+def test_a_session_whose_jobs_left_nothing_says_nothing(tmp_path):
+    fake_shm, result = _session(tmp_path, "def test_nothing_left():\n    pass\n")
+    assert "/dev/shm" not in result.stdout + result.stderr
+    assert os.listdir(fake_shm) == ["mpich_shm_before_0"]
 
 
 ABORTS = """
