@@ -4,7 +4,10 @@ Used by the launcher, ``commkit bench -n N`` and the test-suite. Prefers the
 ``mpiexec`` next to the running Python (a virtual environment with the
 ``mpich`` wheels), then the one on PATH. Jobs start in their own process
 group so that a timeout or Ctrl-C can end every process of the job and no
-other (never by name).
+other (never by name). Once a job has ended, the shared-memory segments its
+MPI library left in /dev/shm (it does after ``MPI_Abort`` or a killed rank)
+are removed: :func:`process_group`, :func:`run_group` and :func:`run_job` do
+it for every job they start.
 
 A process started by a launcher knows it from its environment, before MPI is
 initialised: :func:`under_mpiexec`, :func:`launcher_rank` and
@@ -15,6 +18,7 @@ Open MPI (``OMPI_COMM_WORLD_*``) and PMIx launchers such as ``srun`` or
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -25,8 +29,8 @@ import time
 
 from .errors import TransportUnavailable
 
-__all__ = ["after_job", "find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "remove_left_segments",
-           "run_group", "run_job", "shm_names", "terminate_group", "under_mpiexec"]
+__all__ = ["after_job", "find_mpiexec", "launcher_rank", "launcher_size", "mpiexec_command", "process_group",
+           "remove_left_segments", "run_group", "run_job", "shm_names", "terminate_group", "under_mpiexec"]
 
 # The rank and the size of this process in its job, as each launcher names them.
 RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -133,20 +137,12 @@ def run_job(nprocs: int, argv: list[str], *, timeout: float | None = None, env: 
 
     A job that did not end cleanly (``MPI_Abort``, a rank killed, the timeout) leaves
     its MPI library's shared-memory segments in ``/dev/shm``: they are removed once
-    the job has ended (see :func:`remove_left_segments`).
+    the job has ended (see :func:`process_group`).
 
     Raises:
         subprocess.TimeoutExpired: after ending every process of the job.
     """
-    before = shm_names()
-    returncode = None
-    try:
-        result = run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env,
-                           cwd=cwd)
-        returncode = result.returncode
-        return result
-    finally:
-        after_job(before, returncode)
+    return run_group(mpiexec_command(nprocs, argv, label_output=label_output), timeout=timeout, env=env, cwd=cwd)
 
 
 def after_job(before: set | None, returncode: int | None) -> None:
@@ -222,21 +218,46 @@ def remove_left_segments(before: set, wait: float = 2.0) -> list[str]:
     return removed
 
 
+@contextlib.contextmanager
+def process_group(cmd: list[str], **popen_args):
+    """Start ``cmd`` in a process group of its own; on the way out, end the group and clean up after its MPI job.
+
+    For an MPI job, or a program that starts one (``commkit bench -n 2``, a
+    benchmark script), run by a caller that watches it itself. Yields the
+    ``Popen`` (``popen_args`` are passed to it). On leaving, the group is ended if
+    ``cmd`` is still running (:func:`terminate_group`), and the segments a job
+    that did not end cleanly left in /dev/shm are removed (:func:`after_job`).
+    """
+    before = shm_names()
+    proc = subprocess.Popen(cmd, start_new_session=True, **popen_args)
+    try:
+        yield proc
+    finally:
+        terminate_group(proc)
+        after_job(before, proc.returncode)
+
+
 def run_group(cmd: list[str], *, timeout: float | None = None, env: dict | None = None,
               cwd: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in a process group of its own and capture its output; end the whole group on timeout."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        terminate_group(proc)
-        proc.communicate()
-        _await_group(proc.pid)
-        raise
-    if proc.returncode != 0:  # an aborted job's launcher may return before the ranks it killed have gone
-        _await_group(proc.pid)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """Run ``cmd`` in a process group of its own and capture its output; end the whole group on timeout.
+
+    ``cmd`` may be an MPI job or a program that starts one: what such a job left in
+    /dev/shm is removed once the group has ended (see :func:`process_group`).
+
+    Raises:
+        subprocess.TimeoutExpired: after ending every process of the group.
+    """
+    with process_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            terminate_group(proc)
+            proc.communicate()
+            _await_group(proc.pid)
+            raise
+        if proc.returncode != 0:  # an aborted job's launcher may return before the ranks it killed have gone
+            _await_group(proc.pid)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _await_group(pgid: int, grace: float = 5.0) -> None:

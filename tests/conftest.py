@@ -1,7 +1,14 @@
-"""Shared test fixtures: hypothesis profiles and the MPI job runner.
+"""Shared test fixtures: hypothesis profiles, the MPI job runner, and the net under /dev/shm.
 
 Hypothesis profiles: ``ci`` (bounded, the default under CI=true) and ``thorough``
 (local runs: ``HYPOTHESIS_PROFILE=thorough``); ``dev`` is the default otherwise.
+
+An MPI job that does not end cleanly leaves its library's shared-memory segments
+in /dev/shm, and nothing else ever removes them. Every job a test starts through
+``run_mpi``, ``run_job``, ``run_group``, ``process_group`` or ``commkit.launch``
+removes its own; a job started some other way is caught at the end of the
+session, and listed, so that the test that leaked can be found and routed
+through a helper.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ settings.register_profile("thorough", max_examples=500, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_SEGMENTS_LEFT = pytest.StashKey[list]()
 
 
 def have_mpi() -> bool:
@@ -79,3 +87,36 @@ def mpi():
     if not have_mpi():
         pytest.skip("needs mpi4py and mpiexec (pip install 'commkit[mpi]')")
     return run_mpi
+
+
+@pytest.fixture(scope="session", autouse=True)
+def segments_left_behind(pytestconfig):
+    """At the end of the session, remove the MPI segments left in /dev/shm since it began; the summary lists them.
+
+    Only what :func:`commkit._mpiexec.remove_left_segments` would remove after a job:
+    this user's ``mpich_shm_*``/``sm_segment.*`` files made during the session that
+    no process maps or holds open (a job running beside the session keeps its own).
+    """
+    from commkit import _mpiexec
+
+    before = _mpiexec.shm_names()
+    yield
+    if before is not None:
+        # Every job of the session has ended: a file still in use is another session's.
+        pytestconfig.stash[_SEGMENTS_LEFT] = _mpiexec.remove_left_segments(before, wait=0.0)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Warn about the segments :func:`segments_left_behind` had to remove, naming each."""
+    left = config.stash.get(_SEGMENTS_LEFT, [])
+    if not left:
+        return
+    from commkit._mpiexec import SHM
+
+    terminalreporter.write_sep("=", "warning: MPI segments left in /dev/shm", yellow=True, bold=True)
+    terminalreporter.write_line(
+        f"removed {len(left)} file(s) that appeared during this session and that no process used: an MPI job that "
+        "did not end cleanly left them, started other than through run_mpi, run_job, run_group, process_group or "
+        "commkit.launch (which clean up after their own):")
+    for name in left:
+        terminalreporter.write_line(f"    {os.path.join(SHM, name)}")

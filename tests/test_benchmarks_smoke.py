@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -33,20 +32,17 @@ def _report():
     return benchmark_module("_report")
 
 
-def _run(argv, timeout=120):
-    """Run a script in its own process group (it starts its own mpiexec job); end the group afterwards."""
-    from commkit._mpiexec import terminate_group
+def _run(argv, timeout=120, env=None):
+    """Run a script that starts its own mpiexec job in a process group of its own: the group is ended on a
+    timeout, and whatever the job left in /dev/shm is removed (``run_group``). Returns its stdout."""
+    from commkit._mpiexec import run_group
 
-    env = {k: v for k, v in os.environ.items() if k not in OUTER}
-    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        terminate_group(proc)
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
-    assert "Traceback" not in err
-    return out
+    full = {k: v for k, v in os.environ.items() if k not in OUTER}
+    full.update(env or {})
+    result = run_group([sys.executable, *argv], timeout=timeout, env=full, cwd=ROOT)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result.stdout
 
 
 def _floor_segments():
@@ -78,18 +74,8 @@ def test_quick_inplace_table_covers_every_in_place_collective(mpi):
 
 @pytest.mark.mpi
 def test_quick_comparison_writes_page_figures_and_right_results(mpi, tmp_path):
-    from commkit._mpiexec import terminate_group
-
-    env = {k: v for k, v in os.environ.items() if k not in OUTER}
-    env["COMMKIT_ALLREDUCE_ALGORITHM"] = "naive"  # the script must clear overrides like this one
-    proc = subprocess.Popen([sys.executable, SCRIPT, "--quick", "--out", str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=150)
-    finally:
-        terminate_group(proc)
-    assert proc.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}"
-    assert "Traceback" not in err
+    # The script must clear overrides like this one.
+    out = _run([SCRIPT, "--quick", "--out", str(tmp_path)], timeout=150, env={"COMMKIT_ALLREDUCE_ALGORITHM": "naive"})
 
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     rows = results["bench"]["2"]["rows"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -32,9 +31,11 @@ sys.path.pop(0)
 
 
 def _run_script(*args, timeout=300):
+    """Run the sweep in a process group of its own, ended on a timeout; what its jobs left in /dev/shm is removed."""
+    from commkit._mpiexec import run_group
+
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    return run_group([sys.executable, SCRIPT, *args], timeout=timeout, env=env, cwd=ROOT)
 
 
 def _check_clean_run(result, summary_path):

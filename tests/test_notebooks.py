@@ -46,24 +46,29 @@ def _clean_env() -> dict:
 
 
 def _run(notebook: Path) -> tuple[int, str, float]:
-    """Run nbmake on ``notebook`` in a new process group; return (exit code, output, seconds)."""
+    """Run nbmake on ``notebook`` in a new process group; return (exit code, output, seconds).
+
+    What the notebook's MPI jobs left in /dev/shm is removed afterwards (``process_group``).
+    """
+    from commkit._mpiexec import process_group
+
     cmd = [sys.executable, "-m", "pytest", "--nbmake", f"--nbmake-timeout={LIMIT}", "-p", "no:cacheprovider",
            "-q", "--no-header", "-o", "addopts=", str(notebook)]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=LIMIT)
-    except subprocess.TimeoutExpired:
-        # SIGINT lets pytest shut the kernel down the normal way; then nothing is left to chance.
-        proc.send_signal(signal.SIGINT)
+    with process_group(cmd, cwd=ROOT, env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True) as proc:
         try:
-            out, _ = proc.communicate(timeout=GRACE)
+            out, _ = proc.communicate(timeout=LIMIT)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-        return -1, out, time.monotonic() - started
-    return proc.returncode, out, time.monotonic() - started
+            # SIGINT lets pytest shut the kernel down the normal way; then nothing is left to chance.
+            proc.send_signal(signal.SIGINT)
+            try:
+                out, _ = proc.communicate(timeout=GRACE)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+            return -1, out, time.monotonic() - started
+        return proc.returncode, out, time.monotonic() - started
 
 
 def test_every_notebook_is_collected():

@@ -1,0 +1,168 @@
+"""MPI segments a job leaves in /dev/shm are removed: after each job, and at the end of a test session.
+
+MPICH (``mpich_shm_*``) and Open MPI (``sm_segment.*``) leave their shared-memory
+files behind when a job does not end cleanly (``MPI_Abort``, a killed rank, a
+timeout); every CI run used to add some, and nothing removes them. The rules are
+tested on a stand-in /dev/shm (a temporary directory) so that no other user's
+file is ever at stake, and once on the real one with a real aborted job.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+
+from conftest import have_mpi
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def _stand_in(tmp_path) -> str:
+    """A directory standing in for /dev/shm, by its real path (the one /proc names a mapped or open file by)."""
+    shm = os.path.realpath(tmp_path / "shm")
+    os.mkdir(shm)
+    return shm
+
+
+@pytest.fixture
+def fake_shm(tmp_path, monkeypatch):
+    """A stand-in for /dev/shm that this process's cleanup looks at instead."""
+    from commkit import _mpiexec
+
+    shm = _stand_in(tmp_path)
+    monkeypatch.setattr(_mpiexec, "SHM", shm)
+    return shm
+
+
+def _touch(shm, name, size=4096):
+    path = os.path.join(shm, name)
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+    return path
+
+
+def test_only_new_unused_mpi_segments_of_this_user_are_removed(fake_shm):
+    from commkit._mpiexec import remove_left_segments, shm_names
+
+    _touch(fake_shm, "mpich_shm_older_0")
+    before = shm_names()
+    left = [_touch(fake_shm, name) for name in ("mpich_shm_5eed1e55_0", "sm_segment.host.0.1f2e3d4c.0")]
+    _touch(fake_shm, "not_an_mpi_segment")
+    held = open(_touch(fake_shm, "mpich_shm_held_0"), "rb")  # a job still running holds its segment open...
+    with open(_touch(fake_shm, "sm_segment.host.0.mapped.0"), "r+b") as f:
+        mapped = mmap.mmap(f.fileno(), 0)  # ...or only maps it, the descriptor closed
+    others = os.geteuid() == 0
+    if others:  # a file of another user (only root can make one)
+        os.chown(_touch(fake_shm, "mpich_shm_someone_else_0"), 65534, 65534)
+    try:
+        removed = remove_left_segments(before, wait=0.0)
+        assert sorted(removed) == sorted(os.path.basename(path) for path in left)
+        assert not any(os.path.exists(path) for path in left)
+        kept = {"mpich_shm_older_0", "not_an_mpi_segment", "mpich_shm_held_0", "sm_segment.host.0.mapped.0"}
+        assert set(os.listdir(fake_shm)) == kept | ({"mpich_shm_someone_else_0"} if others else set())
+    finally:
+        held.close()
+        mapped.close()
+    # Once the job that held them has gone, they are removed too.
+    assert sorted(remove_left_segments(before, wait=0.0)) == ["mpich_shm_held_0", "sm_segment.host.0.mapped.0"]
+
+
+def _session(tmp_path, test_module: str):
+    """Run a test session of ``test_module`` under this suite's conftest.py, its /dev/shm a stand-in that holds
+    one MPI segment from before it began. Returns (the stand-in, the session's CompletedProcess)."""
+    from commkit._mpiexec import run_group
+
+    fake_shm = _stand_in(tmp_path)
+    _touch(fake_shm, "mpich_shm_before_0")  # not the session's to remove
+    session = tmp_path / "session"
+    session.mkdir()
+    shutil.copy(os.path.join(HERE, "conftest.py"), session / "conftest.py")
+    # Replaced as the module is collected, before the session's net looks at /dev/shm.
+    (session / "test_session.py").write_text(
+        'import os\nfrom commkit import _mpiexec\n_mpiexec.SHM = os.environ["FAKE_SHM"]\n'
+        + textwrap.dedent(test_module))
+    env = dict(os.environ, FAKE_SHM=fake_shm, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = run_group([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(session)], timeout=120,
+                       env=env, cwd=str(session))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return fake_shm, result
+
+
+LEAKY_SESSION = """
+running = []
+
+
+def test_a_job_that_left_its_segment():
+    with open(os.path.join(_mpiexec.SHM, "mpich_shm_1eaced_0"), "wb") as f:
+        f.write(b"segment")
+
+
+def test_a_job_still_running_at_the_end():
+    running.append(open(os.path.join(_mpiexec.SHM, "sm_segment.host.0.a11ve.0"), "wb"))
+"""
+
+
+def test_a_session_removes_and_lists_what_its_jobs_left_and_keeps_what_is_in_use(tmp_path):
+    fake_shm, result = _session(tmp_path, LEAKY_SESSION)
+    out = result.stdout + result.stderr
+    assert "warning: MPI segments left in /dev/shm" in out
+    assert os.path.join(fake_shm, "mpich_shm_1eaced_0") in out
+    assert "a11ve" not in out and "mpich_shm_before_0" not in out
+    # Kept: the session still held it when its net looked.
+    assert sorted(os.listdir(fake_shm)) == ["mpich_shm_before_0", "sm_segment.host.0.a11ve.0"]
+
+
+def test_a_session_whose_jobs_left_nothing_says_nothing(tmp_path):
+    fake_shm, result = _session(tmp_path, "def test_nothing_left():\n    pass\n")
+    assert "/dev/shm" not in result.stdout + result.stderr
+    assert os.listdir(fake_shm) == ["mpich_shm_before_0"]
+
+
+ABORTS = """
+import os
+
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+comm.Barrier()  # every rank has made or attached the library's segments
+with open("/proc/self/maps") as f:
+    mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line}
+print("mapped:", *sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment."))), flush=True)
+comm.Barrier()
+if comm.Get_rank() == 1:
+    comm.Abort(3)
+comm.Barrier()
+"""
+
+STARTS_ITS_OWN_JOB = """
+import subprocess
+import sys
+
+from commkit._mpiexec import mpiexec_command
+
+# As `commkit bench -n 2` and the benchmark scripts do: the job in a session of its own, waited for.
+sys.exit(subprocess.Popen(mpiexec_command(2, [sys.executable, sys.argv[1]]), start_new_session=True).wait())
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
+                    reason="the MPI libraries keep their segments in /dev/shm; /proc names those a rank maps")
+def test_a_program_run_in_a_group_that_starts_an_aborting_job_leaves_no_segment(tmp_path):
+    from commkit._mpiexec import run_group
+
+    job = tmp_path / "aborts.py"
+    job.write_text(ABORTS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    result = run_group([sys.executable, "-c", STARTS_ITS_OWN_JOB, str(job)], timeout=120, env=env)
+    assert result.returncode == 3, result.stdout + result.stderr
+    mapped = {name for line in result.stdout.splitlines() if line.startswith("mapped:") for name in line.split()[1:]}
+    assert mapped, result.stdout  # else the job made no segment and the test proves nothing
+    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], sorted(mapped)
