@@ -660,25 +660,22 @@ def relaunch(nprocs: int, script: str, argv) -> int | None:
 
     Returns the job's exit status, or None when already inside a job (run the
     script's body). The job runs in its own process group, which is ended --
-    every process of it -- when it finishes, fails or this process is interrupted.
+    every process of it -- when it finishes, fails or this process is interrupted;
+    what it left in /dev/shm is removed.
     """
     if any(k in os.environ for k in _LAUNCHED):
         return None
-    import subprocess
-
-    from commkit._mpiexec import mpiexec_command, terminate_group
+    from commkit._mpiexec import mpiexec_command, process_group
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen(mpiexec_command(nprocs, [sys.executable, os.path.abspath(script), *argv]), env=env,
-                            start_new_session=True)
+    cmd = mpiexec_command(nprocs, [sys.executable, os.path.abspath(script), *argv])
     try:
-        return proc.wait()
+        with process_group(cmd, env=env) as proc:
+            return proc.wait()
     except KeyboardInterrupt:
         return 130
-    finally:
-        terminate_group(proc)
 
 
 def git_revision(root: str) -> str | None:

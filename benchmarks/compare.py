@@ -134,7 +134,7 @@ class Runner:
         self.count = 0
 
     def __call__(self, nprocs, spec, what):
-        from commkit._mpiexec import mpiexec_command, terminate_group
+        from commkit._mpiexec import mpiexec_command, process_group
 
         self.count += 1
         spec_path = os.path.join(self.workdir, f"spec{self.count}.json")
@@ -144,13 +144,12 @@ class Runner:
         argv = [sys.executable, os.path.abspath(__file__), "--worker", spec_path, result_path]
         cmd = mpiexec_command(nprocs, argv) if nprocs else argv
         print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
-        proc = subprocess.Popen(cmd, env=_env(self.tuning), cwd=ROOT, start_new_session=True)
-        try:
-            code = proc.wait(self.timeout)
-        except subprocess.TimeoutExpired:
-            raise JobFailed(f"{what}: no result after {self.timeout:g} s; the job was ended.") from None
-        finally:
-            terminate_group(proc)  # whatever happened, no process of the job outlives it
+        # Whatever happened, no process of the job outlives it, nor what it left in /dev/shm.
+        with process_group(cmd, env=_env(self.tuning), cwd=ROOT) as proc:
+            try:
+                code = proc.wait(self.timeout)
+            except subprocess.TimeoutExpired:
+                raise JobFailed(f"{what}: no result after {self.timeout:g} s; the job was ended.") from None
         if code != 0 or not os.path.exists(result_path):
             raise JobFailed(f"{what}: the job exited with status {code} (its output is above).")
         with open(result_path) as f:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
@@ -39,16 +38,13 @@ def _parser():
 
 
 def _launch(args, argv) -> int:
-    from commkit._mpiexec import mpiexec_command, terminate_group
+    from commkit._mpiexec import mpiexec_command, process_group
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("COMMKIT_") or k == "COMMKIT_MPIEXEC"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-    proc = subprocess.Popen(mpiexec_command(args.nprocs, [sys.executable, os.path.abspath(__file__), *argv,
-                                                          "--worker"]), env=env, start_new_session=True)
-    try:
+    with process_group(mpiexec_command(args.nprocs, [sys.executable, os.path.abspath(__file__), *argv, "--worker"]),
+                       env=env) as proc:
         return proc.wait()
-    finally:
-        terminate_group(proc)
 
 
 def _worker(args) -> int:

@@ -22,11 +22,10 @@ import importlib.util
 import os
 import platform
 import socket
-import subprocess
 import sys
 
 from . import algorithms
-from ._mpiexec import launcher_rank, launcher_size, mpiexec_command, terminate_group
+from ._mpiexec import launcher_rank, launcher_size, mpiexec_command, process_group
 from .errors import AlgorithmNotApplicable, CommError, InvalidArgument, TransportUnavailable, UnsupportedOp
 
 __all__ = ["main"]
@@ -231,17 +230,13 @@ def _launch(nprocs: int, argv: list[str]) -> int:
     if sys.stderr.isatty():
         env[_TTY] = "1"
     try:
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+        with process_group(cmd, env=env) as proc:  # (which also removes what an aborted job left in /dev/shm)
+            return proc.wait()
     except OSError as exc:
         raise TransportUnavailable(f"cannot start {cmd[0]}: {exc.strerror}; set COMMKIT_MPIEXEC to a working "
                                    "mpiexec or install MPI with `pip install 'commkit[mpi]'`.") from None
-    try:
-        return proc.wait()
     except KeyboardInterrupt:
-        terminate_group(proc)
         return 130
-    finally:
-        terminate_group(proc)
 
 
 def _needs_launch(args) -> bool:

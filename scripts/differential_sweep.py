@@ -96,7 +96,7 @@ for _path in (TESTS, ROOT):
 
 import commkit as ck  # noqa: E402
 from commkit import algorithms, collectives  # noqa: E402
-from commkit._mpiexec import mpiexec_command, terminate_group  # noqa: E402
+from commkit._mpiexec import mpiexec_command, process_group  # noqa: E402
 
 import contracts  # noqa: E402
 
@@ -735,24 +735,22 @@ def supervise(world: str, p: int, scenarios, tally: Tally, *, hang_timeout: floa
             log_path = os.path.join(out_dir, "worker.log")
             reader = _Reader(out_dir)
             started = time.monotonic()
-            with open(log_path, "w") as log:
-                proc = subprocess.Popen(_worker_command(world, p, todo_path, out_dir), stdout=log,
-                                        stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            # The worker's group is ended on the way out, and what a hung or crashed MPI worker left in
+            # /dev/shm is removed.
+            with open(log_path, "w") as log, process_group(_worker_command(world, p, todo_path, out_dir),
+                                                           stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
                 hung = False
-                try:
-                    last_lines, last_change = 0, time.monotonic()
-                    while proc.poll() is None:
-                        time.sleep(0.5)
-                        lines = reader.poll()
-                        if lines != last_lines:
-                            last_lines, last_change = lines, time.monotonic()
-                        elif time.monotonic() - last_change > hang_timeout:
-                            hung = True
-                            break
-                        if progress is not None:
-                            progress(world, p, len(reader.latest), len(pending))
-                finally:
-                    terminate_group(proc)
+                last_lines, last_change = 0, time.monotonic()
+                while proc.poll() is None:
+                    time.sleep(0.5)
+                    lines = reader.poll()
+                    if lines != last_lines:
+                        last_lines, last_change = lines, time.monotonic()
+                    elif time.monotonic() - last_change > hang_timeout:
+                        hung = True
+                        break
+                    if progress is not None:
+                        progress(world, p, len(reader.latest), len(pending))
             reader.poll()
             tally.seconds[world, p] += time.monotonic() - started
             with open(log_path) as f:

@@ -145,21 +145,20 @@ def fetch(workdir: str) -> str:
 def job(nprocs: int, argv: list[str], timeout: float, cwd: str | None = None, stdin: str | None = None):
     """Run this script's child mode on ``nprocs`` ranks: (exit code, stdout, stderr); code None on timeout."""
     sys.path.insert(0, ROOT)
-    from commkit._mpiexec import mpiexec_command, terminate_group
+    from commkit._mpiexec import mpiexec_command, process_group, terminate_group
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                COMMKIT_ABORT_ON_EXCEPTION="0")
     cmd = mpiexec_command(nprocs, [sys.executable, os.path.abspath(__file__), "--child"] + argv)
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(stdin, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        terminate_group(proc)
-        out, err = proc.communicate()
-        return None, out, err
-    return proc.returncode, out, err
+    with process_group(cmd, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd) as proc:
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            terminate_group(proc)
+            out, err = proc.communicate()
+            return None, out, err
+        return proc.returncode, out, err
 
 
 def run_tests(source: str, modules: list[str], nps: list[int], timeout: float, dlpack: bool) -> int:
