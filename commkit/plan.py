@@ -591,14 +591,14 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         guard = ["    if not _acquire(False):", f"        raise _comm._concurrent({plan.collective!r})"]
     taking = []  # a pooled run: its slot, and its buffers where a transfer moves them
     if pool is not None:
-        ns["_slots"], ns["_make"], ns["_copyto"] = pool.slots, pool.make, np.copyto
+        ns["_slots"], ns["_make"] = pool.slots, pool.make
         transfers = "".join(f"_t{k}, " for k in range(len(pool.transfers)))
         taking = [f"_i = seq & {plan.seq_mask}", "_slot = _slots[_i]", "_slots[_i] = _SEEN",
                   "if type(_slot) is not tuple:", "    _slot = _make(seq)",
                   f"_s_in, _s_out, _b_tmp, {transfers}= _slot"]
         ns["_SEEN"] = SEEN
         if "in" in pool.moved:
-            taking += ["_copyto(_s_in, _b_in)", "_b_in = _s_in"]
+            taking += ["_s_in[...] = _b_in  # (a third of np.copyto's cost for a small array)", "_b_in = _s_in"]
         if "out" in pool.moved:
             taking += ["_d_out, _b_out = _b_out, _s_out"]
         taking += sliced
@@ -649,7 +649,7 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         "    finally:",
         "        _recorder.active = None",
         *([] if shape_plan else ["        _release()"]),
-        *(["    _copyto(_d_out, _b_out)"] if pool is not None and "out" in pool.moved else []),
+        *(["    _d_out[...] = _b_out"] if pool is not None and "out" in pool.moved else []),
         *(["    _slots[_i] = _slot  # (a run that raised never gets here)"] if pool is not None else []),
         f"    rec[{STATE}] = 'done'  # record.state",
         f"    {done}",
@@ -753,7 +753,7 @@ def persistent_steps(steps, bufs: dict, collective: str, algorithm: str):
     if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
         return None
     slots = Slots(bufs, ("in", "out", "tmp"))
-    ns = {"_copyto": np.copyto}
+    ns = {}
     names = _Names(ns, slots)
     moved = _moved(steps)
     own = [f"_b_{name} = {arg}" for name, arg in (("in", "_src"), ("out", "_dst")) if name not in moved]
@@ -768,9 +768,9 @@ def persistent_steps(steps, bufs: dict, collective: str, algorithm: str):
     if body is None:
         return None
     if "in" in moved:
-        body.insert(0, "_copyto(_b_in, _src)")
+        body.insert(0, "_b_in[...] = _src")
     if "out" in moved:
-        body.append("_copyto(_dst, _b_out)")
+        body.append("_dst[...] = _b_out")
     body.append("_pool[_i] = _slot  # (a run that raised never gets here)")
     source = "\n".join([
         "def run(_src, _dst, _slot, _pool, _i, rec):",
