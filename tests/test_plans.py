@@ -686,6 +686,19 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
         assert listed == [3.0] * 6
 
 
+def _counting_fresh(comm):
+    """Count the calls that reach ``Communicator._fresh`` (those no entry took); call the result's second item
+    to stop counting."""
+    calls = []
+    real_fresh = comm._fresh
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real_fresh(*args, **kwargs)
+    comm._fresh = counted
+    return calls, lambda: setattr(comm, "_fresh", real_fresh)
+
+
 def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_checked_path():
     """The entry of a known shape (Plan.entry) takes new arrays of that shape and nothing else.
 
@@ -700,13 +713,7 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
             comm.allreduce(np.full(4, r + k, np.float64))
         entry = comm._new_allreduce
         assert entry is not None
-        fresh = []
-        real_fresh = comm._fresh
-
-        def counted(*args, **kwargs):
-            fresh.append(args[0])
-            return real_fresh(*args, **kwargs)
-        comm._fresh = counted
+        fresh, stop_counting = _counting_fresh(comm)
         total = sum(range(p))
         for k in range(5):  # new arrays of the shape: the entry alone
             assert comm.allreduce(np.full(4, r + k, np.float64)).tolist() == [total + p * k] * 4
@@ -773,7 +780,7 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
                 log.setLevel(level)
                 log.removeHandler(handler)
         got["logged"] = sum("allreduce" in record.getMessage() for record in records) if r == 0 else p
-        comm._fresh = real_fresh
+        stop_counting()
         comm.free()
         try:
             comm.allreduce(np.full(4, r, np.float64))
@@ -805,13 +812,7 @@ def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
     def body(comm):
         r, p = comm.rank, comm.size
         total = sum(range(p))
-        calls = []
-        real_fresh = comm._fresh
-
-        def counted(*args, **kwargs):
-            calls.append(args[0])
-            return real_fresh(*args, **kwargs)
-        comm._fresh = counted
+        calls, stop_counting = _counting_fresh(comm)
         got = {}
         for k in range(8):
             assert comm.allreduce(np.full(3, r + k, np.float64), timeout=30).tolist() == [total + p * k] * 3
@@ -828,7 +829,7 @@ def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
         got["untimed"] = comm.allreduce(np.full(3, r, np.float64)).tolist(), len(calls) - before
         for k in range(3):
             comm.allreduce(np.full(3, r + k, np.float64), timeout=30)
-        comm._fresh = real_fresh
+        stop_counting()
         if r == p - 1:
             return got, None, None  # never joins the next call
         try:
@@ -867,13 +868,7 @@ def test_an_i_form_entry_starts_new_arrays_alone_and_keeps_every_rule_of_the_req
         for k in range(3):
             assert comm.iallreduce(np.full(4, r + k, np.float64)).wait().tolist() == [total + p * k] * 4
         assert comm._new_iallreduce is not None
-        calls = []
-        real_fresh = comm._fresh
-
-        def counted(*args, **kwargs):
-            calls.append(args[0])
-            return real_fresh(*args, **kwargs)
-        comm._fresh = counted
+        calls, stop_counting = _counting_fresh(comm)
         got = {}
         # Started together, waited for in the other order; the last rank starts late, so the others' starts
         # leave their runs in flight.
@@ -887,7 +882,7 @@ def test_an_i_form_entry_starts_new_arrays_alone_and_keeps_every_rule_of_the_req
         comm.check = True
         got["check"] = comm.iallreduce(np.full(4, r, np.float64)).wait().tolist()
         comm.check = False
-        comm._fresh = real_fresh
+        stop_counting()
         if r == p - 1:
             return got, None
         try:
