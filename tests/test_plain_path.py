@@ -5,7 +5,8 @@ A compiled plan is the interpreter's work written out once for a call shape
 call through the interpreter instead. Speed must never buy a second truth, so
 each call shape here runs through every path a call can take -- the
 interpreter, a plan for the same arrays, a shape plan for new arrays, a plan
-that allocates its output -- and the results must be identical.
+that allocates its output, the entries of new arrays with and without out,
+i-forms -- and the results must be identical.
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ def _case(collective, size, dtype):
     return case
 
 
-def _call(comm, case, x, out, algorithm):
+def _call(comm, case, x, out, algorithm, nonblocking=False):
+    """The case's call on these arrays; with ``nonblocking`` its i-form, waited for."""
     coll, root = case["collective"], case["root"]
     kw = {"algorithm": algorithm} if out is None else {"algorithm": algorithm, "out": out}
+    if nonblocking:
+        return _call(_IForms(comm), case, x, out, algorithm)
     if coll == "barrier":
         return comm.barrier(algorithm=algorithm)
     if coll in ("allreduce", "scan", "exscan"):
@@ -48,6 +52,17 @@ def _call(comm, case, x, out, algorithm):
             kw["out"] = np.empty(tuple(case["shape"]), x.dtype)
         return comm.scatter(x if comm.rank == root else None, root, **kw)
     return getattr(comm, coll)(x, **kw)  # allgather, alltoall
+
+
+class _IForms:
+    """A communicator whose collectives are its i-forms, each waited for at once."""
+
+    def __init__(self, comm):
+        self.comm, self.rank = comm, comm.rank
+
+    def __getattr__(self, name):
+        start = getattr(self.comm, "i" + name)
+        return lambda *args, **kwargs: start(*args, **kwargs).wait()
 
 
 def _output_like(comm, case, x):
@@ -77,6 +92,11 @@ def _every_path(comm, case, algorithm):
                                                 algorithm)))
     for k in range(3):  # no out: a plan that allocates its result
         seen.append((f"no out #{k}", _call(comm, case, x, None, algorithm)))
+    for k in range(4):  # new arrays, no out: from the third, the shape's entry
+        seen.append((f"new arrays, no out #{k}", _call(comm, case, x.copy(), None, algorithm)))
+    for k in range(4):  # i-forms on new arrays: from the third, the i-form's entry
+        seen.append((f"i-form #{k}", _call(comm, case, x.copy(), None if out is None else np.empty_like(out),
+                                           algorithm, nonblocking=True)))
     return [(path, None if got is None else np.array(got, copy=True)) for path, got in seen]
 
 
