@@ -616,44 +616,47 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         signature = "def run(_b_in, _b_out, _timeout):" if timed else "def run(_b_in, _b_out):"
     else:
         signature = "def run():"
-    source = "\n".join([
-        signature,
-        *head,
-        *guard,
-        "    seq = _comm._seq",
-        "    _comm._seq = seq + 1",
-        *("    " + line for line in taking),
-        *([f"    tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
-        "    # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
-        "    # end, step, step_obj, state",
-        f"    rec = [seq, {coll}, {alg}, {signature_name}, 0.0, None, {first}, {step0}, 'running']",
-        *(["    _pending = None"] if waits_native else []),
-        "    _append(rec)",
-        "    _comm._last = _last",
-        "    _recorder.active = rec",
-        "    try:",
-        *("        " + line for line in body),
-        "    except _InvalidBuffer as exc:",
-        "        _end(rec, 'failed')",
-        f"        raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
+    takes_guard = bool(guard)
+    # Everything after the guard is taken runs inside a try whose finally gives it back, so that an
+    # exception anywhere there (an interrupt between two bookkeeping lines) never leaves it held.
+    guarded = [
+        *(line[4:] for line in guard[2:]),
+        "seq = _comm._seq",
+        "_comm._seq = seq + 1",
+        *taking,
+        *([f"tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
+        "# the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
+        "# end, step, step_obj, state",
+        f"rec = [seq, {coll}, {alg}, {signature_name}, 0.0, None, {first}, {step0}, 'running']",
+        *(["_pending = None"] if waits_native else []),
+        "_append(rec)",
+        "_comm._last = _last",
+        "_recorder.active = rec",
+        "try:",
+        *("    " + line for line in body),
+        "except _InvalidBuffer as exc:",
+        "    _end(rec, 'failed')",
+        f"    raise transfer_error(({coll}, {alg}, seq, _rank, None), rec[{STEP}], rec[{STEP_OBJ}], "
         "exc) from None",
-        *([f"    except _CommTimeout as exc:  # (the run marked the call timed out in its record)",
-           f"        raise _comm._gave_up({coll}, seq, exc, {entry.native}) from None"]
+        *([f"except _CommTimeout as exc:  # (the run marked the call timed out in its record)",
+           f"    raise _comm._gave_up({coll}, seq, exc, {entry.native}) from None"]
           if entry is not None and timed else []),
-        "    except BaseException:",  # a user's op that raised, an interrupt: the record says so
-        f"        if rec[{STATE}] == 'running':  # record.state",
-        "            _end(rec, 'failed')",
-        *(["            if _pending is not None:", "                _interrupted(_pending, seq)"]
+        "except BaseException:",  # a user's op that raised, an interrupt: the record says so
+        f"    if rec[{STATE}] == 'running':  # record.state",
+        "        _end(rec, 'failed')",
+        *(["        if _pending is not None:", "            _interrupted(_pending, seq)"]
           if waits_native else []),
-        "        raise",
-        "    finally:",
-        "        _recorder.active = None",
-        *([] if shape_plan else ["        _release()"]),
-        *(["    _d_out[...] = _b_out"] if pool is not None and "out" in pool.moved else []),
-        *(["    _slots[_i] = _slot  # (a run that raised never gets here)"] if pool is not None else []),
-        f"    rec[{STATE}] = 'done'  # record.state",
-        f"    {done}",
-    ])
+        "    raise",
+        "finally:",
+        "    _recorder.active = None",
+        *(["_d_out[...] = _b_out"] if pool is not None and "out" in pool.moved else []),
+        *(["_slots[_i] = _slot  # (a run that raised never gets here)"] if pool is not None else []),
+        f"rec[{STATE}] = 'done'  # record.state",
+        done,
+    ]
+    if takes_guard:
+        guarded = ["try:", *("    " + line for line in guarded), "finally:", "    _release()"]
+    source = "\n".join([signature, *head, *guard[:2], *("    " + line for line in guarded)])
     exec(compile(source, f"<commkit plan: {plan.collective} {plan.algorithm}>", "exec"), ns)
     run = ns["run"]
     run.source = source  # for the curious: print(plan.run.source)

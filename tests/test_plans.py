@@ -905,6 +905,46 @@ def test_an_i_form_entry_starts_new_arrays_alone_and_keeps_every_rule_of_the_req
             assert broken == ("broken" if r < p - 1 else None)
 
 
+def test_an_exception_between_taking_the_guard_and_running_gives_the_guard_back():
+    """A plan or entry that takes the communicator's guard gives it back whatever raises after it took it (an
+    interrupt between two bookkeeping lines), so the next call runs instead of raising ConcurrentCall."""
+    import collections
+
+    class Interrupting(collections.deque):  # the flight recorder's list of calls, whose append can raise once
+        armed = False
+
+        def append(self, item):
+            if self.armed:
+                self.armed = False
+                raise RuntimeError("interrupted")
+            super().append(item)
+
+    def body(comm):
+        comm._recorder.calls = Interrupting(comm._recorder.calls, maxlen=comm._recorder.calls.maxlen)
+        got = []
+        x, out = np.full(3, 1.0 + comm.rank), np.empty(3)
+        for form in ("entry", "same arrays"):
+            for k in range(4):  # the entry of new arrays, or the plan of these very arrays, from the third call
+                if form == "entry":
+                    comm.allreduce(np.full(3, 1.0 + comm.rank))
+                else:
+                    comm.allreduce(x, out=out)
+            comm._recorder.calls.armed = True  # every rank, at the same call: its number is taken alike
+            try:
+                comm.allreduce(np.full(3, 1.0 + comm.rank)) if form == "entry" else comm.allreduce(x, out=out)
+            except RuntimeError:
+                pass
+            try:
+                got.append(comm.allreduce(np.full(3, 2.0)).tolist() if form == "entry"
+                           else comm.allreduce(x, out=out).tolist())
+            except ck.ConcurrentCall as exc:
+                got.append(str(exc))
+        return got
+
+    for got in ck.run_local(body, 2):
+        assert got == [[4.0] * 3, [3.0] * 3], got
+
+
 def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answers():
     """Each collective's entry (no out, its own out, in place; reduce on and off the root) against the
     interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
