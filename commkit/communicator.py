@@ -51,7 +51,7 @@ from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, Pers
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, CompletedRun, Progress, ScheduleRequest, ScheduleRun,
                        check_in, inplace_safe, native_timeout_error, run_schedule, writes_input)
-from .transports._arena import arena_bytes, count_nodes, free_arena, made_arena, node_name
+from .transports._arena import arena_bytes, count_nodes, free_arena, lacks_room, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
 __all__ = ["Communicator", "PointToPointRequest", "Request", "wait_all", "wait_any"]
@@ -321,6 +321,7 @@ class Communicator(VectorCollectives):
         self._scratch: dict = {}
         self._plans: dict = {}
         self._nodes = None  # every rank's node, exchanged at the first node-aware call (see _node_args)
+        self._arena_failed = None  # why the node arena could not be made, which every rank agreed (see _no_arena)
         self._shared_arrays = False  # whether shared_empty made arrays here (node calls then look for them)
         self._zero_copy_steps: dict = {}  # call shape -> (the zero-copy form's steps, whether in place is safe)
         self._layout = TagLayout(self._coll.tag_ub)
@@ -943,10 +944,59 @@ class Communicator(VectorCollectives):
             return None, (f"the {transport.name} transport has no shared-memory arena, which the node algorithms "
                           "need; choose a two-sided algorithm")
         nodes = self._node_count if self._node_count is not None else count_nodes(transport)
+        if self._arena_failed is not None:
+            return nodes, self._arena_failed
         if call is not None and call.xp is not np:
             return nodes, ("the node arena is host memory and these arrays are on a device; choose a two-sided "
                            "algorithm")
         return nodes, None
+
+    def _no_arena(self, timeout) -> str | None:
+        """Make the node arena for a node algorithm a table chose; None once made, else why it cannot be.
+
+        Called where a call's plan is made, before the call takes its number, by
+        every rank at the same call (the first whose table picks a node
+        algorithm). Every rank first says to every other whether it can make the
+        arena (within ``timeout``): under MPI whether ``/dev/shm`` has room for it
+        (``_arena.lacks_room``), looked at before the library's collective, which
+        a rank that fails alone would leave the others inside for good; in the
+        threads world, whether the memory could be had. If any rank cannot, all of
+        them keep the two-sided algorithms for this communicator from then on,
+        with one warning, instead of raising: a table's choice must not make a
+        call fail that a two-sided algorithm runs. A node algorithm asked for by
+        name still raises the arena's error.
+        """
+        transport = self._coll
+        if self._arena_failed is not None or made_arena(transport) is not None:
+            return self._arena_failed
+        seq = self._seq  # (the call's own number; the tags are the control traffic's)
+        why = None
+        if transport.name == "mpi":
+            why = lacks_room(self.size)
+        else:
+            try:
+                transport.arena()
+            except CommError as exc:  # (not AlgorithmNotApplicable: the selector already knows the node count)
+                why = str(exc)
+        failed = []
+        if self.size > 1:  # every rank's answer, which is also every rank's check-in before the library's call
+            peers = [q for q in range(self.size) if q != self.rank]
+            mine = np.array([why is None], np.uint8)
+            theirs = [np.empty(1, np.uint8) for _ in peers]
+            stuck = transport.transfer([(q, mine) for q in peers], list(zip(peers, theirs)),
+                                       self._ctl_tag("arena", seq), timeout)
+            if stuck:
+                raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena "
+                                  f"before call #{seq}, waiting for rank(s) {stuck}.")
+            failed = [q for q, got in zip(peers, theirs) if not got[0]]
+        if why is None and not failed:
+            transport.arena()  # (MPI: the library's collective, every rank now known to be here)
+            return None
+        self._arena_failed = why or f"the node arena could not be made on rank(s) {failed}."
+        warnings.warn(f"communicator {self._label} on rank {self.rank}: {self._arena_failed} The node algorithms "
+                      "are off for this communicator; the two-sided ones run its calls.", RuntimeWarning,
+                      stacklevel=4)
+        return self._arena_failed
 
     def _arena_too_small(self, choice, call: Call):
         """Why the node arena cannot hold ``call``'s chunks under ``choice`` (a node algorithm), or None if it can."""
@@ -960,7 +1010,7 @@ class Communicator(VectorCollectives):
         return (f"this call's chunks need {claim.elements * itemsize} bytes of node arena slot per rank, and the "
                 f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
 
-    def _plan(self, call: Call, algorithm):
+    def _plan(self, call: Call, algorithm, timeout=None):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -983,7 +1033,7 @@ class Communicator(VectorCollectives):
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
             # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
             # or COMMKIT_SEGMENT_ELEMENTS large) takes the next rule instead of failing where a two-sided one runs.
-            node_why = self._arena_too_small(choice, call)
+            node_why = self._arena_too_small(choice, call) or self._no_arena(timeout)
             if node_why is not None:
                 choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
                                           nodes, node_why, transport.name)
@@ -1093,7 +1143,7 @@ class Communicator(VectorCollectives):
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
         if plan is None:
-            plan = self._plan(call, algorithm)
+            plan = self._plan(call, algorithm, timeout)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self._last = (name, choice)
         if (not nonblocking and self._plans_on and not self._check and not self._progress.requests
@@ -1616,7 +1666,7 @@ class Communicator(VectorCollectives):
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        plan = self._plans.get(key) or self._plan(call, algorithm)
+        plan = self._plans.get(key) or self._plan(call, algorithm, timeout)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         if call.has_result and call.result is None:
             call.result = call.dst.reshape(call.shape)

@@ -715,6 +715,90 @@ def test_a_table_rule_for_the_node_engine_yields_to_an_arena_too_small_for_the_c
         assert "bytes of slot per rank, but the node arena has" in error, error
 
 
+def test_an_arena_that_cannot_be_allocated_leaves_a_tables_calls_to_the_two_sided_algorithms(tmp_path, monkeypatch):
+    # A table's pick must not turn a call the two-sided algorithms run into an error: every rank learns the arena
+    # could not be made, warns once, and keeps the next rule for this communicator. Asked for by name, the node
+    # algorithm still says why it cannot run, before anything is sent.
+    table = {"allreduce": [{"one_node": True, "algorithm": "shm", "reason": "test"},
+                           {"algorithm": "ring", "reason": "test"}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("COMMKIT_TUNING", str(path))
+    monkeypatch.setenv("COMMKIT_NODE_ARENA_BYTES", str(1 << 50))  # (NumPy cannot allocate a petabyte)
+
+    def body(comm):
+        sums = [float(comm.allreduce(np.full(1000, comm.rank + k, np.float64))[0]) for k in range(3)]
+        algorithm = comm.last_algorithm
+        try:
+            comm.allreduce(np.ones(1000), algorithm="shm")
+        except ck.CommError as exc:
+            error = str(exc)
+        else:
+            error = ""
+        fresh = comm.dup()  # another communicator tries again, and falls back alike
+        again = float(fresh.allreduce(np.ones(10))[0]), fresh.last_algorithm
+        return sums, algorithm, error, again
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # (in this thread: the rank threads share the module)
+        warnings.simplefilter("always")
+        results = ck.run_local(body, size=2)
+    for sums, algorithm, error, again in results:
+        assert sums == [1.0, 3.0, 5.0] and algorithm == "ring"
+        assert "could not allocate the node arena" in error, error
+        assert again == (2.0, "ring")
+    warned = sorted(str(w.message) for w in caught if "node arena" in str(w.message))
+    # One warning per rank and communicator, each saying what happens next.
+    assert len(warned) == 4, warned
+    assert all("could not allocate the node arena" in w and "node algorithms are off for this communicator" in w
+               for w in warned), warned
+
+
+def test_the_room_for_an_arena_is_looked_at_before_the_librarys_collective(tmp_path, monkeypatch):
+    from commkit.transports._arena import lacks_room
+
+    assert lacks_room(2, shm=str(tmp_path)) is None  # 2 x 8 MiB: a test machine's tmp holds that
+    assert lacks_room(2, shm=str(tmp_path / "missing")) is None  # no way to tell: the library decides
+    monkeypatch.setenv("COMMKIT_NODE_ARENA_BYTES", str(1 << 50))
+    why = lacks_room(2, shm=str(tmp_path))
+    assert why.startswith("could not allocate the node arena") and "COMMKIT_NODE_ARENA_BYTES" in why, why
+    assert f"needs {2 * (128 + (1 << 50))}" in why, why
+
+
+ARENA_FAILS_SCRIPT = """
+import warnings
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+
+comm = ck.init()
+raw = MPI.COMM_WORLD.Dup()
+x = np.arange(1 << 18, dtype=np.float32) + comm.rank  # 1 MiB: the shipped table picks shm on one node
+want = np.empty_like(x)
+raw.Allreduce(x, want, MPI.SUM)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    got = comm.allreduce(x)
+assert np.array_equal(got, want) and comm.last_algorithm != "shm", comm.last_choice
+assert len(caught) == 1 and "could not allocate the node arena" in str(caught[0].message), caught
+try:
+    comm.allreduce(x, algorithm="shm")
+except ck.CommError as exc:
+    assert "could not allocate the node arena" in str(exc), exc
+else:
+    raise AssertionError("a node algorithm asked for by name ran without its arena")
+assert np.array_equal(comm.allreduce(x), want)  # still usable, still two-sided
+print("ok", comm.rank, flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_an_arena_that_cannot_be_allocated_under_mpiexec_leaves_the_default_to_the_two_sided_algorithms(mpi):
+    result = mpi(2, ARENA_FAILS_SCRIPT, env={"COMMKIT_NODE_ARENA_BYTES": str(1 << 50)}, timeout=120)
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
 FREE_SCRIPT = """
 import os, shutil, time, warnings
 import numpy as np

@@ -68,7 +68,8 @@ import numpy as np
 from ..errors import AlgorithmNotApplicable, CommError, InvalidArgument
 
 __all__ = ["Arena", "node_arena", "made_arena", "free_arena", "node_name", "count_nodes", "spans_nodes",
-           "ranks_per_node", "arena_bytes", "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES", "DEFAULT_ARENA_BYTES", "LINE"]
+           "ranks_per_node", "arena_bytes", "lacks_room", "ENV_RANKS_PER_NODE", "ENV_ARENA_BYTES",
+           "DEFAULT_ARENA_BYTES", "LINE"]
 
 LINE = 64
 """A cache line: the counter and the identity of each rank each have one to themselves."""
@@ -120,6 +121,29 @@ def arena_bytes() -> int:
     """The slot bytes per rank of a new arena: ``COMMKIT_NODE_ARENA_BYTES``, else 8 MiB; a multiple of 64."""
     value = _positive_env(ENV_ARENA_BYTES, DEFAULT_ARENA_BYTES)
     return -(-value // LINE) * LINE
+
+
+def lacks_room(size: int, shm: str = "/dev/shm") -> str | None:
+    """Why a node of ``size`` ranks has no room for an MPI arena in ``shm``, or None (room, or no way to tell).
+
+    The MPI libraries back a shared window with a file in ``/dev/shm``; asked
+    for more than it holds, Open MPI 5.0 fails the allocation on the node's
+    first rank only and leaves the others inside the library's collective for
+    good, so the room is looked at before any rank enters it (each rank of the
+    node sees the same ``/dev/shm``).
+    """
+    need = size * (_HEADER + arena_bytes())
+    try:
+        stat = os.statvfs(shm)
+    except OSError:
+        return None
+    room = stat.f_bavail * stat.f_frsize
+    if need <= room:
+        return None
+    return (f"could not allocate the node arena ({arena_bytes()} bytes of slot for each of {size} ranks): "
+            f"{shm} has {room} bytes free and the node's arena needs {need}. Set {ENV_ARENA_BYTES} lower (large "
+            "messages then go through it in more chunks), make /dev/shm larger, or choose a two-sided algorithm; "
+            "those do not need the arena.")
 
 
 def spans_nodes(what: str, nodes: int) -> str:
