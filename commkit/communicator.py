@@ -49,7 +49,7 @@ from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
                    compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, CompletedRun, Progress, ScheduleRequest, ScheduleRun,
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, CompletedRequest, Progress, ScheduleRequest, ScheduleRun,
                        check_in, inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, lacks_room, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
@@ -1550,7 +1550,7 @@ class Communicator(VectorCollectives):
                               None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
                               self._fresh_last, timeout, given_timeout, self._timeout),
                         IEntry(collective, entry[0], entry[1], entry[2], weakref.proxy(self), ScheduleRequest, ScheduleRun,
-                               CompletedRun, _EMPTY))
+                               CompletedRequest, _EMPTY))
                 setattr(self, "_new_i" + collective, entry[3])
                 return request
             shaped, native, made = entry

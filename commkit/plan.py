@@ -807,7 +807,7 @@ class IEntry(NamedTuple):
     shape's generator function (:func:`nonblocking_steps`); ``pool`` its
     persistent transfers (:class:`PersistentPool`) or None. ``comm`` is the
     communicator (a proxy), ``request``, ``run`` and ``completed`` the request,
-    run and completed-run classes of :mod:`commkit.schedule`; ``empty`` the
+    run and completed-request classes of :mod:`commkit.schedule`; ``empty`` the
     scratch of algorithms that need none.
     """
 
@@ -834,7 +834,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     number has one (its first call posts), or posted. Its steps are driven at
     once, as :class:`commkit.schedule.ScheduleRun` drives them at its start: a
     run that completes there (a small call's usually does) is handed back as a
-    completed request without making a run object; one that does not becomes a
+    completed request (:class:`commkit.schedule.CompletedRequest`) without
+    making a run object; one that does not becomes a
     run from the step in flight, which :class:`commkit.schedule.Progress` drives
     from then on. Anything else returns ``entry.general`` before anything is
     sent. Its text is ``run.source``.
@@ -900,7 +901,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "            raise",
         f"        rec[{T_END}] = _monotonic()",
         f"        rec[{STATE}] = 'done'",
-        "        return _Request(_Completed(_result), _progress)",
+        "        return _Completed(_result, _progress)",
         "    finally:",
         "        _release()",
     ])

@@ -78,7 +78,7 @@ __all__ = [
     "run_schedule",
     "ScheduleRun",
     "ScheduleRequest",
-    "CompletedRun",
+    "CompletedRequest",
     "CallInfo",
 ]
 
@@ -1198,26 +1198,6 @@ class ScheduleRun:
         return self._done
 
 
-class CompletedRun:
-    """The run of a nonblocking collective that its start completed: what :class:`ScheduleRequest` reads of one.
-
-    An i-form's entry (:func:`commkit.plan.nonblocking_entry`) hands one back when
-    every step completed at the call, without making a :class:`ScheduleRun`.
-    """
-
-    __slots__ = ("_result",)
-    _done = True
-
-    def __init__(self, result):
-        self._result = result
-
-    def test(self) -> bool:
-        return True
-
-    def wait(self, timeout: float | None = None):
-        return self._result
-
-
 class ScheduleRequest(Request):
     """A nonblocking collective: advances its schedule on ``test()`` and ``wait()``.
 
@@ -1280,6 +1260,38 @@ class ScheduleRequest(Request):
     def result(self):
         """The result :meth:`wait` returns, once the collective is done (None before)."""
         return self._run._result if self._run._done else None
+
+
+class CompletedRequest(ScheduleRequest):
+    """The request of a nonblocking collective that its start completed: no run to drive, only its result.
+
+    An i-form's entry (:func:`commkit.plan.nonblocking_entry`) hands one back when
+    every step completed at the call, without making a :class:`ScheduleRun`. It
+    counts towards the outstanding-request limit, as every request does, until the
+    program sees it end (``wait()``, ``test()``, or dropping it).
+    """
+
+    __slots__ = ("_result",)
+    _done = True
+
+    def __init__(self, result, progress: Progress):
+        self._run = self  # (what ScheduleRequest reads of its run: _done and _result)
+        self._result = result
+        self._progress = progress
+        progress.held += 1
+
+    def test(self) -> bool:
+        """True: the collective completed at its start."""
+        self._let_go()
+        return True
+
+    def wait(self, timeout: float | None = None):
+        """The result (the collective completed at its start)."""
+        progress = self._progress
+        if progress is not None:  # (_let_go, written out)
+            progress.held -= 1
+            self._progress = None
+        return self._result
 
 
 def _peers_of(step) -> list:
