@@ -377,11 +377,15 @@ class Entry(NamedTuple):
 
 
 def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False) -> tuple[list, list]:
-    """The lines of an entry (:meth:`Plan.entry`) before its run's body, and those taking the guard.
+    """The lines of an entry before its run's body, and those taking the guard (the first two) and after.
 
-    The communicator installs an entry only while it is plain (no timeout,
-    check mode, outstanding request; usable) and drops it as soon as it is not,
-    so that is not checked here.
+    The communicator installs an untimed blocking entry only while it is plain
+    (no timeout, check mode or outstanding request; usable), a timed one while
+    only the timeout keeps it from being plain, and drops each as soon as that
+    ends, so a blocking entry does not check it; an i-form's (``nonblocking``,
+    :func:`nonblocking_entry`) checks for itself that i-forms may run compiled,
+    and its timeout as a timed entry does. ``pool``: the timed shape plan's
+    persistent transfers, whose call number's first call the communicator runs.
     """
     log = entry.log
     # The logger's own cache of its isEnabledFor answers, read as a dict (False: DEBUG is off); where
