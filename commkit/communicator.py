@@ -998,17 +998,23 @@ class Communicator(VectorCollectives):
                       stacklevel=4)
         return self._arena_failed
 
-    def _arena_too_small(self, choice, call: Call):
-        """Why the node arena cannot hold ``call``'s chunks under ``choice`` (a node algorithm), or None if it can."""
+    def _arena_why(self, choice, call: Call, timeout):
+        """Why the node arena cannot run ``call`` under ``choice`` (a node algorithm a table chose), or None if it can.
+
+        A schedule that claims no slot (one rank's) needs no arena. One that does
+        needs its chunks to fit a slot, and the arena made (:meth:`_no_arena`).
+        """
         itemsize = call.dtype.itemsize if call.dtype is not None else 1
         segment = None if choice.segment is None else max(1, choice.segment // itemsize)
         claim = next((step for step in self._steps(choice.algorithm, call, segment) if step.kind == CLAIM), None)
+        if claim is None:
+            return None
         made = made_arena(self._coll)  # (its size was read when it was made)
         have = made.slot_bytes if made is not None else arena_bytes()
-        if claim is None or claim.elements * itemsize <= have:
-            return None
-        return (f"this call's chunks need {claim.elements * itemsize} bytes of node arena slot per rank, and the "
-                f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
+        if claim.elements * itemsize > have:
+            return (f"this call's chunks need {claim.elements * itemsize} bytes of node arena slot per rank, and the "
+                    f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
+        return self._no_arena(timeout)
 
     def _plan(self, call: Call, algorithm, timeout=None):
         """Select the algorithm for this call shape and materialise its schedule (cached).
@@ -1032,8 +1038,9 @@ class Communicator(VectorCollectives):
                                   node_why, transport.name)
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
             # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
-            # or COMMKIT_SEGMENT_ELEMENTS large) takes the next rule instead of failing where a two-sided one runs.
-            node_why = self._arena_too_small(choice, call) or self._no_arena(timeout)
+            # or COMMKIT_SEGMENT_ELEMENTS large), or an arena that cannot be had, takes the next rule instead of
+            # failing where a two-sided one runs.
+            node_why = self._arena_why(choice, call, timeout)
             if node_why is not None:
                 choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
                                           nodes, node_why, transport.name)

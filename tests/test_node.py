@@ -766,6 +766,29 @@ def test_the_room_for_an_arena_is_looked_at_before_the_librarys_collective(tmp_p
     assert f"needs {2 * (128 + (1 << 50))}" in why, why
 
 
+ONE_RANK_SCRIPT = """
+import numpy as np
+import commkit as ck
+
+comm = ck.init()
+x = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: the shipped table picks shm, whose one-rank form claims no slot
+assert np.array_equal(comm.allreduce(x), x) and comm.last_algorithm == "shm", comm.last_choice
+a, b = comm.shared_empty(x.shape, x.dtype), comm.shared_empty(x.shape, x.dtype)  # the arena, made at one rank
+a[:] = x
+assert comm.allreduce(a, out=b, algorithm="shm") is b and np.array_equal(b, x)
+print("ok", flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_a_one_rank_communicator_runs_the_node_engine_and_its_shared_arrays_under_mpiexec(mpi):
+    # MPICH gives a one-rank node's shared window malloc'd memory on a 16-byte boundary: the arena uses each
+    # segment from its first cache line (it asserted and raised before), and a table's pick makes no arena for a
+    # schedule that claims no slot.
+    result = mpi(1, ONE_RANK_SCRIPT, timeout=120)
+    assert "ok" in result.stdout, result.stdout + result.stderr
+
+
 ARENA_FAILS_SCRIPT = """
 import warnings
 import numpy as np

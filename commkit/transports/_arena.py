@@ -357,16 +357,19 @@ def _mpi_arena(transport) -> Arena:
         raise _spans_nodes("communicator", nodes)
     nbytes = arena_bytes()
     try:
-        win = MPI.Win.Allocate_shared(_HEADER + nbytes, 1, comm=node)
+        # A line more than needed: a segment is used from its first cache line (MPICH gives a one-rank node
+        # malloc'd memory on a 16-byte boundary; a segment shared between processes starts on a page, so the
+        # offset is the same in every rank's mapping).
+        win = MPI.Win.Allocate_shared(_HEADER + nbytes + LINE, 1, comm=node)
     except MPI.Exception as exc:
         raise _no_memory(nbytes, node.Get_size(), exc) from None
     win.Lock_all(MPI.MODE_NOCHECK)
     segments = []
     for q in range(node.Get_size()):
         buf, _ = win.Shared_query(q)
-        segments.append(np.frombuffer(buf, np.uint8, _HEADER + nbytes))
-    for seg in segments:
-        assert seg.ctypes.data % LINE == 0, "MPI gave a segment not aligned to a cache line"
+        whole = np.frombuffer(buf, np.uint8)
+        skip = -whole.ctypes.data % LINE
+        segments.append(whole[skip:skip + _HEADER + nbytes])
     segments[node.Get_rank()][:_HEADER] = 0
     win.Sync()
     node.Barrier()  # every counter is zero before any rank reads one
