@@ -49,8 +49,8 @@ from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
                    compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, CompletedRequest, Progress, ScheduleRequest, ScheduleRun,
-                       check_in, inplace_safe, native_timeout_error, run_schedule, writes_input)
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, check_in,
+                       check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, lacks_room, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -978,17 +978,11 @@ class Communicator(VectorCollectives):
                 transport.arena()
             except CommError as exc:  # (not AlgorithmNotApplicable: the selector already knows the node count)
                 why = str(exc)
-        failed = []
-        if self.size > 1:  # every rank's answer, which is also every rank's check-in before the library's call
-            peers = [q for q in range(self.size) if q != self.rank]
-            mine = np.array([why is None], np.uint8)
-            theirs = [np.empty(1, np.uint8) for _ in peers]
-            stuck = transport.transfer([(q, mine) for q in peers], list(zip(peers, theirs)),
-                                       self._ctl_tag("arena", seq), timeout)
-            if stuck:
-                raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena "
-                                  f"before call #{seq}, waiting for rank(s) {stuck}.")
-            failed = [q for q, got in zip(peers, theirs) if not got[0]]
+        # Every rank's answer, which is also every rank's check-in before the library's call.
+        stuck, failed = check_in_saying(transport, why is None, self._ctl_tag("arena", seq), timeout)
+        if stuck:
+            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena "
+                              f"before call #{seq}, waiting for rank(s) {stuck}.")
         if why is None and not failed:
             transport.arena()  # (MPI: the library's collective, every rank now known to be here)
             return None
@@ -1526,11 +1520,11 @@ class Communicator(VectorCollectives):
                     and (out is None if last_out is None else last_out() is out)):
                 return _GENERAL
         given_out = out
-        result = None
+        result = scratch = None
         if root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
             if out is not None:
                 return _GENERAL  # (the general path checks it)
-            out = self._scratch_buffer(np, x.dtype, x.size, nonblocking, role="reduce-out")
+            out = scratch = self._scratch_buffer(np, x.dtype, x.size, nonblocking, role="reduce-out")
         elif out is None:
             out = result = np.empty(shape, x.dtype)
         elif form == _IN_PLACE:
@@ -1552,12 +1546,9 @@ class Communicator(VectorCollectives):
                     src = src.copy()
                 request = self._fresh_request(collective, entry, src, dst, result, timeout)
                 if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it
-                    entry[3] = nonblocking_entry(
-                        Entry(x.dtype, x.shape, op, root, algorithm, form, shape,
-                              None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
-                              self._fresh_last, timeout, given_timeout, self._timeout),
-                        IEntry(collective, entry[0], entry[1], entry[2], weakref.proxy(self), ScheduleRequest, ScheduleRun,
-                               CompletedRequest, _EMPTY))
+                    kinds = Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch, log, _GENERAL,
+                                  _weakref, self._fresh_last, timeout, given_timeout, self._timeout)
+                    entry[3] = nonblocking_entry(kinds, IEntry(collective, *entry[:3], weakref.proxy(self), _EMPTY))
                 setattr(self, "_new_i" + collective, entry[3])
                 return request
             shaped, native, made = entry
@@ -1567,10 +1558,8 @@ class Communicator(VectorCollectives):
                 self._fresh_last[:] = (_weakref(x), None if given_out is None else _weakref(given_out))
                 shaped.run(src, dst)
                 if made is None:  # the shape's entry: its next call on new arrays comes straight to it
-                    made = entry[2] = shaped.entry(Entry(
-                        x.dtype, x.shape, op, root, algorithm, form, shape,
-                        None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
-                        self._fresh_last)) or False
+                    made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
+                                                         log, _GENERAL, _weakref, self._fresh_last)) or False
                 if made and self._plain:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = False
@@ -1587,10 +1576,9 @@ class Communicator(VectorCollectives):
                 except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                     raise self._gave_up(collective, seq, exc, native) from None
                 if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
-                    made = entry[2] = shaped.entry(Entry(
-                        x.dtype, x.shape, op, root, algorithm, form, shape,
-                        None if root is None or root == self.rank else out, log, _GENERAL, _weakref,
-                        self._fresh_last, timeout, given_timeout, self._timeout, native)) or False
+                    made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
+                                                         log, _GENERAL, _weakref, self._fresh_last, timeout,
+                                                         given_timeout, self._timeout, native)) or False
                 if made and self._shapes_on:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = True

@@ -46,8 +46,8 @@ from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
-from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, ScheduleRun, native_timeout_error, timeout_error,
-                       transfer_error, wire_bytes)
+from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, CompletedRequest, ScheduleRequest, ScheduleRun,
+                       native_timeout_error, timeout_error, transfer_error, wire_bytes)
 
 __all__ = ["SEEN", "Entry", "IEntry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest",
            "Slots", "compile_ops", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
@@ -810,9 +810,7 @@ class IEntry(NamedTuple):
     count, in-place safety, name, tag base, signature); ``compiled`` the
     shape's generator function (:func:`nonblocking_steps`); ``pool`` its
     persistent transfers (:class:`PersistentPool`) or None. ``comm`` is the
-    communicator (a proxy), ``request``, ``run`` and ``completed`` the request,
-    run and completed-request classes of :mod:`commkit.schedule`; ``empty`` the
-    scratch of algorithms that need none.
+    communicator (a proxy); ``empty`` the scratch of algorithms that need none.
     """
 
     collective: str
@@ -820,9 +818,6 @@ class IEntry(NamedTuple):
     compiled: Callable
     pool: object
     comm: object
-    request: type
-    run: type
-    completed: type
     empty: object
 
 
@@ -849,8 +844,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     layout, progress, recorder = comm._layout, comm._progress, comm._recorder
     ns = {"_comm": comm, "_acquire": comm._entry.acquire, "_release": comm._entry.release, "_progress": progress,
           "_recorder": recorder, "_append": recorder.calls.append, "_last": (name, choice), "_sig": signature,
-          "_monotonic": _monotonic, "_compiled": spec.compiled, "_chan": comm._coll, "_Request": spec.request,
-          "_Run": spec.run, "_Completed": spec.completed,
+          "_monotonic": _monotonic, "_compiled": spec.compiled, "_chan": comm._coll, "_Request": ScheduleRequest,
+          "_Run": ScheduleRun, "_Completed": CompletedRequest,
           # through the proxy at each call: a bound method would keep the communicator alive
           "_on_timeout": lambda pending, reason: comm._collective_timed_out(pending, reason),
           "_EMPTY": spec.empty, "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error,
@@ -1106,8 +1101,9 @@ class Plan:
         same arrays as the last call (whose loop gets its own plan), a
         concurrent call -- returns ``_GENERAL`` before anything is sent, and the
         general path takes the call (and names what is wrong). The
-        communicator installs an entry only while it is plain (no timeout,
-        check mode or outstanding request) and drops it when that ends. So a
+        communicator installs an untimed entry only while it is plain (no
+        timeout, check mode or outstanding request), a timed one while only its
+        timeout keeps it from being plain, and drops each when that ends. So a
         call on new arrays costs its checks, the bookkeeping and the transport
         calls, in one Python function. Its text is ``run.source``.
         """

@@ -80,6 +80,8 @@ __all__ = [
     "ScheduleRequest",
     "CompletedRequest",
     "CallInfo",
+    "check_in",
+    "check_in_saying",
 ]
 
 TRANSFER, REDUCE, COPY = 0, 1, 2
@@ -678,6 +680,19 @@ def check_in(chan, tag: int, timeout: float | None) -> list:
     nothing = np.empty(0, np.uint8)
     peers = [q for q in range(chan.size) if q != chan.rank]
     return chan.transfer([(q, nothing) for q in peers], [(q, nothing) for q in peers], tag, timeout)
+
+
+def check_in_saying(chan, ok: bool, tag: int, timeout: float | None) -> tuple[list, list]:
+    """:func:`check_in` that also tells every other rank whether this one is ``ok``.
+
+    Returns the ranks not heard from within ``timeout``, and the ranks that said
+    they are not ok (every rank that hears from all gets the same answers).
+    """
+    peers = [q for q in range(chan.size) if q != chan.rank]
+    mine = np.array([ok], np.uint8)
+    theirs = [np.empty(1, np.uint8) for _ in peers]
+    stuck = chan.transfer([(q, mine) for q in peers], list(zip(peers, theirs)), tag, timeout)
+    return stuck, [q for q, got in zip(peers, theirs) if not stuck and not got[0]]
 
 
 class _NodeCall:

@@ -140,10 +140,8 @@ def lacks_room(size: int, shm: str = "/dev/shm") -> str | None:
     room = stat.f_bavail * stat.f_frsize
     if need <= room:
         return None
-    return (f"could not allocate the node arena ({arena_bytes()} bytes of slot for each of {size} ranks): "
-            f"{shm} has {room} bytes free and the node's arena needs {need}. Set {ENV_ARENA_BYTES} lower (large "
-            "messages then go through it in more chunks), make /dev/shm larger, or choose a two-sided algorithm; "
-            "those do not need the arena.")
+    return _cannot_allocate(arena_bytes(), size, f"{shm} has {room} bytes free and the node's arena needs {need}",
+                            f", make {shm} larger,")
 
 
 def spans_nodes(what: str, nodes: int) -> str:
@@ -157,11 +155,15 @@ def _spans_nodes(what: str, nodes: int) -> AlgorithmNotApplicable:
     return AlgorithmNotApplicable(spans_nodes(what, nodes) + ".")
 
 
+def _cannot_allocate(nbytes: int, size: int, why: str, also: str = "") -> str:
+    """Why a node arena of ``nbytes`` of slot for each of ``size`` ranks cannot be had, and what to do."""
+    return (f"could not allocate the node arena ({nbytes} bytes of slot for each of {size} ranks): {why}. Set "
+            f"{ENV_ARENA_BYTES} lower (large messages then go through it in more chunks){also or ','} or choose a "
+            "two-sided algorithm; those do not need the arena.")
+
+
 def _no_memory(nbytes: int, size: int, exc: BaseException) -> CommError:
-    return CommError(
-        f"could not allocate the node arena ({nbytes} bytes of slot for each of {size} ranks): "
-        f"{type(exc).__name__}: {exc}. Set {ENV_ARENA_BYTES} lower (large messages then go through it in more "
-        "chunks), or choose a two-sided algorithm; those do not need the arena.")
+    return CommError(_cannot_allocate(nbytes, size, f"{type(exc).__name__}: {exc}"))
 
 
 class Arena:
