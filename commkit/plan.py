@@ -191,8 +191,7 @@ def _pooled_transfer(k: int):
     def run(tag):
         raise TypeError("a pooled transfer runs only inside a generated plan, which holds its slot")
     t = f"_t{k}"
-    return inline(run, f"{t}.start(); (_stuck := {t}.wait(_timeout)) and _slot_timed_out(rec, seq, _stuck, _timeout, "
-                       f"{t})", ())
+    return inline(run, f"(_stuck := {t}.cycle(_timeout)) and _slot_timed_out(rec, seq, _stuck, _timeout, {t})", ())
 
 
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,

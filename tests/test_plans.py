@@ -1468,7 +1468,7 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
         if k % 7 == 0:
             assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2  # untimed, between
     plans = [plan for (_, _, timed), plan in c._shaped.items() if timed and isinstance(plan, ck.plan.Plan)]
-    assert len(plans) == 1 and plans[0].pool is not None and "_t0.start()" in plans[0].run.source, plans
+    assert len(plans) == 1 and plans[0].pool is not None and "_t0.cycle(_timeout)" in plans[0].run.source, plans
     assert any(type(slot) is tuple for slot in plans[0].pool.slots)  # (made at a number's second call)
     seq = c._seq
     x = np.ones(3 if r == 0 else 4, np.float32)  # the last rank disagrees about the count

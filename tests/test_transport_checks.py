@@ -267,6 +267,14 @@ def persistent(r, run):
         p.free()
 
 
+def cycled(sends, r):
+    p = t.persistent_transfer(sends, [(0, r)], T)
+    try:
+        p.cycle(30.0)
+    finally:
+        p.free()
+
+
 def spin(test):
     while not test():
         pass
@@ -289,6 +297,8 @@ PATHS = {
     "persistent, Waitall": (False, lambda r: persistent(r, lambda p: p.wait(None))),
     "persistent, Testall polled": (False, lambda r: persistent(r, lambda p: p.wait(30.0))),
     "persistent, test()": (False, lambda r: persistent(r, lambda p: spin(p.test))),
+    "persistent, started and waited in one cycle()": (False, lambda r: cycled([], r)),
+    "persistent exchange, one cycle()": (True, lambda r: cycled([(0, s8)], r)),
 }
 for name, (exchange, receive) in PATHS.items():
     for nbytes in (16, 20, 24):
