@@ -1662,6 +1662,11 @@ class Communicator(VectorCollectives):
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
         plan = self._plans.get(key) or self._plan(call, algorithm, timeout)
+        one_sided = plan[1] is not None and any(step.kind in ONE_SIDED for step in plan[1])
+        claim = None
+        if one_sided:  # (compiled plans run no one-sided step)
+            plan, claim = self._persistent_arena(call, algorithm, plan, timeout)
+            one_sided = claim is not None
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         if call.has_result and call.result is None:
             call.result = call.dst.reshape(call.shape)
@@ -1684,10 +1689,10 @@ class Communicator(VectorCollectives):
         else:
             # Its own identity for the life of the request (see _PersistentChannels): a channel that
             # ordinary calls never use, and a number there that no other live persistent request holds.
-            chan, number, release = self._persistent_channels.claim()
+            chan, number, release = claim or self._persistent_channels.claim()
             base = self._layout.base(call.collective, call.dtype, (root, op, call.signature_count, name))
             tag = self._layout.tag(base, number)
-            if any(step.kind in ONE_SIDED for step in steps):  # (compiled plans run no one-sided step)
+            if one_sided:
                 bufs, prologue = self._own_buffers(call, inplace_safe)
                 bufs["tmp"] = self._tmp_for(call, scratch_n, private=True)
                 return InterpretedPersistentRequest(self, steps, bufs, chan, tag, call.collective, name, signature,
@@ -1695,6 +1700,62 @@ class Communicator(VectorCollectives):
             ops, prologue, _ = self._bound(call, plan, persistent_tag=tag, chan=chan)
         return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
                                  timeout, native, release)
+
+    def _persistent_arena(self, call: Call, algorithm, plan, timeout):
+        """``(plan, claim)`` for a persistent request whose ``plan`` runs a node algorithm: its channel's arena made.
+
+        The request runs on a channel of its own (:class:`_PersistentChannels`),
+        whose arena is made here, at ``*_init``, so that no ``start()`` fails for
+        want of it; ``claim`` is that channel's ``(channel, number, release)``. As
+        :meth:`_no_arena` does for the communicator's arena, every rank first tells
+        every other whether it can make it, before the library's collective. If any
+        rank cannot, a node algorithm the table chose gives way, with one warning,
+        to the two-sided algorithm the selection picks with the node engine ruled
+        out (``claim`` is then None: that plan claims its channel as any other);
+        one asked for by name raises.
+        """
+        chan, number, release = claim = self._persistent_channels.claim()
+        why = None
+        if made_arena(chan) is None:
+            if chan.name == "mpi":
+                why = lacks_room(self.size)
+            else:
+                try:
+                    chan.arena()
+                except CommError as exc:
+                    why = str(exc)
+        # Every rank's answer, even where the channel's arena is made: a threads-world rank may have made it
+        # at an earlier request that another rank failed, and every rank must take the same path.
+        stuck, failed = check_in_saying(chan, why is None, self._ctl_tag("arena", number), timeout)
+        if stuck:
+            release()
+            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena of a "
+                              f"persistent {call.collective} request, waiting for rank(s) {stuck}.")
+        if why is None and not failed:
+            chan.arena()  # (MPI: the library's collective, every rank now known to be here)
+            return plan, claim
+        release()
+        why = why or f"the node arena could not be made on rank(s) {failed}."
+        if plan[0].forced:
+            raise AlgorithmNotApplicable(
+                f"a persistent {call.collective} request with algorithm {plan[4]!r}, asked for by name, runs on a "
+                f"node arena of its own, which cannot be had: {why}")
+        transport = self._coll
+        if call.collective == "barrier" or call.dtype is None:
+            native_ok = hasattr(transport, "native")
+        else:
+            native_ok = hasattr(transport, "native_supports") and transport.native_supports(
+                call.collective, call.dtype, call.op)
+        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
+                                  self._node_why(call)[0], why, transport.name)
+        name = choice.algorithm.name
+        plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout)
+        # (stacklevel: the caller of *_init, through _persistent, _run and its _announced wrapper, and the form's
+        # own helper such as _reduction)
+        warnings.warn(f"communicator {self._label} on rank {self.rank}: {why} This persistent {call.collective} "
+                      f"request runs the two-sided algorithm {name!r} instead of the node algorithm the table "
+                      "chose.", RuntimeWarning, stacklevel=7)
+        return plan, None
 
     def _gave_up(self, collective: str, seq: int, exc: CommTimeout, native: bool = False) -> CommTimeout:
         """A blocking collective timed out (its flight record says so): the error to raise.

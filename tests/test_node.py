@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -437,7 +438,7 @@ def test_persistent_requests_run_the_node_algorithms_through_the_interpreter(p):
 
 
 def test_a_persistent_node_request_whose_peer_never_starts_times_out_naming_it():
-    # The first start makes the arena of the request's channel (the library's collective, after a timed check
+    # allreduce_init makes the arena of the request's channel (the library's collective, after a timed check
     # that every rank has come); a later start whose peer never comes times out in wait(), naming the peer.
     def body(comm):
         request = comm.allreduce_init(np.ones(10), algorithm="shm", timeout=0.3)
@@ -766,6 +767,61 @@ def test_the_room_for_an_arena_is_looked_at_before_the_librarys_collective(tmp_p
     assert f"needs {2 * (128 + (1 << 50))}" in why, why
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_persistent_request_the_table_sends_to_the_node_engine_falls_back_when_its_arena_cannot_be_had(
+        tmp_path, monkeypatch, p):
+    # A persistent request runs on a channel of its own, whose arena is made at *_init. Where the communicator's
+    # arena is made but the channel's cannot be had (COMMKIT_NODE_ARENA_BYTES raised between the two past what NumPy
+    # can allocate), a table's node pick gives way at init to the two-sided algorithm, on every rank, with one
+    # warning, instead of failing at the first start(). Asked for by name, shm raises at init.
+    table = {"allreduce": [{"one_node": True, "algorithm": "shm", "reason": "test"},
+                           {"algorithm": "ring", "reason": "test"}]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv("COMMKIT_TUNING", str(path))
+    monkeypatch.setenv("COMMKIT_NODE_ARENA_BYTES", str(1 << 20))  # (restored after a rank thread raises it)
+    n = 1000
+
+    def body(comm):
+        comm.allreduce(np.ones(n))  # the table's shm: the communicator's own arena is made
+        before = comm.last_algorithm
+        comm.barrier()
+        if comm.rank == 0:
+            os.environ["COMMKIT_NODE_ARENA_BYTES"] = str(1 << 50)  # (NumPy cannot allocate a petabyte)
+        comm.barrier()
+        x = np.empty(n)
+        request = comm.allreduce_init(x)
+        got = []
+        for k in range(4):
+            x[:] = _data(comm.rank, n, k, "float64")
+            request.start()
+            got.append(request.wait().copy())
+        try:
+            comm.allreduce_init(x, algorithm="shm")
+        except CommError as exc:
+            error = str(exc)
+        else:
+            error = ""
+        comm.allreduce(x)  # the communicator's own arena still serves the table's pick
+        return before, repr(request), got, error, comm.last_algorithm
+
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:  # (in this thread: the rank threads share the module)
+        warnings.simplefilter("always")
+        results = ck.run_local(body, size=p)
+    for before, request, got, error, after in results:
+        assert (before, after) == ("shm", "shm") and "(ring)" in request, (before, after, request)
+        for k, value in enumerate(got):
+            np.testing.assert_allclose(value, sum(_data(r, n, k, "float64") for r in range(p)), rtol=1e-12)
+        assert "asked for by name" in error and "could not allocate the node arena" in error, error
+    warned = [str(w.message) for w in caught if "node arena" in str(w.message)]
+    assert len(warned) == p, warned  # one per rank, none at the starts
+    assert {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]  # the *_init's line
+    assert all("could not allocate the node arena" in w and "persistent allreduce request runs the two-sided "
+               "algorithm 'ring'" in w for w in warned), warned
+
+
 ONE_RANK_SCRIPT = """
 import numpy as np
 import commkit as ck
@@ -819,6 +875,50 @@ print("ok", comm.rank, flush=True)
 @pytest.mark.mpi
 def test_an_arena_that_cannot_be_allocated_under_mpiexec_leaves_the_default_to_the_two_sided_algorithms(mpi):
     result = mpi(2, ARENA_FAILS_SCRIPT, env={"COMMKIT_NODE_ARENA_BYTES": str(1 << 50)}, timeout=120)
+    assert result.stdout.count("ok") == 2, result.stdout + result.stderr
+
+
+PERSISTENT_ARENA_FAILS_SCRIPT = """
+import os, warnings
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+
+comm = ck.init()
+raw = MPI.COMM_WORLD.Dup()
+n = 1 << 18  # 1 MiB of float32: the shipped table picks shm on one node
+comm.allreduce(np.ones(n, np.float32))
+assert comm.last_algorithm == "shm", comm.last_choice  # the communicator's own arena is made
+os.environ["COMMKIT_NODE_ARENA_BYTES"] = str(1 << 50)  # /dev/shm has no room for the request's channel's
+x = np.empty(n, np.float32)
+want = np.empty_like(x)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    request = comm.allreduce_init(x)
+    for k in range(4):
+        x[:] = np.random.default_rng([k, comm.rank]).standard_normal(n)
+        raw.Allreduce(x, want)
+        request.start()
+        np.testing.assert_allclose(request.wait(), want, rtol=1e-6)
+assert "(shm)" not in repr(request), repr(request)
+assert len(caught) == 1, [str(w.message) for w in caught]
+assert "could not allocate the node arena" in str(caught[0].message), caught[0].message
+assert "persistent allreduce request runs the two-sided algorithm" in str(caught[0].message), caught[0].message
+try:
+    comm.allreduce_init(x, algorithm="shm")
+except ck.CommError as exc:
+    assert "asked for by name" in str(exc) and "could not allocate the node arena" in str(exc), exc
+else:
+    raise AssertionError("a persistent node request asked for by name was made without its arena")
+request.free()
+assert np.array_equal(comm.allreduce(x), want) and comm.last_algorithm == "shm", comm.last_choice
+print("ok", comm.rank, flush=True)
+"""
+
+
+@pytest.mark.mpi
+def test_a_persistent_request_whose_arena_cannot_be_had_under_mpiexec_runs_two_sided(mpi):
+    result = mpi(2, PERSISTENT_ARENA_FAILS_SCRIPT, timeout=120)
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
 
 
