@@ -970,27 +970,44 @@ class Communicator(VectorCollectives):
         if self._arena_failed is not None or made_arena(transport) is not None:
             return self._arena_failed
         seq = self._seq  # (the call's own number; the tags are the control traffic's)
-        why = None
-        if transport.name == "mpi":
-            why = lacks_room(self.size)
-        else:
-            try:
-                transport.arena()
-            except CommError as exc:  # (not AlgorithmNotApplicable: the selector already knows the node count)
-                why = str(exc)
-        # Every rank's answer, which is also every rank's check-in before the library's call.
-        stuck, failed = check_in_saying(transport, why is None, self._ctl_tag("arena", seq), timeout)
-        if stuck:
-            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena "
-                              f"before call #{seq}, waiting for rank(s) {stuck}.")
-        if why is None and not failed:
-            transport.arena()  # (MPI: the library's collective, every rank now known to be here)
+        why = self._agree_on_arena(transport, self._ctl_tag("arena", seq), timeout, f"before call #{seq}")
+        if why is None:
             return None
-        self._arena_failed = why or f"the node arena could not be made on rank(s) {failed}."
+        self._arena_failed = why
         warnings.warn(f"communicator {self._label} on rank {self.rank}: {self._arena_failed} The node algorithms "
                       "are off for this communicator; the two-sided ones run its calls.", RuntimeWarning,
                       stacklevel=4)
         return self._arena_failed
+
+    def _agree_on_arena(self, transport, tag: int, timeout, when: str) -> str | None:
+        """Make ``transport``'s node arena once every rank says it can; None when made, else why not (every rank alike).
+
+        Every rank first tells every other whether it can make the arena (within
+        ``timeout``): under MPI whether ``/dev/shm`` has room for it
+        (``_arena.lacks_room``), looked at before the library's collective, which a
+        rank that fails alone would leave the others inside for good; in the
+        threads world, whether the memory could be had. The answers go out even
+        where this rank's arena is made already: a threads-world rank may have made
+        it where another failed, and every rank must take the same path.
+        """
+        why = None
+        if made_arena(transport) is None:
+            if transport.name == "mpi":
+                why = lacks_room(self.size)
+            else:
+                try:
+                    transport.arena()
+                except CommError as exc:  # (not AlgorithmNotApplicable: the selector already knows the node count)
+                    why = str(exc)
+        # Every rank's answer, which is also every rank's check-in before the library's call.
+        stuck, failed = check_in_saying(transport, why is None, tag, timeout)
+        if stuck:
+            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena {when}, "
+                              f"waiting for rank(s) {stuck}.")
+        if why is None and not failed:
+            transport.arena()  # (MPI: the library's collective, every rank now known to be here)
+            return None
+        return why or f"the node arena could not be made on rank(s) {failed}."
 
     def _arena_why(self, choice, call: Call, timeout):
         """Why the node arena cannot run ``call`` under ``choice`` (a node algorithm a table chose), or None if it can.
@@ -1010,6 +1027,14 @@ class Communicator(VectorCollectives):
                     f"arena has {have} (COMMKIT_NODE_ARENA_BYTES); choose a smaller segment or a larger arena")
         return self._no_arena(timeout)
 
+    def _native_ok(self, call: Call) -> bool:
+        """Whether the transport's own collective (``native``) can run ``call``."""
+        transport = self._coll
+        if call.collective == "barrier" or call.dtype is None:
+            return hasattr(transport, "native")
+        return hasattr(transport, "native_supports") and transport.native_supports(call.collective, call.dtype,
+                                                                                     call.op)
+
     def _plan(self, call: Call, algorithm, timeout=None):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
@@ -1022,11 +1047,7 @@ class Communicator(VectorCollectives):
         """
         key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
         transport = self._coll
-        if call.collective == "barrier" or call.dtype is None:
-            native_ok = hasattr(transport, "native")
-        else:
-            native_ok = hasattr(transport, "native_supports") and transport.native_supports(
-                call.collective, call.dtype, call.op)
+        native_ok = self._native_ok(call)
         nodes, node_why = self._node_why(call)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
                                   node_why, transport.name)
@@ -1715,39 +1736,21 @@ class Communicator(VectorCollectives):
         one asked for by name raises.
         """
         chan, number, release = claim = self._persistent_channels.claim()
-        why = None
-        if made_arena(chan) is None:
-            if chan.name == "mpi":
-                why = lacks_room(self.size)
-            else:
-                try:
-                    chan.arena()
-                except CommError as exc:
-                    why = str(exc)
-        # Every rank's answer, even where the channel's arena is made: a threads-world rank may have made it
-        # at an earlier request that another rank failed, and every rank must take the same path.
-        stuck, failed = check_in_saying(chan, why is None, self._ctl_tag("arena", number), timeout)
-        if stuck:
+        try:
+            why = self._agree_on_arena(chan, self._ctl_tag("arena", number), timeout,
+                                       f"of a persistent {call.collective} request")
+        except BaseException:
             release()
-            raise CommTimeout(f"rank {self.rank} timed out after {timeout:g} s agreeing on the node arena of a "
-                              f"persistent {call.collective} request, waiting for rank(s) {stuck}.")
-        if why is None and not failed:
-            chan.arena()  # (MPI: the library's collective, every rank now known to be here)
+            raise
+        if why is None:
             return plan, claim
         release()
-        why = why or f"the node arena could not be made on rank(s) {failed}."
         if plan[0].forced:
             raise AlgorithmNotApplicable(
                 f"a persistent {call.collective} request with algorithm {plan[4]!r}, asked for by name, runs on a "
                 f"node arena of its own, which cannot be had: {why}")
-        transport = self._coll
-        if call.collective == "barrier" or call.dtype is None:
-            native_ok = hasattr(transport, "native")
-        else:
-            native_ok = hasattr(transport, "native_supports") and transport.native_supports(
-                call.collective, call.dtype, call.op)
-        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
-                                  self._node_why(call)[0], why, transport.name)
+        choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, self._native_ok(call),
+                                  self._node_why(call)[0], why, self._coll.name)
         name = choice.algorithm.name
         plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout)
         # (stacklevel: the caller of *_init, through _persistent, _run and its _announced wrapper, and the form's

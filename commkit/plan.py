@@ -1383,9 +1383,9 @@ class InterpretedPersistentRequest(PersistentRequest):
     (:class:`~commkit.schedule.ScheduleRun`), with the request's own tag (its
     identity on its channel's arena) and a new call number. Everything else is
     :class:`PersistentRequest`'s: the same misuse is refused, the same flight
-    record kept, a timeout breaks the communicator alike. The first start makes
-    its channel's arena, the library's collective (after a timed check that every
-    rank has come), so that one start waits until every rank has started.
+    record kept, a timeout breaks the communicator alike. Its channel's arena is
+    made at ``*_init`` (``Communicator._persistent_arena``, after a timed check
+    that every rank can make it), so no start fails for want of it.
     """
 
     def __init__(self, comm, steps, bufs, chan, tag, collective, algorithm, signature, result, finish=None,
