@@ -33,6 +33,7 @@ the tag.
 
 from __future__ import annotations
 
+import os
 import re
 import weakref
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from time import monotonic as _monotonic
 
 import numpy as np
 
+from . import _wait
 from ._events import active as _trace_active
 from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
@@ -820,6 +822,30 @@ class IEntry(NamedTuple):
     empty: object
 
 
+_SOON = range(8)  # more tests of an i-form's transfer at its start (see _soon)
+
+
+def _soon(pending) -> bool:
+    """Whether ``pending`` completes within a few more tests (a microsecond or two): an i-form entry's start.
+
+    A small exchange between ranks that are both there completes about a
+    microsecond after it is started; testing it a few more times then costs
+    less than the run object and request that drive a transfer still in
+    flight, and the start returns a completed request instead. A peer that is
+    not there yet costs the start these few tests, and the run goes on as before.
+    """
+    settles = getattr(pending, "settles", None)  # (the transport's own loop, where it has one)
+    if settles is not None:
+        return settles()
+    test = pending.test
+    for _ in _SOON:
+        if _wait.oversubscribed:  # (the peer may need this core to send)
+            os.sched_yield()
+        if test():
+            return True
+    return False
+
+
 def nonblocking_entry(entry: Entry, spec: IEntry):
     """An i-form on new arrays of a known shape as one generated function: ``run(x, out, algorithm, timeout, a, b)``.
 
@@ -830,7 +856,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     outstanding first, as every call does), the flight-recorder entry and the
     tag; then the call's transfers started from a persistent slot where the
     number has one (its first call posts), or posted. Its steps are driven at
-    once, as :class:`commkit.schedule.ScheduleRun` drives them at its start: a
+    once, as :class:`commkit.schedule.ScheduleRun` drives them at its start,
+    each transfer tested a few times (:func:`_soon`): a
     run that completes there (a small call's usually does) is handed back as a
     completed request (:class:`commkit.schedule.CompletedRequest`) without
     making a run object; one that does not becomes a
@@ -849,7 +876,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
           "_on_timeout": lambda pending, reason: comm._collective_timed_out(pending, reason),
           "_EMPTY": spec.empty, "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error,
           "_end": FlightRecorder.finish, "_max_held": comm._max_in_flight, "_span": comm._seq_span,
-          "_rank": comm.rank}
+          "_rank": comm.rank, "_soon": _soon}
     head, _ = _entry_head(entry, ns, nonblocking=True)
     coll, alg = repr(spec.collective), repr(name)
     timeout = repr(entry.timeout) if entry.timeout is not None else "None"
@@ -887,7 +914,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "        # Driven at once, as a run is at its start: the steps that complete now.",
         "        try:",
         "            for _item in _gen:",
-        "                if not _item[2].test():  # in flight: a run drives it from here",
+        "                if not (_item[2].test() or _soon(_item[2])):  # in flight: a run drives it from here",
         f"                    return _Request(_Run(None, None, _chan, tag, _timeout, {info}, None, _progress,",
         "                                         _recorder, rec, _on_timeout, _result, _gen, _item), _progress)",
         "        except _InvalidBuffer as exc:",

@@ -296,6 +296,7 @@ PATHS = {
     "posted, Waitall": (False, lambda r: t.post([], [(0, r)], T).wait(None)),
     "posted, Testall polled": (False, lambda r: t.post([], [(0, r)], T).wait(30.0)),
     "posted, test()": (False, lambda r: spin(t.post([], [(0, r)], T).test)),
+    "posted, settles()": (False, lambda r: spin(t.post([], [(0, r)], T).settles)),
     "persistent, Waitall": (False, lambda r: persistent(r, lambda p: p.wait(None))),
     "persistent, Testall polled": (False, lambda r: persistent(r, lambda p: p.wait(30.0))),
     "persistent, test()": (False, lambda r: persistent(r, lambda p: spin(p.test))),

@@ -167,6 +167,7 @@ def _poll(test, timeout: float) -> bool:
 _startall = MPI.Prequest.Startall
 _testall = MPI.Request.Testall
 _QUICK = range(16)  # tests of a timed wait before it reads the clock (see _testall_until)
+_SETTLE = range(12)  # tests of a transfer just started before it is left in flight (_Pending.settles)
 
 
 def _testall_until(requests, statuses, timeout: float) -> bool:
@@ -264,6 +265,24 @@ class _Pending:
             raise self._failed(exc) from None
         if self.recvs:
             _check_received(self.statuses, self.recvs)
+        return True
+
+    def settles(self) -> bool:
+        """``test()`` a few times, as one call: whether a transfer just started completes within a microsecond or two."""
+        requests, statuses = self.requests, self.statuses
+        testall = _testall
+        try:
+            for _ in _SETTLE:
+                if testall(requests, statuses):
+                    break
+                if _wait.oversubscribed:  # (the peer may need this core to send)
+                    os.sched_yield()
+            else:
+                return False
+        except MPI.Exception as exc:
+            raise self._failed(exc) from None
+        if self.recvs:
+            _check_received(statuses, self.recvs)
         return True
 
     def wait(self, timeout: float | None) -> list:
