@@ -1537,8 +1537,8 @@ class Communicator(VectorCollectives):
         blocking_untimed = timeout is None and not nonblocking
         if blocking_untimed:
             last, last_out = self._fresh_last
-            if (last is not None and last() is x
-                    and (out is None if last_out is None else last_out() is out)):
+            # (no last out: the last call had none, or an entry did not record it for a new x)
+            if last is not None and last() is x and (last_out is None or last_out() is out):
                 return _GENERAL
         given_out = out
         result = scratch = None

@@ -433,10 +433,18 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
         head += ["    _result = _out"]
     if not nonblocking:
         # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
-        last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
-        head += ["    _w, _wo = _e_last",
-                 f"    if _w is not None and _w() is _x and {last_out}:",
-                 "        return _GENERAL"]
+        # With an out of its own, the last out is known only where the x before was this x too (see the
+        # guard): the same x after an unknown out takes the general path, which records both.
+        if form == 1:
+            head += ["    _w, _wo = _e_last",
+                     "    _again = _w is not None and _w() is _x",
+                     "    if _again and (_wo is None or _wo() is _out):",
+                     "        return _GENERAL"]
+        else:
+            last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
+            head += ["    _w, _wo = _e_last",
+                     f"    if _w is not None and _w() is _x and {last_out}:",
+                     "        return _GENERAL"]
     head.append(f"    _b_in = {flat_in}")
     if form == 2:
         head.append("    _b_out = _b_in")
@@ -447,8 +455,11 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
         ns["_pool_slots"] = pool.slots
     guard = ["    if not _acquire(False):",
              "        return _GENERAL  # (the general path raises ConcurrentCall)",
-             # weakly: the communicator keeps no caller's array alive
-             "    _e_last[0] = _weak(_x)" if form == 0 else "    _e_last[:] = _weak(_x), _weak(_out)"]
+             # weakly: the communicator keeps no caller's array alive; a new x's out is not recorded
+             # (a weak reference costs about 0.05x the raw call), as only the same x again asks for it
+             "    _e_last[0] = _weak(_x)" if form == 0 else
+             "    _e_last[:] = _weak(_x), _weak(_out) if _again else None" if form == 1 and not nonblocking else
+             "    _e_last[:] = _weak(_x), _weak(_out)"]
     if form == 0:
         guard.append("    _e_last[1] = None")
     return head, guard
