@@ -1085,6 +1085,36 @@ def test_one_rank_collectives_copy_like_mpi(face):
     assert comm.Get_rank() == 0 and comm.Get_size() == 1
 
 
+def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other_call_stays_right(face, monkeypatch):
+    """New arrays each call skip the face's own parse: the communicator's entry for their shape takes them."""
+    import commkit
+
+    MPI, comm = face
+    parsed = []
+    short = comm._short
+    monkeypatch.setattr(comm, "_short", lambda *args: parsed.append(1) or short(*args))
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        x = rng.integers(-9, 9, 4).astype(np.float64)
+        r = np.empty_like(x)
+        comm.Allreduce(x, r, MPI.SUM)
+        assert np.array_equal(r, x)
+    assert len(parsed) <= 3, f"{len(parsed)} of 8 calls on new arrays parsed by the face"  # (the shape's entry comes at its third)
+    # Another op, in place, the same arrays twice, an output of another dtype: each still right.
+    r = np.empty_like(x)
+    comm.Allreduce(x, r, MPI.MAX)
+    assert np.array_equal(r, x)
+    y = x.copy()
+    comm.Allreduce(MPI.IN_PLACE, y, MPI.SUM)
+    assert np.array_equal(y, x)
+    for _ in range(2):
+        r[:] = 0
+        comm.Allreduce(x, r, MPI.SUM)
+        assert np.array_equal(r, x)
+    with pytest.raises(commkit.errors.InvalidBuffer):
+        comm.Allreduce(x, np.empty(4, np.float32), MPI.SUM)
+
+
 def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
     """The face keeps the communicator's plan for a call it sees again, and runs it only while it may."""
     import commkit

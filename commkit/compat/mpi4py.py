@@ -187,7 +187,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
 from .._checks import array_module, check_rank, same_memory
-from ..communicator import Communicator
+from ..communicator import _GENERAL, Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
 from .._wait import Backoff
@@ -777,6 +777,17 @@ class Comm(MPI.Intracomm):
             if plan is None:  # the communicator compiles a plan the second time it sees these arrays
                 self._hot_allreduce = h[:5] + (self._plan_for("allreduce", h[3], recvbuf, h[4]),)
             return
+        fast = _FAST_OPS.get(id(op))
+        if fast is not None and type(recvbuf) is _ndarray and recvbuf.dtype in fast[1]:
+            # New arrays of the communicator's last shape: its entry checks them as _short and the
+            # communicator's call would (anything else, the same arrays again included, comes back here).
+            # An output the communicator's own same-array plan writes goes to that plan, as its call would.
+            comm = self.comm
+            entry, hot = comm._new_allreduce, comm._hot_allreduce
+            if (entry is not None and (hot is None or hot.hot[1] is not recvbuf)
+                    and entry(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, recvbuf, None, None,
+                              fast[0], None) is not _GENERAL):
+                return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
