@@ -63,7 +63,9 @@ _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (
 # transport's feet) for as long as this process runs. Only timeouts add to it.
 _ABANDONED: list = []
 _SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
-_GENERAL = object()  # Communicator._fresh's answer when the call must take the general path
+# What Communicator._fresh and an entry (plan.Plan.entry) answer when the call must take the general path;
+# the mpi4py face, which calls an entry itself, reads it too.
+GENERAL = object()
 _weakref = weakref.ref
 _IN_PLACE = 2  # _out_form of a call whose out is x itself
 
@@ -1476,7 +1478,7 @@ class Communicator(VectorCollectives):
                 setattr(self, "_new_i" + collective, None)
 
     def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None):
-        """A call on new arrays of a shape already run: checked here and run from its cache; else _GENERAL.
+        """A call on new arrays of a shape already run: checked here and run from its cache; else GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
         the general path has checked and run (``_run_locked`` keeps it under
@@ -1506,9 +1508,9 @@ class Communicator(VectorCollectives):
         built and looked up.
         """
         if type(x) is not np.ndarray or _trace_active or log.isEnabledFor(logging.DEBUG):
-            return _GENERAL  # (the general path logs each call)
+            return GENERAL  # (the general path logs each call)
         if not (self._shapes_on or nonblocking and self._plans_on and not self._check and not self._closed):
-            return _GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
+            return GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
         form = 0 if out is None else _IN_PLACE if out is x else 1  # _out_form, written out
         given_timeout = timeout
         hot = self._fresh_hot_i if nonblocking else self._fresh_hot
@@ -1524,42 +1526,42 @@ class Communicator(VectorCollectives):
                 entry = (self._by_shape_i if nonblocking else self._by_shape).get(
                     _fresh_key(collective, op if root is None else (op, root), algorithm, x, form, timeout))
             except TypeError:  # an unhashable argument: the general path names it
-                return _GENERAL
+                return GENERAL
             if entry is None:
-                return _GENERAL
+                return GENERAL
             if given_timeout is not None:
                 timeout = check_timeout(timeout)
             shape = (self.size,) + x.shape if stacked else x.shape
             hot[collective] = (x.dtype, x.shape, op, algorithm, given_timeout, form, self._timeout, entry, shape,
                                timeout, root)
         if not x.flags.c_contiguous:
-            return _GENERAL
+            return GENERAL
         blocking_untimed = timeout is None and not nonblocking
         if blocking_untimed:
             last, last_out = self._fresh_last
             # (no last out: the last call had none, or an entry did not record it for a new x)
             if last is not None and last() is x and (last_out is None or last_out() is out):
-                return _GENERAL
+                return GENERAL
         given_out = out
         result = scratch = None
         if root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
             if out is not None:
-                return _GENERAL  # (the general path checks it)
+                return GENERAL  # (the general path checks it)
             out = scratch = self._scratch_buffer(np, x.dtype, x.size, nonblocking, role="reduce-out")
         elif out is None:
             out = result = np.empty(shape, x.dtype)
         elif form == _IN_PLACE:
             if not x.flags.writeable:
-                return _GENERAL
+                return GENERAL
         elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
                   and (flags := out.flags).c_contiguous and flags.writeable
                   # two arrays that each own their memory (the usual fresh pair) cannot share it
                   and (out.base is None and x.base is None and out is not x or not np.may_share_memory(x, out))):
-            return _GENERAL
+            return GENERAL
         if given_out is not None:
             result = out
         if not self._entry.acquire(False):
-            return _GENERAL
+            return GENERAL
         try:
             src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if nonblocking:
@@ -1567,7 +1569,7 @@ class Communicator(VectorCollectives):
                     src = src.copy()
                 request = self._fresh_request(collective, entry, src, dst, result, timeout)
                 if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it
-                    kinds = Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch, log, _GENERAL,
+                    kinds = Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch, log, GENERAL,
                                   _weakref, self._fresh_last, timeout, given_timeout, self._timeout)
                     entry[3] = nonblocking_entry(kinds, IEntry(collective, *entry[:3], weakref.proxy(self), _EMPTY))
                 setattr(self, "_new_i" + collective, entry[3])
@@ -1580,7 +1582,7 @@ class Communicator(VectorCollectives):
                 shaped.run(src, dst)
                 if made is None:  # the shape's entry: its next call on new arrays comes straight to it
                     made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, _GENERAL, _weakref, self._fresh_last)) or False
+                                                         log, GENERAL, _weakref, self._fresh_last)) or False
                 if made and self._plain:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = False
@@ -1598,7 +1600,7 @@ class Communicator(VectorCollectives):
                     raise self._gave_up(collective, seq, exc, native) from None
                 if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
                     made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, _GENERAL, _weakref, self._fresh_last, timeout,
+                                                         log, GENERAL, _weakref, self._fresh_last, timeout,
                                                          given_timeout, self._timeout, native)) or False
                 if made and self._shapes_on:
                     setattr(self, "_new_" + collective, made)
@@ -1646,7 +1648,7 @@ class Communicator(VectorCollectives):
         """The request of an i-form that ``_fresh`` checked: the general path's nonblocking start, on known steps."""
         progress = self._progress
         if progress.held >= self._max_in_flight:
-            return _GENERAL  # the general path raises, naming the limit
+            return GENERAL  # the general path raises, naming the limit
         plan, compiled, pool, _ = entry
         _, steps, scratch_n, _, name, tagbase, signature = plan
         seq = self._seq
@@ -1947,7 +1949,7 @@ class Communicator(VectorCollectives):
         fn = self._new_allreduce  # the last shape's entry on new arrays (see _fresh)
         if fn is not None:
             result = fn(x, out, algorithm, timeout, op, None)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('allreduce', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -1955,7 +1957,7 @@ class Communicator(VectorCollectives):
             self._hot_allreduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         result = self._fresh("allreduce", x, out, op, algorithm, timeout)
-        if result is not _GENERAL:
+        if result is not GENERAL:
             return result
         return self._reduction("allreduce", x, op, out, algorithm, timeout, False, key=key)
 
@@ -1964,10 +1966,10 @@ class Communicator(VectorCollectives):
         fn = self._new_iallreduce  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, op, None)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         request = self._fresh("allreduce", x, out, op, algorithm, timeout, nonblocking=True)
-        if request is not _GENERAL:
+        if request is not GENERAL:
             return request
         return self._reduction("allreduce", x, op, out, algorithm, timeout, True)
 
@@ -2001,7 +2003,7 @@ class Communicator(VectorCollectives):
         fn = self._new_reduce  # the last shape's entry on new arrays (see _fresh)
         if fn is not None and type(root) is int:
             result = fn(x, out, algorithm, timeout, op, root)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('reduce', id(x), id(out), op, root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -2010,7 +2012,7 @@ class Communicator(VectorCollectives):
             return plan.run()
         if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
             result = self._fresh("reduce", x, out, op, algorithm, timeout, root=root)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         return self._reduction("reduce", x, op, out, algorithm, timeout, False, root, rooted=True, key=key)
 
@@ -2020,10 +2022,10 @@ class Communicator(VectorCollectives):
             fn = self._new_ireduce  # the last shape's i-form entry on new arrays (see _fresh)
             if fn is not None:
                 request = fn(x, out, algorithm, timeout, op, root)
-                if request is not _GENERAL:
+                if request is not GENERAL:
                     return request
             request = self._fresh("reduce", x, out, op, algorithm, timeout, nonblocking=True, root=root)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         return self._reduction("reduce", x, op, out, algorithm, timeout, True, root, rooted=True)
 
@@ -2043,7 +2045,7 @@ class Communicator(VectorCollectives):
         fn = self._new_scan  # the last shape's entry on new arrays (see _fresh)
         if fn is not None:
             result = fn(x, out, algorithm, timeout, op, None)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('scan', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -2051,7 +2053,7 @@ class Communicator(VectorCollectives):
             self._hot_scan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         result = self._fresh("scan", x, out, op, algorithm, timeout)
-        if result is not _GENERAL:
+        if result is not GENERAL:
             return result
         return self._reduction("scan", x, op, out, algorithm, timeout, False, key=key)
 
@@ -2060,10 +2062,10 @@ class Communicator(VectorCollectives):
         fn = self._new_iscan  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, op, None)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         request = self._fresh("scan", x, out, op, algorithm, timeout, nonblocking=True)
-        if request is not _GENERAL:
+        if request is not GENERAL:
             return request
         return self._reduction("scan", x, op, out, algorithm, timeout, True)
 
@@ -2117,7 +2119,7 @@ class Communicator(VectorCollectives):
         fn = self._new_broadcast  # the last shape's entry on new arrays (see _fresh)
         if fn is not None:
             result = fn(x, out, algorithm, timeout, root, None)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('broadcast', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -2125,7 +2127,7 @@ class Communicator(VectorCollectives):
             self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         result = self._fresh("broadcast", x, out, root, algorithm, timeout)
-        if result is not _GENERAL:
+        if result is not GENERAL:
             return result
         return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
@@ -2134,10 +2136,10 @@ class Communicator(VectorCollectives):
         fn = self._new_ibroadcast  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, root, None)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         request = self._fresh("broadcast", x, out, root, algorithm, timeout, nonblocking=True)
-        if request is not _GENERAL:
+        if request is not GENERAL:
             return request
         return self._broadcast(x, root, out, algorithm, timeout, True)
 
@@ -2285,7 +2287,7 @@ class Communicator(VectorCollectives):
         fn = self._new_allgather  # the last shape's entry on new arrays (see _fresh)
         if fn is not None:
             result = fn(x, out, algorithm, timeout, None, None)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('allgather', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -2293,7 +2295,7 @@ class Communicator(VectorCollectives):
             self._hot_allgather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         result = self._fresh("allgather", x, out, None, algorithm, timeout, stacked=True)
-        if result is not _GENERAL:
+        if result is not GENERAL:
             return result
         return self._allgather(x, out, algorithm, timeout, False, key=key)
 
@@ -2302,10 +2304,10 @@ class Communicator(VectorCollectives):
         fn = self._new_iallgather  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, None, None)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         request = self._fresh("allgather", x, out, None, algorithm, timeout, stacked=True, nonblocking=True)
-        if request is not _GENERAL:
+        if request is not GENERAL:
             return request
         return self._allgather(x, out, algorithm, timeout, True)
 
@@ -2346,7 +2348,7 @@ class Communicator(VectorCollectives):
         fn = self._new_alltoall  # the last shape's entry on new arrays (see _fresh)
         if fn is not None:
             result = fn(x, out, algorithm, timeout, None, None)
-            if result is not _GENERAL:
+            if result is not GENERAL:
                 return result
         key = ('alltoall', id(x), id(out), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
@@ -2354,7 +2356,7 @@ class Communicator(VectorCollectives):
             self._hot_alltoall = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
         result = self._fresh("alltoall", x, out, None, algorithm, timeout)
-        if result is not _GENERAL:
+        if result is not GENERAL:
             return result
         return self._alltoall(x, out, algorithm, timeout, False, key=key)
 
@@ -2363,10 +2365,10 @@ class Communicator(VectorCollectives):
         fn = self._new_ialltoall  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, None, None)
-            if request is not _GENERAL:
+            if request is not GENERAL:
                 return request
         request = self._fresh("alltoall", x, out, None, algorithm, timeout, nonblocking=True)
-        if request is not _GENERAL:
+        if request is not GENERAL:
             return request
         return self._alltoall(x, out, algorithm, timeout, True)
 

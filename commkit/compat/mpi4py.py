@@ -187,7 +187,7 @@ from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
 from .._checks import array_module, check_rank, same_memory
-from ..communicator import _GENERAL, Communicator
+from ..communicator import GENERAL, Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
 from .._wait import Backoff
@@ -786,7 +786,7 @@ class Comm(MPI.Intracomm):
             entry, hot = comm._new_allreduce, comm._hot_allreduce
             if (entry is not None and (hot is None or hot.hot[1] is not recvbuf)
                     and entry(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, recvbuf, None, None,
-                              fast[0], None) is not _GENERAL):
+                              fast[0], None) is not GENERAL):
                 return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
