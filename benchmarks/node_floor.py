@@ -35,7 +35,8 @@ node call's waits cost, timed at every size alike); ``commkit``, the default sel
 alltoall also on shared arrays (``shm shared``; the broadcast in place, as
 ``Bcast`` is). Every ``shm`` result is checked
 against MPI's once per size. The load average is printed with the table:
-timings on a loaded machine say nothing.
+timings on a loaded machine say nothing; so is the memory's copy bandwidth,
+measured before and after the table, every rank copying at once.
 """
 
 from __future__ import annotations
@@ -248,6 +249,25 @@ def variants(comm, raw, n, rng):
     return table, floor
 
 
+def copy_bandwidth(raw, nbytes=32 << 20, repeats=5) -> float:
+    """GB/s of one rank's ``np.copyto`` of ``nbytes`` while every rank copies at once: the slowest rank's, median.
+
+    Printed beside the table, at its start and end, so that a reader can tell a
+    ratio that moved because the machine's memory did (another job, another
+    VM) from one that moved because a collective did.
+    """
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # (the pages touched first)
+    rates = []
+    for _ in range(repeats):
+        raw.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        rates.append(nbytes / raw.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 1e9)
+    return statistics.median(rates)
+
+
 def time_sweep(raw, fns, calls, order):
     """Seconds per call of each variant in ``order``: the slowest rank's."""
     times = {}
@@ -273,6 +293,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(comm.rank)
     rows = []
     loads = [os.getloadavg()[0]]
+    bandwidth = [copy_bandwidth(raw)]
     for nbytes in sizes:
         n = nbytes // 4
         table, floor = variants(comm, raw, n, rng)
@@ -292,9 +313,12 @@ def main(argv=None) -> int:
                 rows.append((collective, nbytes, name, statistics.median(samples[name]), ratio))
             loads.append(os.getloadavg()[0])
         floor.free()
+    bandwidth.append(copy_bandwidth(raw))
     if comm.rank == 0:
         print(f"{comm.size} ranks, float32 sum, {sweeps} sweeps; load average {min(loads):.2f}-{max(loads):.2f} "
               f"(timings on a loaded machine say nothing)")
+        print(f"memory: a 32 MiB np.copyto on every rank at once ran at {bandwidth[0]:.1f} GB/s a rank before the "
+              f"table and {bandwidth[1]:.1f} after it (a ratio that moves with this moved with the machine)")
         print(f"{'collective':<15} {'size':>8} {'variant':<20} {'median':>12} {'/ mpi':>7}")
         for collective, nbytes, name, t, ratio in rows:
             print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<20} {t * 1e6:>10.1f}us {ratio:>7.2f}")

@@ -4,7 +4,8 @@ It runs ``compare.py --quick`` (two sizes, a few runs, 2 ranks) into a temporary
 directory and checks that the page, the figures and the raw results are written,
 parse, and hold no wrong result; and ``memory_floor.py --quick`` and
 ``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
-and that the floor leaves no shared segment behind. Benchmarks are never timed
+and that the floor leaves no shared segment behind; and ``node_floor.py
+--quick`` under a 2-rank job. Benchmarks are never timed
 unit tests: nothing here asserts on speed.
 """
 
@@ -23,6 +24,7 @@ ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
 FLOOR = os.path.join(ROOT, "benchmarks", "memory_floor.py")
 INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
+NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -60,6 +62,24 @@ def test_quick_memory_floor_prints_its_table_and_leaves_no_segment(mpi, tmp_path
     assert row.count("|") == 13 and "Wrong results: 0." in out
     assert md.read_text() in out + "\n"
     assert _floor_segments() == before
+
+
+@pytest.mark.mpi
+def test_quick_node_floor_prints_its_table_beside_the_memory_bandwidth(mpi):
+    # node_floor.py runs under mpiexec (it starts no job of its own): run it as each rank's main program.
+    code = f"""
+    import runpy
+    import sys
+
+    sys.argv = [{NODE_FLOOR!r}, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+    """
+    out = mpi(2, code, timeout=300).stdout
+    assert "memory: a 32 MiB np.copyto on every rank at once ran at" in out, out
+    assert "allreduce 64Ki: shm / floor = " in out and "barrier" in out, out
 
 
 @pytest.mark.mpi
