@@ -243,7 +243,10 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
             continue
         bind = getattr(chan, "bind_transfer", None)
         if timed:
-            op = _timed_transfer(chan, sends, recvs)
+            bind_timed = getattr(chan, "bind_timed_transfer", None)
+            op = bind_timed(sends, recvs) if bind_timed is not None else None
+            if op is None:
+                op = _timed_transfer(chan, sends, recvs)
         else:
             op = bind(sends, recvs) if bind is not None else _generic_transfer(chan, sends, recvs)
         ops.append((TRANSFER, op, step, (), index))

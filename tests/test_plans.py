@@ -1451,8 +1451,13 @@ def test_an_i_form_on_persistent_transfers_that_times_out_names_the_peer_and_dro
 
 @requires_mpi
 @pytest.mark.mpi
-def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_under_mpiexec():
-    """A timed shape plan runs its call number's slot; when the peer calls another shape it gives up as before."""
+@pytest.mark.parametrize("poll_first", ["0", "1"])
+def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_under_mpiexec(poll_first):
+    """A timed shape plan runs its call number's slot; when the peer calls another shape it gives up as before.
+
+    Where the transport polls first (MPICH, ``transports.mpi.POLL_FIRST``) the plan posts its transfers and
+    polls them instead, with no pool: the same answers, the same way of giving up.
+    """
     code = """
     import numpy as np
     import commkit as ck
@@ -1468,8 +1473,13 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
         if k % 7 == 0:
             assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2  # untimed, between
     plans = [plan for (_, _, timed), plan in c._shaped.items() if timed and isinstance(plan, ck.plan.Plan)]
-    assert len(plans) == 1 and plans[0].pool is not None and "_t0.cycle(_timeout)" in plans[0].run.source, plans
-    assert any(type(slot) is tuple for slot in plans[0].pool.slots)  # (made at a number's second call)
+    polls = c.collective_transport.poll_first
+    assert len(plans) == 1, plans
+    if polls:
+        assert plans[0].pool is None and "_timeout)): raise _timed_out(" in plans[0].run.source, plans[0].run.source
+    else:
+        assert plans[0].pool is not None and "_t0.cycle(_timeout)" in plans[0].run.source, plans
+        assert any(type(slot) is tuple for slot in plans[0].pool.slots)  # (made at a number's second call)
     seq = c._seq
     x = np.ones(3 if r == 0 else 4, np.float32)  # the last rank disagrees about the count
     try:
@@ -1481,7 +1491,7 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
     assert f"allreduce #{seq}" in message and "waiting for rank(s)" in message, message
     assert "Recent calls on this rank:" in message, message
     assert c.flight_recorder.calls[-1][8] == "timed out"
-    if r == 0:
+    if r == 0 and not polls:
         assert type(plans[0].pool.slots[seq % span]) is not tuple, "the slot of the call that timed out came back"
     try:
         c.barrier()
@@ -1491,13 +1501,15 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
         raise AssertionError("the communicator is not broken")
     print(f"ok {r}", flush=True)
     """
-    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": "", "COMMKIT_MPI_POLL_FIRST": poll_first})
     assert result.stdout.count("ok") == 2, result.stdout + result.stderr
 
 
 @requires_mpi
 @pytest.mark.mpi
-def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interpreters_answer_under_mpiexec():
+@pytest.mark.parametrize("poll_first", ["0", "1"])  # timed calls on pools, or posted and polled (i-forms: pools)
+def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interpreters_answer_under_mpiexec(
+        poll_first):
     """Timed calls and i-forms of every collective and algorithm, past a cycle of call numbers: slots made, used."""
     code = """
     import numpy as np
@@ -1550,5 +1562,5 @@ def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interp
     """
     # 3 ranks, where every algorithm has more than one exchange (2 ranks: the tests above); about 30 s,
     # since each shape runs a whole cycle of call numbers before its slots are made.
-    result = run_mpi(3, code, timeout=300, env={"COMMKIT_TIMEOUT": ""})
+    result = run_mpi(3, code, timeout=300, env={"COMMKIT_TIMEOUT": "", "COMMKIT_MPI_POLL_FIRST": poll_first})
     assert result.stdout.count("ok") == 3, result.stdout + result.stderr

@@ -214,29 +214,48 @@ def _then_wait(requests, statuses) -> bool:
     return True
 
 
-def _polled(peers, recvs):
+def _polled(peers, recvs, timed=False):
     """``finish(requests)`` for a posted transfer to ``peers`` (receives first): tested, then waited for, checked.
 
     Its statuses are its own, made once: a compiled plan runs one op at a time
     and reads them right after. A failed request is raised as the blocking call
     would raise it, the receives still posted cancelled (see :meth:`_Pending._failed`).
+    ``timed``: ``finish(requests, timeout)`` polls until ``timeout`` passes instead
+    of blocking, and returns the peers still outstanding then (their receives
+    cancelled, the requests kept alive), or an empty tuple.
     """
     statuses = [MPI.Status() for _ in peers]
     nrecv = len(recvs)
     expected = recvs[0][1].nbytes if nrecv == 1 else None
     testall = _testall
 
-    def finish(requests) -> None:
-        try:
-            testall(requests, statuses) or _then_wait(requests, statuses)
-        except MPI.Exception as exc:
-            raise _Pending(requests, peers, nrecv, recvs, statuses)._failed(exc) from None
+    def check() -> None:
         if expected is not None:
             if statuses[0].Get_count() != expected:
                 _check_received(statuses, recvs)
         elif recvs:
             _check_received(statuses, recvs)
-    return finish
+
+    def finish(requests) -> None:
+        try:
+            testall(requests, statuses) or _then_wait(requests, statuses)
+        except MPI.Exception as exc:
+            raise _Pending(requests, peers, nrecv, recvs, statuses)._failed(exc) from None
+        check()
+
+    def finish_timed(requests, timeout: float):
+        try:
+            if not (testall(requests, statuses) or _testall_until(requests, statuses, timeout)):
+                pending = _Pending(requests, peers, nrecv, recvs, statuses)
+                stuck = pending._stuck()
+                pending.abandon()
+                _ABANDONED.append(pending)
+                return stuck
+        except MPI.Exception as exc:
+            raise _Pending(requests, peers, nrecv, recvs, statuses)._failed(exc) from None
+        check()
+        return ()
+    return finish_timed if timed else finish
 
 
 class _Pending:
@@ -635,14 +654,20 @@ class MPITransport:
             self.transfer(sends, recvs, tag, None)
         return run
 
-    def _bind_polled(self, sends, recvs, translate):
-        """``bind_transfer`` where the transport polls first: ``Irecv``/``Isend`` posted, then ``finish`` (:func:`_polled`)."""
+    def _bind_polled(self, sends, recvs, translate, timed=False):
+        """``bind_transfer`` where the transport polls first: ``Irecv``/``Isend`` posted, then ``finish`` (:func:`_polled`).
+
+        ``timed``: the op gives up after the run's ``_timeout`` (written inline
+        only, as :meth:`bind_timed_transfer` says).
+        """
         comm = self.comm
-        finish = _polled([peer for peer, _ in recvs] + [peer for peer, _ in sends], recvs)
+        finish = _polled([peer for peer, _ in recvs] + [peer for peer, _ in sends], recvs, timed)
         posts = [(comm.Irecv, [buf, BYTE], peer) for peer, buf in recvs]
         posts += [(comm.Isend, [buf, BYTE], peer) for peer, buf in sends]
 
         def run(tag):
+            if timed:
+                raise TypeError("a timed transfer runs only inside a generated plan, which passes its timeout")
             try:
                 finish([post(spec, peer, tag) for post, spec, peer in posts])
             except MPI.Exception as exc:  # (posting failed: nothing is in flight)
@@ -651,7 +676,24 @@ class MPITransport:
         for post, spec, peer in posts:
             calls.append(f"{{{len(values)}}}({{{len(values) + 1}}}, {{{len(values) + 2}}}, tag)")
             values += [post, spec, peer]
-        return inline(run, "{0}([" + ", ".join(calls) + "])", values, (MPI.Exception, translate))
+        posted = "[" + ", ".join(calls) + "]"
+        if timed:
+            return inline(run, f"if (_stuck := {{0}}({posted}, _timeout)): raise _timed_out(rec, seq, _stuck, _timeout)",
+                          values, (MPI.Exception, translate))
+        return inline(run, "{0}(" + posted + ")", values, (MPI.Exception, translate))
+
+    def bind_timed_transfer(self, sends, recvs):
+        """A timed shape plan's transfer: posted and polled until the run's ``_timeout``, written inline only.
+
+        Where the transport polls first (``POLL_FIRST``): posting ``Irecv`` and
+        ``Isend`` costs less there than a persistent slot per call number
+        (copying the input in, the slot's own bookkeeping), so the communicator
+        gives such a plan no pool. None elsewhere, and for device arrays: the
+        plan then posts through :meth:`transfer` or runs on a pool.
+        """
+        if not self.poll_first or not (sends or recvs) or _on_device(sends) or _on_device(recvs):
+            return None
+        return self._bind_polled(sends, recvs, lambda exc: _mpi_error(exc, recvs), timed=True)
 
     def persistent_transfer(self, sends, recvs, tag: int) -> "_PersistentTransfer | None":
         """One transfer bound once as MPI persistent requests (``Recv_init``/``Send_init``), for restarts.
