@@ -1099,7 +1099,8 @@ def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other
         r = np.empty_like(x)
         comm.Allreduce(x, r, MPI.SUM)
         assert np.array_equal(r, x)
-    assert len(parsed) <= 3, f"{len(parsed)} of 8 calls on new arrays parsed by the face"  # (the shape's entry comes at its third)
+    # (the shape's entry comes at its third call)
+    assert len(parsed) <= 3, f"{len(parsed)} of 8 calls on new arrays parsed by the face"
     # Another op, in place, the same arrays twice, an output of another dtype: each still right.
     r = np.empty_like(x)
     comm.Allreduce(x, r, MPI.MAX)

@@ -146,6 +146,15 @@ def _check_received(statuses, recvs) -> None:
             raise short_receive(peer, buf.nbytes, received)
 
 
+def _check_sizes(statuses, recvs, single) -> None:
+    """:func:`_check_received`, where a single receive (``single``: its bytes, else None) costs one compare."""
+    if single is not None:
+        if statuses[0].Get_count() != single:
+            _check_received(statuses, recvs)
+    elif recvs:
+        _check_received(statuses, recvs)
+
+
 def _refuse_short(peer: int, expected: int):
     """``refuse(status)``, which raises the error of a receive from ``peer`` short of ``expected`` bytes."""
     def refuse(status):
@@ -226,22 +235,15 @@ def _polled(peers, recvs, timed=False):
     """
     statuses = [MPI.Status() for _ in peers]
     nrecv = len(recvs)
-    expected = recvs[0][1].nbytes if nrecv == 1 else None
+    single = recvs[0][1].nbytes if nrecv == 1 else None
     testall = _testall
-
-    def check() -> None:
-        if expected is not None:
-            if statuses[0].Get_count() != expected:
-                _check_received(statuses, recvs)
-        elif recvs:
-            _check_received(statuses, recvs)
 
     def finish(requests) -> None:
         try:
             testall(requests, statuses) or _then_wait(requests, statuses)
         except MPI.Exception as exc:
             raise _Pending(requests, peers, nrecv, recvs, statuses)._failed(exc) from None
-        check()
+        _check_sizes(statuses, recvs, single)
 
     def finish_timed(requests, timeout: float):
         try:
@@ -253,7 +255,7 @@ def _polled(peers, recvs, timed=False):
                 return stuck
         except MPI.Exception as exc:
             raise _Pending(requests, peers, nrecv, recvs, statuses)._failed(exc) from None
-        check()
+        _check_sizes(statuses, recvs, single)
         return ()
     return finish_timed if timed else finish
 
@@ -287,7 +289,7 @@ class _Pending:
         return True
 
     def settles(self) -> bool:
-        """``test()`` a few times, as one call: whether a transfer just started completes within a microsecond or two."""
+        """``test()`` a few times in one call: whether a transfer just started completes within a microsecond or so."""
         requests, statuses = self.requests, self.statuses
         testall = _testall
         try:
@@ -409,7 +411,7 @@ class _PersistentTransfer(_Pending):
 
         Its cost is the timed call's own, so the first test comes without a
         call of its own, and a single receive's size is checked by one compare
-        (the full check, which raises, only runs where it differs).
+        (:func:`_check_sizes`).
         """
         requests, statuses = self.requests, self.statuses
         try:
@@ -418,12 +420,7 @@ class _PersistentTransfer(_Pending):
                 return self._stuck()
         except MPI.Exception as exc:
             raise self._failed(exc) from None
-        single = self.single
-        if single is not None:
-            if statuses[0].Get_count() != single:
-                _check_received(statuses, self.recvs)
-        elif self.recvs:
-            _check_received(statuses, self.recvs)
+        _check_sizes(statuses, self.recvs, self.single)
         return []
 
     def free(self) -> None:
@@ -655,7 +652,7 @@ class MPITransport:
         return run
 
     def _bind_polled(self, sends, recvs, translate, timed=False):
-        """``bind_transfer`` where the transport polls first: ``Irecv``/``Isend`` posted, then ``finish`` (:func:`_polled`).
+        """``bind_transfer`` where the transport polls first: ``Irecv``/``Isend`` posted, then :func:`_polled`'s finish.
 
         ``timed``: the op gives up after the run's ``_timeout`` (written inline
         only, as :meth:`bind_timed_transfer` says).
@@ -677,10 +674,9 @@ class MPITransport:
             calls.append(f"{{{len(values)}}}({{{len(values) + 1}}}, {{{len(values) + 2}}}, tag)")
             values += [post, spec, peer]
         posted = "[" + ", ".join(calls) + "]"
-        if timed:
-            return inline(run, f"if (_stuck := {{0}}({posted}, _timeout)): raise _timed_out(rec, seq, _stuck, _timeout)",
-                          values, (MPI.Exception, translate))
-        return inline(run, "{0}(" + posted + ")", values, (MPI.Exception, translate))
+        line = (f"if (_stuck := {{0}}({posted}, _timeout)): raise _timed_out(rec, seq, _stuck, _timeout)" if timed
+                else f"{{0}}({posted})")
+        return inline(run, line, values, (MPI.Exception, translate))
 
     def bind_timed_transfer(self, sends, recvs):
         """A timed shape plan's transfer: posted and polled until the run's ``_timeout``, written inline only.
