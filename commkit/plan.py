@@ -33,7 +33,6 @@ the tag.
 
 from __future__ import annotations
 
-import os
 import re
 import weakref
 from collections.abc import Callable
@@ -42,7 +41,6 @@ from time import monotonic as _monotonic
 
 import numpy as np
 
-from . import _wait
 from ._events import active as _trace_active
 from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
@@ -836,28 +834,18 @@ class IEntry(NamedTuple):
     empty: object
 
 
-_SOON = range(8)  # more tests of an i-form's transfer at its start (see _soon)
-
-
 def _soon(pending) -> bool:
-    """Whether ``pending`` completes within a few more tests (a microsecond or two): an i-form entry's start.
+    """Whether ``pending`` completes within a few more tests (its transport's ``settles()``): an i-form entry's start.
 
     A small exchange between ranks that are both there completes about a
     microsecond after it is started; testing it a few more times then costs
     less than the run object and request that drive a transfer still in
     flight, and the start returns a completed request instead. A peer that is
     not there yet costs the start these few tests, and the run goes on as before.
+    A transport without ``settles()`` (the threads world, NCCL) is not tested again.
     """
-    settles = getattr(pending, "settles", None)  # (the transport's own loop, where it has one)
-    if settles is not None:
-        return settles()
-    test = pending.test
-    for _ in _SOON:
-        if _wait.oversubscribed:  # (the peer may need this core to send)
-            os.sched_yield()
-        if test():
-            return True
-    return False
+    settles = getattr(pending, "settles", None)
+    return settles is not None and settles()
 
 
 def nonblocking_entry(entry: Entry, spec: IEntry):
