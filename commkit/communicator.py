@@ -308,9 +308,10 @@ class Communicator(VectorCollectives):
         self._by_shape_i: dict = {}  # the cached schedules of i-forms by the arguments' kinds (see _fresh)
         self._fresh_hot: dict = {}  # collective -> the kinds and entry of its last call _fresh ran (see _fresh)
         self._fresh_hot_i: dict = {}  # the same for the i-forms
-        # Weak references to x and out of the last call on new arrays (None: no out), in a list the shape
-        # entries (plan.Plan.entry) read and write without the communicator's attributes (see _fresh).
-        self._fresh_last = [None, None]
+        # Each collective's weak references to x and out of its last call on new arrays (None: no out), in
+        # a list its shape entries (plan.Plan.entry) read and write without the communicator's attributes
+        # (see _fresh). Per collective: the same x given to another collective next is no loop of one call.
+        self._fresh_last = {collective: [None, None] for collective in _FRESH_ENTRIES}
         for collective in _FRESH_ENTRIES:  # the entry of each collective's last shape on new arrays (see _fresh)
             setattr(self, "_new_" + collective, None)
             setattr(self, "_new_i" + collective, None)  # and of its i-form's
@@ -1458,7 +1459,8 @@ class Communicator(VectorCollectives):
         self._by_shape_i.clear()
         self._fresh_hot.clear()
         self._fresh_hot_i.clear()
-        self._fresh_last[:] = (None, None)
+        for last in self._fresh_last.values():
+            last[:] = (None, None)
         self._drop_entries()
 
     def _drop_entries(self, untimed_only: bool = False) -> None:
@@ -1541,7 +1543,7 @@ class Communicator(VectorCollectives):
             return GENERAL
         blocking_untimed = timeout is None and not nonblocking
         if blocking_untimed:
-            last, last_out = self._fresh_last
+            last, last_out = self._fresh_last[collective]
             # (no last out: the last call had none, or an entry did not record it for a new x)
             if last is not None and last() is x and (last_out is None or last_out() is out):
                 return GENERAL
@@ -1573,7 +1575,7 @@ class Communicator(VectorCollectives):
                 request = self._fresh_request(collective, entry, src, dst, result, timeout)
                 if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it
                     kinds = Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch, log, GENERAL,
-                                  _weakref, self._fresh_last, timeout, given_timeout, self._timeout)
+                                  _weakref, self._fresh_last[collective], timeout, given_timeout, self._timeout)
                     entry[3] = nonblocking_entry(kinds, IEntry(collective, *entry[:3], weakref.proxy(self), _EMPTY))
                 setattr(self, "_new_i" + collective, entry[3])
                 return request
@@ -1581,11 +1583,11 @@ class Communicator(VectorCollectives):
             if blocking_untimed:
                 # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
                 # never a weak reference's answer).
-                self._fresh_last[:] = (_weakref(x), None if given_out is None else _weakref(given_out))
+                self._fresh_last[collective][:] = (_weakref(x), None if given_out is None else _weakref(given_out))
                 shaped.run(src, dst)
                 if made is None:  # the shape's entry: its next call on new arrays comes straight to it
                     made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, GENERAL, _weakref, self._fresh_last)) or False
+                                                         log, GENERAL, _weakref, self._fresh_last[collective])) or False
                 if made and self._plain:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = False
@@ -1603,7 +1605,7 @@ class Communicator(VectorCollectives):
                     raise self._gave_up(collective, seq, exc, native) from None
                 if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
                     made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, GENERAL, _weakref, self._fresh_last, timeout,
+                                                         log, GENERAL, _weakref, self._fresh_last[collective], timeout,
                                                          given_timeout, self._timeout, native)) or False
                 if made and self._shapes_on:
                     setattr(self, "_new_" + collective, made)

@@ -351,8 +351,8 @@ class Entry(NamedTuple):
     instead. ``log`` is the communicator's logger (a call it would log at
     DEBUG takes the general path, which logs it); ``general`` the value that
     says "take the general path"; ``weak`` makes weak references, and ``last``
-    is the communicator's list of weak references to the last call's ``x`` and
-    ``out`` on new arrays (see ``Communicator._fresh``).
+    is the communicator's list of weak references to ``x`` and ``out`` of its
+    collective's last call on new arrays (see ``Communicator._fresh``).
 
     A timed entry (``timeout`` the seconds its calls wait, for a timed shape
     plan) takes calls that give the same ``timeout`` object (``given``), or

@@ -699,6 +699,28 @@ def _counting_fresh(comm):
     return calls, lambda: setattr(comm, "_fresh", real_fresh)
 
 
+@pytest.mark.parametrize("with_out", [False, True])
+def test_a_new_array_given_to_two_collectives_in_turn_runs_each_ones_entry(with_out):
+    """Each collective remembers its own last arrays on new arrays: the same x given to another one next is no
+    loop of one call, so both calls keep their entries (with an out of its own, or none)."""
+    def body(comm):
+        r, p = comm.rank, comm.size
+        fresh, stop_counting = None, None
+        for k in range(12):
+            if k == 4:  # (each shape's entry is made by its third call)
+                fresh, stop_counting = _counting_fresh(comm)
+            x = np.full(4, r + k, np.float64)
+            a = comm.allreduce(x, out=np.empty(4) if with_out else None)
+            b = comm.reduce(x, root=0, out=np.empty(4) if with_out and r == 0 else None)
+            total = sum(range(p)) + p * k
+            assert a.tolist() == [total] * 4 and (b is None if r else b.tolist() == [total] * 4), (k, a, b)
+        stop_counting()
+        return fresh
+
+    for fresh in ck.run_local(body, 2):
+        assert fresh == [], f"{len(fresh)} of 16 calls on new arrays missed their entry: {fresh}"
+
+
 def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_checked_path():
     """The entry of a known shape (Plan.entry) takes new arrays of that shape and nothing else.
 
