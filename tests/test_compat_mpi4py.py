@@ -2218,3 +2218,58 @@ def test_new_numpy_arrays_of_any_type_give_mpi4py_bytes_through_bcast_allgather_
     one message as different types (float64 at the root, int32 or bytes elsewhere) still meet."""
     result = mpi(nprocs, NEW_ARRAYS, timeout=120)
     assert result.stdout.count(": ok") == nprocs, result.stdout
+
+
+NEW_REDUCTIONS = r'''
+import numpy as np
+from mpi4py import MPI
+import commkit.compat.mpi4py as face_module
+from commkit.compat.mpi4py import wrap
+
+parsed = [0]  # calls that reached the face's own parse of a reduction's buffers
+_short = face_module.Comm._short
+
+
+def counted(sendbuf, recvbuf, op):
+    parsed[0] += 1
+    return _short(sendbuf, recvbuf, op)
+
+
+face_module.Comm._short = staticmethod(counted)
+raw = MPI.COMM_WORLD.Dup()
+face = wrap(MPI.COMM_WORLD)
+rank, size = raw.Get_rank(), raw.Get_size()
+calls = 0
+for root in range(size):
+    for op in (MPI.SUM, MPI.MAX):
+        for k in range(8):  # new arrays every call: after the first few, the communicator's entry takes them
+            x = (np.arange(5) * (rank + 1) - k).astype(np.float64)
+            mine, want = np.full(5, -1.0), np.full(5, -1.0)
+            raw.Reduce(x, want if rank == root else None, op, root)
+            face.Reduce(x, mine if rank == root else None, op, root)
+            assert rank != root or np.array_equal(mine, want), (root, op, k, mine, want)
+            both = [np.empty(5), np.empty(5)]
+            raw.Allreduce(x, both[0], op)
+            face.Allreduce(x, both[1], op)
+            assert np.array_equal(both[0], both[1]), (root, op, k, both)
+            calls += 2
+        # In place at the root, and the same arrays twice: right, through whichever path takes them.
+        y = (np.arange(5) + rank + root).astype(np.float64)
+        want = np.empty(5)
+        raw.Reduce(y, want if rank == root else None, op, root)
+        for _ in range(2):
+            z = y.copy()
+            face.Reduce(MPI.IN_PLACE if rank == root else z, z if rank == root else None, op, root)
+            assert rank != root or np.array_equal(z, want), (root, op, z, want)
+assert parsed[0] <= calls // 2, f"rank {rank}: {parsed[0]} of {calls} calls on new arrays parsed by the face"
+print(f"rank {rank}: ok {parsed[0]} of {calls} parsed")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_reductions_on_new_arrays_go_to_the_communicators_entry_with_mpi4py_results(mpi, nprocs):
+    """Reduce (root and the others) and Allreduce on new arrays each call skip the face's parse once the
+    communicator has an entry for their shape, and give mpi4py's results, at every root and op."""
+    result = mpi(nprocs, NEW_REDUCTIONS, timeout=120)
+    assert result.stdout.count(": ok") == nprocs, result.stdout

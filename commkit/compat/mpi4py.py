@@ -712,6 +712,17 @@ class Comm(MPI.Intracomm):
             InvalidArgument: ``root`` is not a rank.
         """
         if root.__class__ is int and 0 <= root < self._size:
+            fast = _FAST_OPS.get(id(op))
+            if fast is not None:
+                comm = self.comm
+                if self._rank == root:
+                    if type(recvbuf) is _ndarray and recvbuf.dtype in fast[1] and self._by_entry(
+                            comm._new_reduce, comm._hot_reduce, 1,
+                            recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, recvbuf, fast[0], root):
+                        return
+                elif type(sendbuf) is _ndarray and sendbuf.dtype in fast[1] and self._by_entry(
+                        comm._new_reduce, comm._hot_reduce, 0, sendbuf, None, fast[0], root):
+                    return
             if self._rank == root:
                 short = self._short(sendbuf, recvbuf, op)
                 if short is not None:
@@ -779,14 +790,9 @@ class Comm(MPI.Intracomm):
             return
         fast = _FAST_OPS.get(id(op))
         if fast is not None and type(recvbuf) is _ndarray and recvbuf.dtype in fast[1]:
-            # New arrays of the communicator's last shape: its entry checks them as _short and the
-            # communicator's call would (anything else, the same arrays again included, comes back here).
-            # An output the communicator's own same-array plan writes goes to that plan, as its call would.
             comm = self.comm
-            entry, hot = comm._new_allreduce, comm._hot_allreduce
-            if (entry is not None and (hot is None or hot.hot[1] is not recvbuf)
-                    and entry(recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, recvbuf, None, None,
-                              fast[0], None) is not GENERAL):
+            x = recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf
+            if self._by_entry(comm._new_allreduce, comm._hot_allreduce, 1, x, recvbuf, fast[0]):
                 return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
@@ -866,6 +872,20 @@ class Comm(MPI.Intracomm):
             return None
         h = plan.hot
         return plan if h[0] is x and h[1] is out and h[2] is op and h[3] is None else None
+
+    @staticmethod
+    def _by_entry(entry, hot, index: int, x, out, op, root=None) -> bool:
+        """Whether ``entry`` ran this reduction: the communicator's entry for its last shape on new arrays.
+
+        It checks the arrays as :meth:`_short` and the communicator's own call
+        would (type, dtype, shape, layout, writeable, overlap), and hands back
+        anything else, the same arrays again included, before anything is sent.
+        ``hot`` is the communicator's same-array plan of the collective, if any:
+        a call on its array ``index`` (0 ``x``, 1 ``out``) goes to that plan, as
+        the communicator's own call would.
+        """
+        return (entry is not None and (hot is None or hot.hot[index] is not (out if index else x))
+                and entry(x, out, None, None, op, root) is not GENERAL)
 
     @staticmethod
     def _short(sendbuf, recvbuf, op):
