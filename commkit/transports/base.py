@@ -10,8 +10,9 @@ nothing else. The interface, as the executor and the communicator use it:
   ``pending.wait(timeout) -> list`` of the peers still outstanding (empty when
   all completed, so an empty list means success); optionally
   ``pending.settles() -> bool``, ``test()`` a few times in one call (an
-  i-form's start tries it before it leaves a transfer in flight). These receives, and those
-  of ``bind_transfer`` / ``persistent_transfer``, are a collective's: each
+  i-form's start tries it before it leaves a transfer in flight). These
+  receives, and those of ``bind_transfer`` / ``bind_timed_transfer`` /
+  ``persistent_transfer``, are a collective's: each
   message must be exactly as long as its buffer, and one that is shorter or
   longer raises :class:`~commkit.errors.MessageTruncated` (:func:`short_receive`
   names the shorter kind). The schedule fixes every size, so a shorter message
