@@ -2221,6 +2221,8 @@ def test_new_numpy_arrays_of_any_type_give_mpi4py_bytes_through_bcast_allgather_
 
 
 NEW_REDUCTIONS = r'''
+import os
+
 import numpy as np
 from mpi4py import MPI
 import commkit.compat.mpi4py as face_module
@@ -2261,15 +2263,18 @@ for root in range(size):
             z = y.copy()
             face.Reduce(MPI.IN_PLACE if rank == root else z, z if rank == root else None, op, root)
             assert rank != root or np.array_equal(z, want), (root, op, z, want)
-assert parsed[0] <= calls // 2, f"rank {rank}: {parsed[0]} of {calls} calls on new arrays parsed by the face"
+# Untimed, the entries take most calls. (Timed, a transport whose timed plans run on a slot per call number
+# sends each number's first call to the general path, the communicator's own calls too: the first 1024 here.)
+if not os.environ.get("COMMKIT_TIMEOUT"):
+    assert parsed[0] <= calls // 2, f"rank {rank}: {parsed[0]} of {calls} calls on new arrays parsed by the face"
 print(f"rank {rank}: ok {parsed[0]} of {calls} parsed")
 '''
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nprocs", [2, 3])
-def test_reductions_on_new_arrays_go_to_the_communicators_entry_with_mpi4py_results(mpi, nprocs):
+@pytest.mark.parametrize("nprocs, timeout", [(2, ""), (3, ""), (2, "60")])
+def test_reductions_on_new_arrays_go_to_the_communicators_entry_with_mpi4py_results(mpi, nprocs, timeout):
     """Reduce (root and the others) and Allreduce on new arrays each call skip the face's parse once the
-    communicator has an entry for their shape, and give mpi4py's results, at every root and op."""
-    result = mpi(nprocs, NEW_REDUCTIONS, timeout=120)
+    communicator has an entry for their shape, and give mpi4py's results, at every root and op (timed too)."""
+    result = mpi(nprocs, NEW_REDUCTIONS, timeout=120, env={"COMMKIT_TIMEOUT": timeout})
     assert result.stdout.count(": ok") == nprocs, result.stdout
