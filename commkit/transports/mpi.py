@@ -179,21 +179,28 @@ _QUICK = range(16)  # tests of a timed wait before it reads the clock (see _test
 _SETTLE = range(12)  # tests of a transfer just started before it is left in flight (_Pending.settles)
 
 
+def _tests(requests, statuses, tries=_QUICK) -> bool:
+    """``Testall`` up to ``len(tries)`` times, yielding the core between them where ranks outnumber cores.
+
+    True once every request completed. No clock is read: a small transfer's
+    messages arrive within a few tests, and the clock costs about as much as one.
+    """
+    testall = _testall
+    for _ in tries:
+        if testall(requests, statuses):
+            return True
+        if _wait.oversubscribed:  # (the peer may need this core to send)
+            os.sched_yield()
+    return False
+
+
 def _testall_until(requests, statuses, timeout: float) -> bool:
     """``Testall`` until every request completes (True) or ``timeout`` passes (False).
 
-    The first tests come without reading the clock or making a :class:`Backoff`:
-    a small transfer's messages arrive within a few of them, and the clock and the
-    closure cost about as much as a test. They yield the core where ranks
-    outnumber cores, as the spinning polls after them do.
+    The first tests (:func:`_tests`) come without reading the clock or making a
+    :class:`Backoff`; the spinning polls after them yield the core as they do.
     """
-    testall = _testall
-    for _ in _QUICK:
-        if testall(requests, statuses):
-            return True
-        if _wait.oversubscribed:
-            os.sched_yield()
-    return _poll(lambda: testall(requests, statuses), timeout)
+    return _tests(requests, statuses) or _poll(lambda: _testall(requests, statuses), timeout)
 
 
 # Whether a compiled plan's blocking transfer posts its requests and tests them a few times before it
@@ -213,13 +220,8 @@ def _poll_first() -> bool:
 
 def _then_wait(requests, statuses) -> bool:
     """A few more ``Testall``s (the caller made the first), then ``Waitall``; always True (for ``or`` chains)."""
-    testall = _testall
-    for _ in _QUICK:
-        if _wait.oversubscribed:
-            os.sched_yield()
-        if testall(requests, statuses):
-            return True
-    MPI.Request.Waitall(requests, statuses)
+    if not _tests(requests, statuses):
+        MPI.Request.Waitall(requests, statuses)
     return True
 
 
@@ -290,15 +292,9 @@ class _Pending:
 
     def settles(self) -> bool:
         """``test()`` a few times in one call: whether a transfer just started completes within a microsecond or so."""
-        requests, statuses = self.requests, self.statuses
-        testall = _testall
+        statuses = self.statuses
         try:
-            for _ in _SETTLE:
-                if testall(requests, statuses):
-                    break
-                if _wait.oversubscribed:  # (the peer may need this core to send)
-                    os.sched_yield()
-            else:
+            if not _tests(self.requests, statuses, _SETTLE):
                 return False
         except MPI.Exception as exc:
             raise self._failed(exc) from None
