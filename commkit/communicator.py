@@ -49,8 +49,8 @@ from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
                    compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, Progress, ScheduleRequest, ScheduleRun, check_in,
-                       check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
+from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
+                       check_in, check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, lacks_room, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -327,6 +327,7 @@ class Communicator(VectorCollectives):
         self._arena_failed = None  # why the node arena could not be made, which every rank agreed (see _no_arena)
         self._shared_arrays = False  # whether shared_empty made arrays here (node calls then look for them)
         self._zero_copy_steps: dict = {}  # call shape -> (the zero-copy form's steps, whether in place is safe)
+        self._node_programs: dict = {}  # id(steps) -> (steps, their NodeProgram or None): see _node_program
         self._layout = TagLayout(self._coll.tag_ub)
         self._max_in_flight = self._layout.max_in_flight  # (read by every i-form: a property costs a call)
         self._pool_budget = [self._POOL_BUDGET]  # bytes the i-forms' PersistentPools may still take
@@ -1253,8 +1254,12 @@ class Communicator(VectorCollectives):
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
+        program = self._node_program(steps, bufs) if tracer is None else None
         try:
-            run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)
+            if program is not None:
+                program.run(bufs, tag, timeout, info, rec)
+            else:
+                run_schedule(steps, bufs, self._coll, tag, timeout, info, rec)
         except CommTimeout as exc:
             recorder.finish(rec, "timed out")
             raise self._gave_up(call.collective, seq, exc) from None
@@ -1265,6 +1270,28 @@ class Communicator(VectorCollectives):
             recorder.active = None
         recorder.finish(rec)
         return self._finish(call) if call.has_result else None
+
+    def _node_program(self, steps, bufs) -> NodeProgram | None:
+        """The :class:`~commkit.schedule.NodeProgram` of a blocking call's ``steps``; None: the interpreter's.
+
+        Made at a shape's first call once the node arena exists (a schedule
+        with no node steps is remembered as None), kept by the identity of
+        the cached steps, and dropped with the arena it views: a program whose
+        arena is no longer the transport's (freed) is never run.
+        """
+        found = self._node_programs.get(id(steps))
+        if found is not None and found[0] is steps:
+            program = found[1]
+            if program is None or program.arena is made_arena(self._coll):
+                return program
+        arena = made_arena(self._coll)
+        if arena is None:
+            return None  # (no node call has run: none of these steps is one, or the interpreter makes the arena)
+        if len(self._node_programs) >= 64:
+            self._node_programs.clear()
+        program = NodeProgram.make(steps, bufs, self._coll, arena)
+        self._node_programs[id(steps)] = (steps, program)
+        return program
 
     # -- compiled plans (plan.py) --------------------------------------------------------------
 

@@ -671,6 +671,223 @@ class _Reached:
 _REACHED = _Reached()
 
 
+def _fold(into, operands: list, op) -> None:
+    """ReduceSlots: ``into`` = ``op`` over ``operands`` in their order (views of one range each)."""
+    first, *rest = operands
+    if not rest:
+        into[...] = first
+    # In place, the output may be one of the operands: folded into the output before its
+    # turn, its values would be lost, so such a fold goes through a copy of the output.
+    final = into
+    if len(rest) > 1 and any(np.may_share_memory(into, operand) for operand in rest[1:]):
+        into = np.empty_like(into)
+    for i, operand in enumerate(rest):
+        op.combine(into, operand, False, first if i == 0 else into)
+    if into is not final:
+        final[...] = into
+
+
+def _turn(arena, ticket: int, relax) -> _Until:
+    """A Claim's wait: this rank's turn (``ticket``), then every rank done with the previous node call."""
+    counter, ranks = arena.counter, range(arena.size)
+
+    def ready():
+        if not arena.my_turn(ticket):
+            return False
+        last = arena.last
+        return last < 0 or all(counter(q) >= counter_value(last, FINAL) for q in ranks)
+
+    def blockers():
+        if not arena.my_turn(ticket):
+            return [arena.rank]  # its own earlier node call still holds the arena
+        return [q for q in ranks if counter(q) < counter_value(arena.last, FINAL)]
+
+    return _Until(ready, blockers, relax, arena.check_failed)
+
+
+def _wait_for(arena, peers, value: int, relax):
+    """A Wait's pending: every rank of ``peers`` has published ``value`` (:data:`_REACHED` if all have already)."""
+    counter = arena.counter
+    for q in peers:
+        if counter(q) < value:
+            break
+    else:
+        return _REACHED  # (often: the peers are there already, and nothing is made to wait with)
+    return _Until(lambda: all(counter(q) >= value for q in peers),
+                  lambda: [q for q in peers if counter(q) < value], relax, arena.check_failed)
+
+
+def _located(arena, bufs: dict, info, step) -> tuple:
+    """A shared Claim's ``(in, out)``: where in the node's shared arrays the call's two arrays lie."""
+    where = (arena.locate(bufs["in"]), arena.locate(bufs["out"]))
+    if None in where:
+        raise InvalidArgument(
+            f"{_call_text(info, 0, step)}: this schedule reads the call's arrays where they lie, but "
+            f"its {'in' if where[0] is None else 'out'} is not an array of shared_empty; allocate "
+            "both with comm.shared_empty, or let the node algorithm copy them through its arena.")
+    return where
+
+
+def _check_peers(arena, info, step, tag: int, shared: bool, bufs: dict) -> None:
+    """After a Wait: every peer it waited for is in this very call (``tag``), with shared arrays iff this rank is.
+
+    With ``shared``, a peer's arrays are viewed into ``bufs`` (``"in@q"``,
+    ``"out@q"``) where it recorded them, the first time a wait reaches it.
+    """
+    for q in step.peers:
+        theirs = arena.identity(q)
+        if theirs != tag:
+            raise CollectiveMismatch(
+                f"{_call_text(info, -1, step)}: rank {q} published on the node arena from another call "
+                f"(identity {theirs:#x}, this call's {tag:#x}): the ranks called different collectives, "
+                "or the same one with another count, dtype, op or root. COMMKIT_DEBUG=check names them.")
+        if arena.shares(q) != shared:
+            mine, its = ("", " not") if shared else (" not", "")
+            raise CollectiveMismatch(
+                f"{_call_text(info, -1, step)}: this rank's arrays are{mine} shared (comm.shared_empty) "
+                f"and rank {q}'s are{its}: a node call reads peers' arrays where they lie only when every "
+                "rank's are shared; pass shared arrays on every rank or on none.")
+        if shared and "in@%d" % q not in bufs:
+            bufs["in@%d" % q], bufs["out@%d" % q] = arena.peer_arrays(q, bufs["out"].dtype)
+
+
+_CLAIMING, _COPYING, _FOLDING, _PUBLISHING, _WAITING, _LOCAL, _RELEASING = range(7)
+
+
+class NodeProgram:
+    """A node schedule made ready once, for the calls that repeat its shape: the interpreter's work less the lookups.
+
+    At every call the interpreter (:func:`execute`) finds each range of each
+    step by its buffer's name and tells each step's kind: about 25 us of a
+    2-rank allreduce on shared arrays whose memory work takes 4. A program does
+    that once, when it is made: each slot range viewed, each step one entry of
+    a flat list. A call then runs the list on its own arrays, and takes its
+    turn, waits and checks its peers with the interpreter's own functions
+    (:func:`_turn`, :func:`_wait_for`, :func:`_check_peers`), so a timeout, the
+    flight record the watchdog reads, a mismatched or failed peer and a
+    non-shared array are told exactly as the interpreter tells them.
+
+    Made (:meth:`make`) for a schedule of one Claim, one-sided and local steps,
+    and its Release last; a schedule with transfers (the node-aware
+    algorithms across nodes) keeps the interpreter.
+    """
+
+    __slots__ = ("arena", "ops", "relax", "views")
+
+    def __init__(self, arena, ops, relax, views):
+        self.arena = arena
+        self.ops = ops
+        self.relax = relax
+        self.views = views
+
+    @classmethod
+    def make(cls, steps, bufs: dict, chan, arena) -> NodeProgram | None:
+        """The program of ``steps`` on ``arena`` (``chan``'s, made), its slots viewed for ``bufs``' type; or None.
+
+        None where the interpreter must run the schedule: a transfer among the
+        steps, not exactly one Claim, no Release last, or chunks larger than the
+        arena's slots (the interpreter's Claim then raises, naming the size).
+        """
+        claims = [step for step in steps if step.kind == CLAIM]
+        if (len(claims) != 1 or steps[-1].kind != RELEASE
+                or any(step.kind == TRANSFER or step.kind == RELEASE for step in steps[:-1])):
+            return None
+        out = bufs.get("out")
+        dtype = out.dtype if out is not None else np.dtype(np.uint8)  # (as the interpreter's Claim reads it)
+        nbytes = claims[0].elements * dtype.itemsize
+        if nbytes > arena.slot_bytes:
+            return None
+        views = arena.slot_views(nbytes, dtype)
+
+        def bound(ref):  # a slot's range, viewed now; another buffer's stays a name, found at each call
+            name, lo, hi = ref
+            return views[name][lo:hi] if name in views else ref
+
+        ops = []
+        for index, step in enumerate(steps):
+            kind = step.kind
+            if kind == CLAIM:
+                ops.append((_CLAIMING, index, step, None, None))
+            elif kind == PUT or kind == GET:
+                if step.dst[2] > step.dst[1]:
+                    ops.append((_COPYING, index, step, bound(step.dst), bound(step.src)))
+            elif kind == REDUCE_SLOTS:
+                if step.dst[2] > step.dst[1]:
+                    ops.append((_FOLDING, index, step, bound(step.dst), [bound(r) for r in step.operands]))
+            elif kind == PUBLISH:
+                ops.append((_PUBLISHING, index, step, step.k, None))
+            elif kind == WAIT:
+                ops.append((_WAITING, index, step, step.peers, step.k))
+            elif kind == RELEASE:
+                ops.append((_RELEASING, index, step, None, None))
+            else:  # a local step (Copy, Reduce), as the interpreter runs it
+                ops.append((_LOCAL, index, step, None, None))
+        relax = getattr(chan, "relax", None)
+        return cls(arena, tuple(ops), relax, views if any(op[0] == _LOCAL for op in ops) else None)
+
+    def run(self, bufs: dict, tag: int, timeout: float | None, info, rec: list) -> None:
+        """One blocking call on ``bufs`` ("in", "out", "tmp"): the schedule's steps, as :func:`run_schedule` runs them.
+
+        ``tag`` is the call's identity, ``info`` its :class:`CallInfo` or the
+        tuple of its fields (its number third), ``rec`` its flight-recorder
+        entry, which names each step as it runs.
+
+        Raises:
+            CommTimeout: a wait (the Claim's included) did not end within ``timeout``.
+            CollectiveMismatch: a peer published from another call, or one rank's
+                arrays are shared and another's are not.
+        """
+        arena, relax = self.arena, self.relax
+        seq = info[2] if type(info) is tuple else info.seq
+        base = counter_value(seq, 0)
+        where = None
+        if self.views is not None:
+            bufs.update(self.views)
+        for code, index, step, a, b in self.ops:
+            rec[STEP] = index
+            rec[STEP_OBJ] = step
+            if code == _COPYING:
+                dst = a if type(a) is not tuple else bufs[a[0]][a[1]:a[2]]
+                dst[...] = b if type(b) is not tuple else bufs[b[0]][b[1]:b[2]]
+            elif code == _FOLDING:
+                _fold(a if type(a) is not tuple else bufs[a[0]][a[1]:a[2]],
+                      [r if type(r) is not tuple else bufs[r[0]][r[1]:r[2]] for r in b], step.op)
+            elif code == _PUBLISHING:
+                arena.publish(base | a)
+            elif code == _WAITING:
+                pending = _wait_for(arena, a, base | b, relax)
+                if not pending.test():
+                    stuck = pending.wait(timeout)
+                    if stuck:
+                        raise timeout_error(info, index, step, stuck, timeout)
+                _check_peers(arena, info, step, tag, where is not None, bufs)
+            elif code == _CLAIMING:
+                if step.shared:
+                    where = _located(arena, bufs, info, step)
+                ticket = arena.take_turn()
+                last = arena.last
+                if not arena.my_turn(ticket) or last >= 0 and _short_of(arena, counter_value(last, FINAL)):
+                    stuck = _turn(arena, ticket, relax).wait(timeout)
+                    if stuck:
+                        raise timeout_error(info, index, step, stuck, timeout)
+                arena.set_where(*(where or (None, None)))
+                arena.set_identity(tag)
+            elif code == _LOCAL:
+                _do_local(step, bufs)
+            else:
+                arena.publish(base | FINAL)
+                arena.end_turn(seq)
+
+
+def _short_of(arena, value: int) -> bool:
+    """Whether some rank of the node has not yet published ``value``."""
+    counter = arena.counter
+    for q in range(arena.size):
+        if counter(q) < value:
+            return True
+    return False
+
+
 def check_in(chan, tag: int, timeout: float | None) -> list:
     """An empty message to and from every other rank of ``chan`` on ``tag``: the ranks not heard from in ``timeout``.
 
@@ -735,31 +952,11 @@ class _NodeCall:
         elif kind == REDUCE_SLOTS:
             name, lo, hi = step.dst
             if hi > lo:
-                into = bufs[name][lo:hi]
-                first, *rest = [bufs[n][a:b] for n, a, b in step.operands]
-                if not rest:
-                    into[...] = first
-                # In place, the output may be one of the operands: folded into the output before its
-                # turn, its values would be lost, so such a fold goes through a copy of the output.
-                final = into
-                if len(rest) > 1 and any(np.may_share_memory(into, operand) for operand in rest[1:]):
-                    into = np.empty_like(into)
-                for i, operand in enumerate(rest):
-                    step.op.combine(into, operand, False, first if i == 0 else into)
-                if into is not final:
-                    final[...] = into
+                _fold(bufs[name][lo:hi], [bufs[n][a:b] for n, a, b in step.operands], step.op)
         elif kind == PUBLISH:
             self.arena.publish(self.base | step.k)
         elif kind == WAIT:
-            arena, value, peers = self.arena, self.base | step.k, step.peers
-            counter = arena.counter
-            for q in peers:
-                if counter(q) < value:
-                    break
-            else:
-                return _REACHED  # (often: the peers are there already, and nothing is made to wait with)
-            return _Until(lambda: all(counter(q) >= value for q in peers),
-                          lambda: [q for q in peers if counter(q) < value], self.relax, arena.check_failed)
+            return _wait_for(self.arena, step.peers, self.base | step.k, self.relax)
         elif kind == CLAIM:
             return self._claim(step, bufs)
         elif kind == RELEASE:
@@ -774,12 +971,7 @@ class _NodeCall:
         arena = self.arena
         self.bufs = bufs
         if step.shared:
-            self.where = (arena.locate(bufs["in"]), arena.locate(bufs["out"]))
-            if None in self.where:
-                raise InvalidArgument(
-                    f"{_call_text(self.info, 0, step)}: this schedule reads the call's arrays where they lie, but "
-                    f"its {'in' if self.where[0] is None else 'out'} is not an array of shared_empty; allocate "
-                    "both with comm.shared_empty, or let the node algorithm copy them through its arena.")
+            self.where = _located(arena, bufs, self.info, step)
         out = bufs.get("out")
         dtype = out.dtype if out is not None else np.dtype(np.uint8)  # a barrier has no buffers
         nbytes = step.elements * dtype.itemsize
@@ -790,20 +982,7 @@ class _NodeCall:
                 "(algorithm='shm:1M') or a larger arena.")
         bufs.update(arena.slot_views(nbytes, dtype))
         self.ticket = ticket = arena.take_turn()
-        counter, ranks = arena.counter, range(arena.size)
-
-        def ready():
-            if not arena.my_turn(ticket):
-                return False
-            last = arena.last
-            return last < 0 or all(counter(q) >= counter_value(last, FINAL) for q in ranks)
-
-        def blockers():
-            if not arena.my_turn(ticket):
-                return [arena.rank]  # its own earlier node call still holds the arena
-            return [q for q in ranks if counter(q) < counter_value(arena.last, FINAL)]
-
-        return _Until(ready, blockers, self.relax, arena.check_failed)
+        return _turn(arena, ticket, self.relax)
 
     def finish(self, step) -> None:
         """After a wait: a Claim records the call's identity; a Wait checks its peers are in this very call."""
@@ -812,23 +991,7 @@ class _NodeCall:
             arena.set_where(*(self.where or (None, None)))
             arena.set_identity(self.tag)
             return
-        for q in step.peers:
-            theirs = arena.identity(q)
-            if theirs != self.tag:
-                raise CollectiveMismatch(
-                    f"{_call_text(self.info, -1, step)}: rank {q} published on the node arena from another call "
-                    f"(identity {theirs:#x}, this call's {self.tag:#x}): the ranks called different collectives, "
-                    "or the same one with another count, dtype, op or root. COMMKIT_DEBUG=check names them.")
-            if arena.shares(q) != (self.where is not None):
-                mine, its = ("", " not") if self.where is not None else (" not", "")
-                raise CollectiveMismatch(
-                    f"{_call_text(self.info, -1, step)}: this rank's arrays are{mine} shared (comm.shared_empty) "
-                    f"and rank {q}'s are{its}: a node call reads peers' arrays where they lie only when every "
-                    "rank's are shared; pass shared arrays on every rank or on none.")
-            if self.where is not None and "in@%d" % q not in self.bufs:
-                where, dtype = arena.where(q), self.bufs["out"].dtype
-                self.bufs["in@%d" % q] = arena.peer_view(q, where[0], dtype)
-                self.bufs["out@%d" % q] = arena.peer_view(q, where[1], dtype)
+        _check_peers(arena, self.info, step, self.tag, self.where is not None, self.bufs)
 
 
 def execute(steps: Iterator, bufs: dict, chan, tag: int, timeout: float | None, info, rec: list,

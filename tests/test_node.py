@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 import commkit as ck
 from commkit import algorithms, collectives, cost, sim
 from commkit.errors import AlgorithmNotApplicable, CollectiveMismatch, CommError, CommTimeout, InvalidArgument
-from commkit.schedule import Get, Put, ReduceSlots, Transfer, Wait, inplace_safe
+from commkit.schedule import Get, NodeProgram, Put, ReduceSlots, Transfer, Wait, inplace_safe
 
 NODE = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 ROOTED_AND_ALLTOALL = ("reduce", "gather", "scatter", "alltoall")
@@ -376,7 +376,7 @@ def test_repeated_and_nonblocking_calls_keep_the_interpreter():
     def body(comm):
         x = np.arange(40.0) + comm.rank
         out = np.empty_like(x)
-        runs = [comm.allreduce(x, out=out, algorithm="shm").copy() for _ in range(4)]  # plans would compile here
+        runs = [comm.allreduce(x, out=out, algorithm="shm").copy() for _ in range(4)]  # (no compiled plan: a program)
         first = comm.iallreduce(x, algorithm="shm:64")
         second = comm.iallreduce(2 * x, algorithm="shm:64")
         late = second.wait(), first.wait()  # in the other order
@@ -389,6 +389,71 @@ def test_repeated_and_nonblocking_calls_keep_the_interpreter():
             np.testing.assert_array_equal(run, want)
         np.testing.assert_array_equal(first, want)
         np.testing.assert_array_equal(second, 2 * want)
+
+
+NODE_CALLS = {
+    "allreduce": lambda comm, x: comm.allreduce(x, algorithm="shm"),
+    "allreduce in chunks": lambda comm, x: comm.allreduce(x, algorithm="shm:64"),
+    "reduce": lambda comm, x: comm.reduce(x, root=1, algorithm="shm"),
+    "broadcast": lambda comm, x: comm.broadcast(x, root=1, algorithm="shm:64"),
+    "gather": lambda comm, x: comm.gather(x, root=0, algorithm="shm"),
+    "scatter": lambda comm, x: comm.scatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
+                                            root=2 % comm.size, out=np.empty_like(x), algorithm="shm"),
+    "allgather": lambda comm, x: comm.allgather(x, algorithm="shm:64"),
+    "reduce_scatter": lambda comm, x: comm.reduce_scatter(np.tile(x, comm.size), algorithm="shm"),
+    "alltoall": lambda comm, x: comm.alltoall(np.tile(x, (comm.size, 1)), algorithm="shm"),
+    "barrier": lambda comm, x: comm.barrier(algorithm="shm"),
+}
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreters_bits(p, monkeypatch):
+    # A blocking node call runs its NodeProgram once the arena is made: every collective, repeated on new data,
+    # bit for bit what the interpreter (which a trace forces) computes, and the program did run.
+    runs = []
+    program_run = NodeProgram.run
+    monkeypatch.setattr(NodeProgram, "run", lambda self, *a: (runs.append(1), program_run(self, *a))[1])
+
+    def body(comm):
+        cases = [(name, call, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name, call in NODE_CALLS.items() for i in range(3)]
+        fast = [call(comm, x) for _, call, x in cases]
+        comm.barrier(algorithm="dissemination")  # (a trace is the whole world's: every rank is done with the above)
+        with ck.trace(comm):
+            slow = [call(comm, x) for _, call, x in cases]
+        return {(name, i): pair for i, (name, pair) in enumerate(zip([c[0] for c in cases], zip(fast, slow)))}
+
+    for got in ck.run_local(body, size=p):
+        for (name, i), (fast, slow) in got.items():
+            if slow is None:
+                assert fast is None, name
+            else:
+                np.testing.assert_array_equal(fast, slow, err_msg=name)
+    # Every call but each rank's first (which makes the arena) and the traced ones.
+    assert len(runs) == p * (3 * len(NODE_CALLS) - 1)
+
+
+def test_a_node_program_tells_a_mismatch_and_a_missing_peer_as_the_interpreter_does():
+    def body(comm):
+        first, later = comm.dup(), comm.dup()  # a failed call leaves its communicator broken: one per case
+        for c in (first, later):
+            c.allreduce(np.ones(10), algorithm="shm")  # the arena, and the shape's program
+        texts = []
+        try:  # rank 0 with another count: its peers' program finds it in another call
+            first.allreduce(np.ones(10 if comm.rank else 12), algorithm="shm", timeout=1)
+        except (CommTimeout, CollectiveMismatch) as exc:
+            texts.append(type(exc).__name__)
+        if comm.rank != 2:
+            try:  # rank 2 skips the call
+                later.allreduce(np.ones(10), algorithm="shm", timeout=0.5)
+            except CommTimeout as exc:
+                texts.append(str(exc))
+        return texts
+
+    got = ck.run_local(body, size=3)
+    assert "CollectiveMismatch" in got[1] + got[2], got
+    for texts in got[:2]:
+        assert "(Wait(ranks" in texts[-1] and "waiting for rank(s) 2" in texts[-1], texts
 
 
 @pytest.mark.parametrize("p", [2, 3, 5])

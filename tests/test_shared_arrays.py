@@ -153,6 +153,30 @@ def test_zero_copy_i_forms_in_flight_together_complete_in_any_order(p):
     assert ck.run_local(body, p) == ["ok"] * p
 
 
+@pytest.mark.parametrize("p", [2, 3])
+def test_a_repeated_call_reads_each_peers_arrays_where_they_are_now(p):
+    # Rank 0 repeats one pair of shared arrays, so its calls run one node program; the last rank alternates two
+    # pairs, and at 3 ranks rank 1 takes a new pair at every call. Each call must read every peer's arrays of
+    # that call (a rank keeps its views of a peer's arrays by where the peer says they lie, read at each call).
+    def body(comm):
+        pairs = [(comm.shared_empty(64), comm.shared_empty(64)) for _ in range(2)]
+        got = []
+        for i in range(6):
+            x, out = comm.shared_empty(64), comm.shared_empty(64)  # (collective: every rank makes the new pair)
+            if comm.rank == 0:
+                x, out = pairs[0]
+            elif comm.rank == comm.size - 1:
+                x, out = pairs[i % 2]
+            x[:] = np.arange(64) * (comm.rank + 1) + i
+            comm.allreduce(x, out=out, algorithm="shm")
+            got.append(out.copy())
+        return got
+
+    for got in ck.run_local(body, size=p):
+        for i, out in enumerate(got):
+            np.testing.assert_array_equal(out, np.arange(64) * sum(range(1, p + 1)) + p * i)
+
+
 def test_calls_below_the_zero_copy_size_keep_the_copying_form(monkeypatch):
     def forms(comm):
         seen = []

@@ -192,6 +192,13 @@ class Arena:
         self._allocate = allocate  # nbytes -> this rank's part (collective under MPI), or None
         self._shared = {} if shared is None else shared  # allocation number -> every rank's part (bytes)
         self._made = 0  # shared allocations this rank made: the next one's number
+        self._bounds: list = []  # (first byte's address, bytes) of this rank's part of each allocation, by number
+        # Shared arrays located before, by id: (the array, where it lies). A pointer costs NumPy 0.8 us to
+        # give, and a loop on shared arrays asks for the same two at every call. Only shared arrays are kept
+        # (their memory is the arena's until free), a handful at a time.
+        self._located: dict = {}
+        self._peer_views: dict = {}  # (peer, its record of where, dtype) -> its in and out (see peer_arrays)
+        self._recorded = None  # what set_where wrote last into this rank's record
         self._views: dict = {}  # (bytes, dtype) -> every rank's slot viewed so (see slot_views)
         self._fence = fence
         self._failed = failed  # the threads world's check for a failed rank
@@ -227,6 +234,7 @@ class Arena:
         memory. Shared arrays (:meth:`allocate`) are the caller's and stay.
         """
         self.slots, self._counters, self._idents, self._where, self._views = [], [], [], [], {}
+        self._located, self._bounds, self._peer_views = {}, [], {}
         release, self._release = self._release, None
         if release is not None:
             release()
@@ -246,19 +254,25 @@ class Arena:
             raise CommError(f"could not allocate {nbytes} bytes of shared memory: {exc}.") from None
         self._made = number + 1
         self._keep.append(keep)
+        self._bounds.append((part.__array_interface__["data"][0], part.nbytes))
         return part
 
     def locate(self, array) -> tuple | None:
-        """``(allocation, byte offset, bytes)`` of a C-contiguous ``array`` inside this rank's shared memory, or None."""
+        """``(allocation, byte offset, bytes)`` of a C-contiguous ``array`` in this rank's shared memory, or None."""
         if not self._made or not array.flags.c_contiguous:
             return None
+        hit = self._located.get(id(array))
+        if hit is not None and hit[0] is array:
+            return hit[1]
         start = array.__array_interface__["data"][0]
         end = start + array.nbytes
-        for number in range(self._made):
-            part = self._shared[number][self.rank]
-            base = part.__array_interface__["data"][0]
-            if base <= start and end <= base + part.nbytes:
-                return number, start - base, array.nbytes
+        for number, (base, nbytes) in enumerate(self._bounds):
+            if base <= start and end <= base + nbytes:
+                where = number, start - base, array.nbytes
+                if len(self._located) >= 16:
+                    self._located.clear()
+                self._located[id(array)] = (array, where)
+                return where
         return None
 
     def slot_views(self, nbytes: int, dtype) -> dict:
@@ -273,7 +287,10 @@ class Arena:
 
     def set_where(self, where_in, where_out) -> None:
         """Record where this call's ``in`` and ``out`` lie (published with the identity): located, or None."""
-        self._where[self.rank][:] = (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0)))
+        values = (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0)))
+        if values != self._recorded:  # (a loop on the same arrays records them once: no rank but this one writes)
+            self._where[self.rank][:] = values
+            self._recorded = values
 
     def shares(self, peer: int) -> bool:
         """Whether ``peer`` recorded shared arrays for its current call (:meth:`where` says where)."""
@@ -283,6 +300,22 @@ class Arena:
         """``(in, out)`` as ``peer`` recorded them for its current call: each located, or None."""
         values = [int(v) for v in self._where[peer]]
         return tuple(None if values[i] < 0 else tuple(values[i:i + 3]) for i in (0, 3))
+
+    def peer_arrays(self, peer: int, dtype) -> tuple:
+        """``peer``'s ``in`` and ``out`` where it recorded them for its current call, as flat arrays of ``dtype``.
+
+        Viewed once per place: a shared allocation stays where it is while the
+        arena lives, so the views of one record serve every call that repeats it.
+        """
+        key = (peer, self._where[peer].tobytes(), dtype)
+        views = self._peer_views.get(key)
+        if views is None:
+            where = self.where(peer)
+            views = self.peer_view(peer, where[0], dtype), self.peer_view(peer, where[1], dtype)
+            if len(self._peer_views) >= 64:
+                self._peer_views.clear()
+            self._peer_views[key] = views
+        return views
 
     def peer_view(self, peer: int, where: tuple, dtype) -> np.ndarray:
         """``peer``'s buffer that ``where`` (from :meth:`where`) locates, as a flat array of ``dtype``."""
