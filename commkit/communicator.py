@@ -1254,7 +1254,8 @@ class Communicator(VectorCollectives):
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
-        program = self._node_program(steps, bufs) if tracer is None else None
+        on = self._plans_on and not self._check and tracer is None  # (the switch that turns plans off, this too)
+        program = self._node_program(steps, bufs) if on else None
         try:
             if program is not None:
                 program.run(bufs, tag, timeout, info, rec)

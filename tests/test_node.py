@@ -433,6 +433,25 @@ def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreter
     assert len(runs) == p * (3 * len(NODE_CALLS) - 1)
 
 
+def test_plans_off_turns_the_node_program_off(monkeypatch):
+    runs = []
+    program_run = NodeProgram.run
+    monkeypatch.setattr(NodeProgram, "run", lambda self, *a: (runs.append(1), program_run(self, *a))[1])
+
+    def body(comm):
+        x = np.arange(50.0) + comm.rank
+        comm.allreduce(x, algorithm="shm")  # the arena
+        comm.plans = False
+        off = [comm.allreduce(x, algorithm="shm") for _ in range(3)]
+        comm.plans = True
+        return off, comm.allreduce(x, algorithm="shm")
+
+    for off, on in ck.run_local(body, size=2):
+        for got in off:
+            np.testing.assert_array_equal(got, on)
+    assert len(runs) == 2  # each rank's last call alone
+
+
 def test_a_node_program_tells_a_mismatch_and_a_missing_peer_as_the_interpreter_does():
     def body(comm):
         first, later = comm.dup(), comm.dup()  # a failed call leaves its communicator broken: one per case

@@ -199,13 +199,21 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     mpi_node = {"nodes": 1, "transport": "mpi"}
     assert pick("allreduce", 1 << 20, **mpi_node) == "shm"
     assert pick("allreduce", (1 << 20) - 4, **mpi_node) == "ring"
-    assert pick("reduce", 4 << 20, **mpi_node) == "shm"
-    assert pick("gather", 1 << 20, **mpi_node) == "shm"
+    assert pick("reduce", 512 << 10, **mpi_node) == "shm"
+    assert pick("reduce", (512 << 10) - 4, **mpi_node) == "naive"
+    assert pick("gather", 256 << 10, **mpi_node) == "shm"
     assert pick("gather", 32 << 20, **mpi_node) == "binomial"
-    assert pick("scatter", 2 << 20, **mpi_node) == "shm"
-    assert pick("scatter", 4 << 20, **mpi_node) == "binomial"
-    for collective in ("broadcast", "allgather", "reduce_scatter", "alltoall"):  # measured not to win
-        assert pick(collective, 4 << 20, **mpi_node) != "shm", collective
+    assert pick("scatter", 512 << 10, **mpi_node) == "shm"
+    assert pick("scatter", 8 << 20, **mpi_node) == "binomial"
+    assert pick("broadcast", 1 << 20, **mpi_node) == "shm"
+    assert pick("allgather", 2 << 20, **mpi_node) == "shm"
+    assert pick("reduce_scatter", 2 << 20, **mpi_node) == "shm"
+    assert pick("alltoall", 1 << 20, **mpi_node) == "shm"
+    # Measured not to win: each collective's sizes next to its rule's.
+    for collective, nbytes in (("broadcast", 4 << 20), ("broadcast", 256 << 10), ("allgather", 4 << 20),
+                               ("allgather", 512 << 10), ("reduce_scatter", 1 << 20), ("alltoall", 2 << 20),
+                               ("alltoall", 256 << 10), ("gather", 128 << 10)):
+        assert pick(collective, nbytes, **mpi_node) != "shm", (collective, nbytes)
     # The threads world (messages handed over without a copy), another node count, a persistent request.
     assert pick("allreduce", 4 << 20, nodes=1, transport="local") == "ring"
     assert pick("allreduce", 4 << 20, nodes=2, transport="mpi") == "ring"
