@@ -389,6 +389,7 @@ class Communicator(VectorCollectives):
         self._fast.clear()
         self._seen.clear()
         self._forget_hot()
+        self._node_programs.clear()
         self._update_plain()
 
     @property
@@ -509,6 +510,7 @@ class Communicator(VectorCollectives):
         self._fast.clear()
         self._forget_shapes()
         self._forget_hot()
+        self._node_programs.clear()  # (they view the arena, which goes next)
         self._free_arena()
         self._finalizer()
         if self._progress.requests:
@@ -1175,7 +1177,7 @@ class Communicator(VectorCollectives):
         if (not nonblocking and self._plans_on and not self._check and not self._progress.requests
                 and not _trace_active):
             if call.key is not None and timeout is None:
-                self._remember(call, plan)
+                self._remember(call, plan, algorithm)
             if call.xp is np and call.nbytes <= self._FAST_MAX_BYTES and (inplace_safe or not call.aliased):
                 # A known call shape on new arrays (or with a timeout): its shape plan, once it has one
                 # (the second call). Keyed by the cached plan's identity: _shaped is emptied whenever _plans is.
@@ -1323,13 +1325,15 @@ class Communicator(VectorCollectives):
         for name in self._HOT:
             setattr(self, "_hot_" + name, None)
 
-    def _remember(self, call: Call, plan) -> None:
+    def _remember(self, call: Call, plan, algorithm=None) -> None:
         """Compile a plan for this blocking call's arrays the second time they come (see plan.py).
 
         A call without ``out`` (``keep`` ends in None where the call has a result)
         gets a plan that allocates its output at each run, where the plan can be
         written so (NumPy arrays, every op inline); else none, and its calls take
-        the shape plan.
+        the shape plan. A node call on shared arrays gets the plan of its
+        zero-copy form (:meth:`_zero_copy`), whatever its size: a plan keeps its
+        arrays alive, and shared arrays live as long as the arena anyway.
         """
         keep = call.keep
         if keep:  # (x, out): written out, as this runs on every call that has no plan yet
@@ -1342,7 +1346,8 @@ class Communicator(VectorCollectives):
             x = out = None
             fresh, nbytes = False, 0
         key = call.key
-        if nbytes > self._FAST_MAX_BYTES or key in self._fast:
+        big = nbytes > self._FAST_MAX_BYTES
+        if (big and not self._shared_arrays) or key in self._fast:
             return
         # A key names arrays by identity, and an identity is reused once its array is gone: the
         # first sighting keeps weak references, so a fresh view per call never looks "seen".
@@ -1357,6 +1362,12 @@ class Communicator(VectorCollectives):
             except TypeError:  # an array type without weak references: no plan for it
                 pass
             return
+        zero = (self._zero_copy(call, plan, algorithm) if self._shared_arrays and call.xp is np and plan[1] is not None
+                else None)
+        if big and zero is None:
+            return
+        if zero is not None:  # the steps the call runs (see _run_locked)
+            plan = (plan[0], zero[0], plan[2], zero[1]) + plan[4:]
         if len(self._fast) >= self._FAST_ENTRIES:
             self._fast.clear()
         compiled = self._compile(call, plan, ("out",), fresh=True) if fresh else self._compile(call, plan)
@@ -1407,7 +1418,10 @@ class Communicator(VectorCollectives):
         else:
             bufs["tmp"] = self._tmp_for(call, scratch_n, private=persistent_tag is not None)
         taken = Slots(bufs, slots) if slots else None
-        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled), prologue, taken
+        # A node schedule compiles into a plan on these arrays, once the arena it views is made.
+        arena = made_arena(self._coll) if chan is None and persistent_tag is None else None
+        return (compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled, arena), prologue,
+                taken)
 
     def _own_buffers(self, call: Call, inplace_safe: bool):
         """``({"in": ..., "out": ...}, prologue)``: the arrays a run of ``call`` reads and writes.

@@ -46,8 +46,8 @@ from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
 from .watchdog import STATE, STEP, STEP_OBJ, T_END, FlightRecorder, recent_summary
-from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, CompletedRequest, ScheduleRequest, ScheduleRun,
-                       native_timeout_error, timeout_error, transfer_error, wire_bytes)
+from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, CompletedRequest, NodeProgram, ScheduleRequest,
+                       ScheduleRun, native_timeout_error, timeout_error, transfer_error, wire_bytes)
 
 __all__ = ["SEEN", "Entry", "IEntry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest",
            "Slots", "compile_ops", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
@@ -194,8 +194,21 @@ def _pooled_transfer(k: int):
     return inline(run, f"(_stuck := {t}.cycle(_timeout)) and _slot_timed_out(rec, seq, _stuck, _timeout, {t})", ())
 
 
+def _node_op(program, bufs: dict):
+    """A node schedule's whole run as one op of a plan on fixed arrays: its :class:`NodeProgram`, written inline.
+
+    The program names its steps in the call's flight record itself, and its
+    errors are the interpreter's; the generated plan gives it the call's
+    number and record (so it runs only written inline, as a timed transfer does).
+    """
+    def run(tag):
+        raise TypeError("a node program runs only inside a generated plan, which passes its call number and record")
+    return inline(run, "{0}({{'in': {1}, 'out': {2}, 'tmp': {3}}}, tag, None, (rec[1], rec[2], seq, _rank, None), rec)",
+                  (program.run, bufs["in"], bufs["out"], bufs["tmp"]))
+
+
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
-                pooled=False) -> list:
+                pooled=False, arena=None) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
 
     ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
@@ -208,15 +221,20 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     ``timed`` each transfer gives up after the run's timeout (shape plans only);
     with ``pooled`` too (a timed shape plan with a :class:`PersistentPool`)
     transfer ``k`` is the run's slot's ``_t{k}`` (:func:`_pooled_transfer`).
-    Returns None, so the shape keeps the interpreter, for a schedule with steps
-    of another kind (the node arena's one-sided steps; a persistent request of
-    one is an :class:`InterpretedPersistentRequest`).
+    A schedule of the node arena's one-sided steps compiles only for a plan on
+    fixed arrays, untimed, with the node ``arena`` made: one op, its
+    :class:`NodeProgram` (:func:`_node_op`). Else None, so the call keeps the
+    general path (a persistent request of one is an
+    :class:`InterpretedPersistentRequest`).
     """
     if any(step.kind not in (TRANSFER, REDUCE, COPY) for step in steps):
         if persistent_tag is not None:  # (the communicator gives those an InterpretedPersistentRequest)
             raise TypeError("one-sided steps run only in the interpreter; a persistent request of such a schedule "
                             "is an InterpretedPersistentRequest.")
-        return None
+        if arena is None or slots is not None or timed or pooled:
+            return None
+        program = NodeProgram.make(steps, bufs, chan, arena)
+        return None if program is None else [(TRANSFER, _node_op(program, bufs), steps[0], (), 0)]
     ops = []
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:

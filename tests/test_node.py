@@ -433,6 +433,34 @@ def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreter
     assert len(runs) == p * (3 * len(NODE_CALLS) - 1)
 
 
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_loop_on_the_same_arrays_runs_its_node_program_from_a_compiled_plan(p, shared, monkeypatch):
+    # The second call on the same arrays compiles a plan whose one op is the node program (the zero-copy form's,
+    # on shared arrays, whatever the size); new values in place at every call, every result right.
+    monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "0")
+    monkeypatch.delenv("COMMKIT_TIMEOUT", raising=False)  # (plans compile for untimed calls)
+    runs = []
+    program_run = NodeProgram.run
+    monkeypatch.setattr(NodeProgram, "run", lambda self, *a: (runs.append(1), program_run(self, *a))[1])
+
+    def body(comm):
+        x, out = (comm.shared_empty(40), comm.shared_empty(40)) if shared else (np.empty(40), np.empty(40))
+        got = []
+        for i in range(5):
+            x[:] = np.arange(40.0) * (comm.rank + 1) + i
+            got.append(comm.allreduce(x, out=out, algorithm="shm").copy())
+        plan = comm._hot_allreduce
+        return got, plan is not None and plan.run is not None and plan.hot[0] is x
+
+    for got, compiled in ck.run_local(body, size=p):
+        assert compiled
+        for i, result in enumerate(got):
+            np.testing.assert_array_equal(result, np.arange(40.0) * sum(range(1, p + 1)) + p * i)
+    # Every call; without shared arrays (whose allocation makes the arena) but the first, which made it.
+    assert len(runs) == p * (5 if shared else 4)
+
+
 def test_plans_off_turns_the_node_program_off(monkeypatch):
     runs = []
     program_run = NodeProgram.run
