@@ -755,30 +755,33 @@ _CLAIMING, _COPYING, _FOLDING, _PUBLISHING, _WAITING, _LOCAL, _RELEASING = range
 
 
 class NodeProgram:
-    """A node schedule made ready once, for the calls that repeat its shape: the interpreter's work less the lookups.
+    """A node schedule written once as one Python function, for the calls that repeat its shape.
 
     At every call the interpreter (:func:`execute`) finds each range of each
     step by its buffer's name and tells each step's kind: about 25 us of a
     2-rank allreduce on shared arrays whose memory work takes 4. A program does
-    that once, when it is made: each slot range viewed, each step one entry of
-    a flat list. A call then runs the list on its own arrays, and takes its
-    turn, waits and checks its peers with the interpreter's own functions
-    (:func:`_turn`, :func:`_wait_for`, :func:`_check_peers`), so a timeout, the
-    flight record the watchdog reads, a mismatched or failed peer and a
-    non-shared array are told exactly as the interpreter tells them.
+    that once, when it is made: each slot range viewed, each step written out
+    as a line or two of one generated function (``print(program.source)``),
+    as a compiled plan writes its transfers. A call then runs that function on
+    its own arrays, and takes its turn, waits and checks its peers with the
+    interpreter's own functions (:func:`_turn`, :func:`_wait_for`,
+    :func:`_check_peers`), so a timeout, the flight record the watchdog reads,
+    a mismatched or failed peer and a non-shared array are told exactly as the
+    interpreter tells them.
 
     Made (:meth:`make`) for a schedule of one Claim, one-sided and local steps,
     and its Release last; a schedule with transfers (the node-aware
     algorithms across nodes) keeps the interpreter.
     """
 
-    __slots__ = ("arena", "ops", "relax", "views")
+    __slots__ = ("arena", "ops", "relax", "views", "source", "_run")
 
     def __init__(self, arena, ops, relax, views):
         self.arena = arena
-        self.ops = ops
+        self.ops = ops  # (kind, index, step, a, b): what _write writes, one entry per step that does something
         self.relax = relax
         self.views = views
+        self.source, self._run = self._write()
 
     @classmethod
     def make(cls, steps, bufs: dict, chan, arena) -> NodeProgram | None:
@@ -799,7 +802,7 @@ class NodeProgram:
             return None
         views = arena.slot_views(nbytes, dtype)
 
-        def bound(ref):  # a slot's range, viewed now; another buffer's stays a name, found at each call
+        def bound(ref):  # a slot's range, viewed now; another buffer's stays a name, sliced at each call
             name, lo, hi = ref
             return views[name][lo:hi] if name in views else ref
 
@@ -837,46 +840,86 @@ class NodeProgram:
             CollectiveMismatch: a peer published from another call, or one rank's
                 arrays are shared and another's are not.
         """
-        arena, relax = self.arena, self.relax
-        seq = info[2] if type(info) is tuple else info.seq
-        base = counter_value(seq, 0)
-        where = None
+        self._run(bufs, tag, timeout, info, rec)
+
+    def _write(self):
+        """``(source, function)``: the program's steps written out, each with its views and step as constants."""
+        arena = self.arena
+        ns = {"_arena": arena, "_counter": arena.counter, "_publish": arena.publish, "_relax": self.relax,
+              "_identity": arena.identity, "_shares": arena.shares,
+              "_views": self.views, "_fold": _fold, "_do_local": _do_local, "_located": _located, "_turn": _turn,
+              "_short_of": _short_of, "_wait_for": _wait_for, "_waited": _waited, "_check_peers": _check_peers,
+              "_counter_value": counter_value, "_FINAL": FINAL}
+        consts: list = []
+
+        def const(value, prefix: str) -> str:
+            name = f"_{prefix}{len(consts)}"
+            consts.append(value)
+            ns[name] = value
+            return name
+
+        def ref(r) -> str:  # a range of the call's own buffers is sliced at each call; a slot's is a constant
+            return f"bufs[{r[0]!r}][{r[1]}:{r[2]}]" if type(r) is tuple else const(r, "v")
+
+        shared = any(code == _CLAIMING and step.shared for code, _, step, _, _ in self.ops)
+        lines = ["def run(bufs, tag, timeout, info, rec):",
+                 "    seq = info[2] if type(info) is tuple else info.seq",
+                 "    base = _counter_value(seq, 0)"]
         if self.views is not None:
-            bufs.update(self.views)
+            lines.append("    bufs.update(_views)  # (for the local steps, which find the slots by name)")
         for code, index, step, a, b in self.ops:
-            rec[STEP] = index
-            rec[STEP_OBJ] = step
+            s = const(step, "s")
+            lines += [f"    # step {index}: {step!r}",
+                      f"    rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {s}  # record.step, record.step_obj"]
             if code == _COPYING:
-                dst = a if type(a) is not tuple else bufs[a[0]][a[1]:a[2]]
-                dst[...] = b if type(b) is not tuple else bufs[b[0]][b[1]:b[2]]
+                lines.append(f"    {ref(a) if type(a) is tuple else ref(a) + '[...]'} = {ref(b)}")
+            elif code == _FOLDING and len(b) == 2:  # (what _fold does with two operands)
+                lines.append(f"    {s}.op.combine({ref(a)}, {ref(b[1])}, False, {ref(b[0])})")
             elif code == _FOLDING:
-                _fold(a if type(a) is not tuple else bufs[a[0]][a[1]:a[2]],
-                      [r if type(r) is not tuple else bufs[r[0]][r[1]:r[2]] for r in b], step.op)
+                lines.append(f"    _fold({ref(a)}, [{', '.join(ref(r) for r in b)}], {s}.op)")
             elif code == _PUBLISHING:
-                arena.publish(base | a)
+                lines.append(f"    _publish(base | {a})")
             elif code == _WAITING:
-                pending = _wait_for(arena, a, base | b, relax)
-                if not pending.test():
-                    stuck = pending.wait(timeout)
-                    if stuck:
-                        raise timeout_error(info, index, step, stuck, timeout)
-                _check_peers(arena, info, step, tag, where is not None, bufs)
+                lines += [f"    value = base | {b}",
+                          f"    if {' or '.join(f'_counter({q}) < value' for q in a)}:",
+                          f"        _waited(_wait_for(_arena, {s}.peers, value, _relax), timeout, info, {index}, {s})",
+                          # the checks of _check_peers, tested inline; it runs (and raises, or views the peers'
+                          # arrays the first time) only where one fails
+                          f"    if {' or '.join(_peer_test(q, shared) for q in a)}:",
+                          f"        _check_peers(_arena, info, {s}, tag, {shared}, bufs)"]
             elif code == _CLAIMING:
                 if step.shared:
-                    where = _located(arena, bufs, info, step)
-                ticket = arena.take_turn()
-                last = arena.last
-                if not arena.my_turn(ticket) or last >= 0 and _short_of(arena, counter_value(last, FINAL)):
-                    stuck = _turn(arena, ticket, relax).wait(timeout)
-                    if stuck:
-                        raise timeout_error(info, index, step, stuck, timeout)
-                arena.set_where(*(where or (None, None)))
-                arena.set_identity(tag)
+                    lines.append(f"    where = _located(_arena, bufs, info, {s})")
+                lines += ["    ticket = _arena.take_turn()",
+                          "    last = _arena.last",
+                          "    if not _arena.my_turn(ticket) or last >= 0 and _short_of(_arena, "
+                          "_counter_value(last, _FINAL)):",
+                          f"        _waited(_turn(_arena, ticket, _relax), timeout, info, {index}, {s})",
+                          f"    _arena.set_where(*{'where' if step.shared else '(None, None)'})",
+                          "    _arena.set_identity(tag)"]
             elif code == _LOCAL:
-                _do_local(step, bufs)
+                lines.append(f"    _do_local({s}, bufs)")
             else:
-                arena.publish(base | FINAL)
-                arena.end_turn(seq)
+                lines.append("    _publish(base | _FINAL)")
+                lines.append("    _arena.end_turn(seq)")
+        source = "\n".join(lines)
+        exec(compile(source, "<commkit node program>", "exec"), ns)
+        return source, ns["run"]
+
+
+def _peer_test(q: int, shared: bool) -> str:
+    """A program's inline test that peer ``q`` may be read after a wait: True where :func:`_check_peers` must run."""
+    if shared:
+        return f"_identity({q}) != tag or not _shares({q}) or 'in@{q}' not in bufs"
+    return f"_identity({q}) != tag or _shares({q})"
+
+
+def _waited(pending, timeout: float | None, info, index: int, step) -> None:
+    """Wait for a node step's ``pending`` as :func:`run_schedule` does: a timeout raises, naming the step."""
+    if not pending.test():
+        stuck = pending.wait(timeout)
+        if stuck:
+            raise timeout_error(info, index, step, stuck, timeout)
 
 
 def _short_of(arena, value: int) -> bool:
