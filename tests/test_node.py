@@ -671,6 +671,58 @@ def test_node_algorithms_under_mpiexec_agree_with_mpi(mpi, nprocs, per_node):
     assert result.stdout.count("ok") == nprocs
 
 
+LOOP_SCRIPT = """
+import numpy as np
+import commkit as ck
+from mpi4py import MPI as M
+
+comm = ck.init()
+raw = M.COMM_WORLD.Dup()
+p, n = comm.size, 6000
+assert comm.timeout is None  # (untimed: a loop on the same arrays compiles its plan)
+for shared in (False, True):
+    new = (lambda *shape: comm.shared_empty(shape, np.float32)) if shared else \\
+        (lambda *shape: np.empty(shape, np.float32))
+    x, out, y = new(n), new(n), new(n)
+    xs, rs, g, a, at = new(p * n), new(n), new(p, n), new(p, n), new(p, n)
+    for i in range(6):  # new values in the same arrays at every call
+        rng = np.random.default_rng([i, comm.rank, int(shared)])
+        x[:] = rng.standard_normal(n)
+        xs[:] = rng.standard_normal(p * n)
+        a[:] = rng.standard_normal((p, n))
+        ref = np.empty(n, np.float32)
+        raw.Allreduce(x, ref)
+        np.testing.assert_allclose(comm.allreduce(x, out=out, algorithm="shm"), ref, rtol=1e-5, atol=1e-4)
+        y[:] = x
+        comm.allreduce(y, out=y, algorithm="shm")
+        np.testing.assert_array_equal(y, out)
+        rref = np.empty(n, np.float32)
+        raw.Reduce_scatter_block(xs, rref)
+        np.testing.assert_allclose(comm.reduce_scatter(xs, out=rs, algorithm="shm"), rref, rtol=1e-5, atol=1e-4)
+        gref = np.empty((p, n), np.float32)
+        raw.Allgather(x, gref)
+        np.testing.assert_array_equal(comm.allgather(x, out=g, algorithm="shm"), gref)
+        aref = np.empty((p, n), np.float32)
+        raw.Alltoall(a, aref)
+        np.testing.assert_array_equal(comm.alltoall(a, out=at, algorithm="shm"), aref)
+        bref = x.copy()
+        raw.Bcast(bref, root=p - 1)
+        y[:] = x
+        np.testing.assert_array_equal(comm.broadcast(y, root=p - 1, out=y, algorithm="shm"), bref)
+    assert comm._hot_allreduce is not None and comm._hot_allreduce.run is not None
+print("ok")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_loops_on_the_same_arrays_run_compiled_node_calls_that_agree_with_mpi_under_mpiexec(mpi, nprocs):
+    # Untimed, so each loop compiles its node calls into plans (private arrays, then shared ones in their
+    # zero-copy form): every call against MPI's own collective on new values in the same arrays.
+    result = mpi(nprocs, LOOP_SCRIPT, env={"COMMKIT_TIMEOUT": "", "COMMKIT_ZERO_COPY_MIN_BYTES": "0"}, timeout=180)
+    assert result.stdout.count("ok") == nprocs
+
+
 @pytest.mark.mpi
 def test_a_missing_rank_times_out_under_mpiexec(mpi):
     code = """
