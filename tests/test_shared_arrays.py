@@ -192,7 +192,7 @@ def test_calls_below_the_zero_copy_size_keep_the_copying_form(monkeypatch):
     monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "64")
     for seen in ck.run_local(forms, 2):
         assert seen == [("copying", [1.0] * 7), ("zero copy", [1.0] * 8)], seen
-    monkeypatch.delenv("COMMKIT_ZERO_COPY_MIN_BYTES")  # the default: 1 MiB
+    monkeypatch.delenv("COMMKIT_ZERO_COPY_MIN_BYTES")  # the default: 512 KiB
     for seen in ck.run_local(forms, 2):
         assert [form for form, _ in seen] == ["copying", "copying"], seen
     monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "lots")

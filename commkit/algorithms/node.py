@@ -61,12 +61,14 @@ from . import algorithm
 from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
 
-ZERO_COPY_MIN_BYTES = 1 << 20
+ZERO_COPY_MIN_BYTES = 512 << 10
 """Calls on shared arrays of fewer bytes (as the selector counts them) keep the copying form.
 
 A zero-copy form waits once more than the copying one (a rank returns only when its
-peers have read its arrays), and a wait costs several microseconds of Python: below
-1 MiB the copies it saves cost less (2 ranks, benchmarks/node_floor.py, docs/node.md).
+peers have read its arrays), and a wait costs a few microseconds of Python: below
+512 KiB the copies it saves cost less for the broadcast (2 ranks, benchmarks/node_floor.py
+with and without ``COMMKIT_ZERO_COPY_MIN_BYTES=0``, docs/node.md), while from 512 KiB
+every zero-copy form wins or ties.
 ``COMMKIT_ZERO_COPY_MIN_BYTES`` (a size such as ``64K``; ``0`` for every call) moves it,
 read at a call shape's first call on shared arrays.
 """
