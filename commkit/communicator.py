@@ -1114,7 +1114,7 @@ class Communicator(VectorCollectives):
             if len(self._zero_copy_steps) >= 64:
                 self._zero_copy_steps.clear()
             found = None  # a small call keeps the copying form: it costs fewer waits (node.ZERO_COPY_MIN_BYTES)
-            if call.nbytes >= zero_copy_min_bytes():
+            if call.nbytes >= zero_copy_min_bytes(call.collective):
                 steps = tuple(collectives.steps(alg.schedule, call.collective, self.rank, self.size, call.arg,
                                                 call.op, call.root, shared=True))
                 found = (steps, _inplace_safe(steps))

@@ -61,25 +61,27 @@ from . import algorithm
 from ._blocks import block_offsets
 from .pipelined import COST_ITEMSIZE, segment_elements
 
-ZERO_COPY_MIN_BYTES = 512 << 10
-"""Calls on shared arrays of fewer bytes (as the selector counts them) keep the copying form.
+ZERO_COPY_MIN_BYTES = {"allreduce": 1 << 20, "broadcast": 512 << 10, "allgather": 512 << 10,
+                       "reduce_scatter": 512 << 10, "alltoall": 512 << 10}
+"""Calls on shared arrays of fewer bytes (as the selector counts them) keep the copying form, by collective.
 
 A zero-copy form waits once more than the copying one (a rank returns only when its
-peers have read its arrays), and a wait costs a few microseconds of Python: below
-512 KiB the copies it saves cost less for the broadcast (2 ranks, benchmarks/node_floor.py
-with and without ``COMMKIT_ZERO_COPY_MIN_BYTES=0``, docs/node.md), while from 512 KiB
-every zero-copy form wins or ties.
-``COMMKIT_ZERO_COPY_MIN_BYTES`` (a size such as ``64K``; ``0`` for every call) moves it,
-read at a call shape's first call on shared arrays.
+peers have read its arrays), and a wait costs a few microseconds of Python. Measured on
+2 ranks (benchmarks/node_floor.py with and without ``COMMKIT_ZERO_COPY_MIN_BYTES=0``,
+MPICH and Open MPI, docs/node.md): from 512 KiB every zero-copy form wins or ties but the
+allreduce's, which at 512 KiB loses where memory is fast (0.59-0.69 of MPI's against the
+copying form's 0.49-0.60) and ties at 1 MiB; below 512 KiB the broadcast's loses.
+``COMMKIT_ZERO_COPY_MIN_BYTES`` (a size such as ``64K``; ``0`` for every call) sets one
+threshold for all, read at a call shape's first call on shared arrays.
 """
 ENV_ZERO_COPY_MIN_BYTES = "COMMKIT_ZERO_COPY_MIN_BYTES"
 
 
-def zero_copy_min_bytes() -> int:
-    """:data:`ZERO_COPY_MIN_BYTES`, or ``COMMKIT_ZERO_COPY_MIN_BYTES`` when set."""
+def zero_copy_min_bytes(collective: str) -> int:
+    """``collective``'s :data:`ZERO_COPY_MIN_BYTES`, or ``COMMKIT_ZERO_COPY_MIN_BYTES`` when set."""
     text = os.environ.get(ENV_ZERO_COPY_MIN_BYTES, "").strip()
     if not text:
-        return ZERO_COPY_MIN_BYTES
+        return ZERO_COPY_MIN_BYTES.get(collective, 1 << 20)
     try:
         return parse_size(text)
     except InvalidArgument as exc:
