@@ -1364,12 +1364,13 @@ class Communicator(VectorCollectives):
             return
         zero = (self._zero_copy(call, plan, algorithm) if self._shared_arrays and call.xp is np and plan[1] is not None
                 else None)
-        if big and zero is None:
+        if len(self._fast) >= self._FAST_ENTRIES:
+            self._fast.clear()
+        if big and zero is None:  # (known, so its next calls skip these tests: the general path runs them)
+            self._fast[key] = None
             return
         if zero is not None:  # the steps the call runs (see _run_locked)
             plan = (plan[0], zero[0], plan[2], zero[1]) + plan[4:]
-        if len(self._fast) >= self._FAST_ENTRIES:
-            self._fast.clear()
         compiled = self._compile(call, plan, ("out",), fresh=True) if fresh else self._compile(call, plan)
         if compiled.run is None:  # None: the key stays known, and its calls go the general way
             self._fast[call.key] = None

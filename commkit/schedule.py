@@ -774,14 +774,12 @@ class NodeProgram:
     algorithms across nodes) keeps the interpreter.
     """
 
-    __slots__ = ("arena", "ops", "relax", "views", "source", "_run")
+    __slots__ = ("arena", "source", "_run")
 
     def __init__(self, arena, ops, relax, views):
         self.arena = arena
-        self.ops = ops  # (kind, index, step, a, b): what _write writes, one entry per step that does something
-        self.relax = relax
-        self.views = views
-        self.source, self._run = self._write()
+        # ops: (kind, index, step, a, b), one entry per step that does something, as _write_program writes it
+        self.source, self._run = _write_program(arena, ops, relax, views)
 
     @classmethod
     def make(cls, steps, bufs: dict, chan, arena) -> NodeProgram | None:
@@ -842,69 +840,70 @@ class NodeProgram:
         """
         self._run(bufs, tag, timeout, info, rec)
 
-    def _write(self):
-        """``(source, function)``: the program's steps written out, each with its views and step as constants."""
-        arena = self.arena
-        ns = {"_arena": arena, "_counter": arena.counter, "_publish": arena.publish, "_relax": self.relax,
-              "_identity": arena.identity, "_shares": arena.shares,
-              "_views": self.views, "_fold": _fold, "_do_local": _do_local, "_located": _located, "_turn": _turn,
-              "_short_of": _short_of, "_wait_for": _wait_for, "_waited": _waited, "_check_peers": _check_peers,
-              "_counter_value": counter_value, "_FINAL": FINAL}
-        consts: list = []
 
-        def const(value, prefix: str) -> str:
-            name = f"_{prefix}{len(consts)}"
-            consts.append(value)
-            ns[name] = value
-            return name
 
-        def ref(r) -> str:  # a range of the call's own buffers is sliced at each call; a slot's is a constant
-            return f"bufs[{r[0]!r}][{r[1]}:{r[2]}]" if type(r) is tuple else const(r, "v")
+def _write_program(arena, ops, relax, views):
+    """``(source, function)``: a :class:`NodeProgram`'s ``ops`` written out, views and steps as constants."""
+    ns = {"_arena": arena, "_counter": arena.counter, "_publish": arena.publish, "_relax": relax,
+          "_identity": arena.identity, "_shares": arena.shares,
+          "_views": views, "_fold": _fold, "_do_local": _do_local, "_located": _located, "_turn": _turn,
+          "_short_of": _short_of, "_wait_for": _wait_for, "_waited": _waited, "_check_peers": _check_peers,
+          "_counter_value": counter_value, "_FINAL": FINAL}
+    consts: list = []
 
-        shared = any(code == _CLAIMING and step.shared for code, _, step, _, _ in self.ops)
-        lines = ["def run(bufs, tag, timeout, info, rec):",
-                 "    seq = info[2] if type(info) is tuple else info.seq",
-                 "    base = _counter_value(seq, 0)"]
-        if self.views is not None:
-            lines.append("    bufs.update(_views)  # (for the local steps, which find the slots by name)")
-        for code, index, step, a, b in self.ops:
-            s = const(step, "s")
-            lines += [f"    # step {index}: {step!r}",
-                      f"    rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {s}  # record.step, record.step_obj"]
-            if code == _COPYING:
-                lines.append(f"    {ref(a) if type(a) is tuple else ref(a) + '[...]'} = {ref(b)}")
-            elif code == _FOLDING and len(b) == 2:  # (what _fold does with two operands)
-                lines.append(f"    {s}.op.combine({ref(a)}, {ref(b[1])}, False, {ref(b[0])})")
-            elif code == _FOLDING:
-                lines.append(f"    _fold({ref(a)}, [{', '.join(ref(r) for r in b)}], {s}.op)")
-            elif code == _PUBLISHING:
-                lines.append(f"    _publish(base | {a})")
-            elif code == _WAITING:
-                lines += [f"    value = base | {b}",
-                          f"    if {' or '.join(f'_counter({q}) < value' for q in a)}:",
-                          f"        _waited(_wait_for(_arena, {s}.peers, value, _relax), timeout, info, {index}, {s})",
-                          # the checks of _check_peers, tested inline; it runs (and raises, or views the peers'
-                          # arrays the first time) only where one fails
-                          f"    if {' or '.join(_peer_test(q, shared) for q in a)}:",
-                          f"        _check_peers(_arena, info, {s}, tag, {shared}, bufs)"]
-            elif code == _CLAIMING:
-                if step.shared:
-                    lines.append(f"    where = _located(_arena, bufs, info, {s})")
-                lines += ["    ticket = _arena.take_turn()",
-                          "    last = _arena.last",
-                          "    if not _arena.my_turn(ticket) or last >= 0 and _short_of(_arena, "
-                          "_counter_value(last, _FINAL)):",
-                          f"        _waited(_turn(_arena, ticket, _relax), timeout, info, {index}, {s})",
-                          f"    _arena.set_where(*{'where' if step.shared else '(None, None)'})",
-                          "    _arena.set_identity(tag)"]
-            elif code == _LOCAL:
-                lines.append(f"    _do_local({s}, bufs)")
-            else:
-                lines.append("    _publish(base | _FINAL)")
-                lines.append("    _arena.end_turn(seq)")
-        source = "\n".join(lines)
-        exec(compile(source, "<commkit node program>", "exec"), ns)
-        return source, ns["run"]
+    def const(value, prefix: str) -> str:
+        name = f"_{prefix}{len(consts)}"
+        consts.append(value)
+        ns[name] = value
+        return name
+
+    def ref(r) -> str:  # a range of the call's own buffers is sliced at each call; a slot's is a constant
+        return f"bufs[{r[0]!r}][{r[1]}:{r[2]}]" if type(r) is tuple else const(r, "v")
+
+    shared = any(code == _CLAIMING and step.shared for code, _, step, _, _ in ops)
+    lines = ["def run(bufs, tag, timeout, info, rec):",
+             "    seq = info[2] if type(info) is tuple else info.seq",
+             "    base = _counter_value(seq, 0)"]
+    if views is not None:
+        lines.append("    bufs.update(_views)  # (for the local steps, which find the slots by name)")
+    for code, index, step, a, b in ops:
+        s = const(step, "s")
+        lines += [f"    # step {index}: {step!r}",
+                  f"    rec[{STEP}] = {index}; rec[{STEP_OBJ}] = {s}  # record.step, record.step_obj"]
+        if code == _COPYING:
+            lines.append(f"    {ref(a) if type(a) is tuple else ref(a) + '[...]'} = {ref(b)}")
+        elif code == _FOLDING and len(b) == 2:  # (what _fold does with two operands)
+            lines.append(f"    {s}.op.combine({ref(a)}, {ref(b[1])}, False, {ref(b[0])})")
+        elif code == _FOLDING:
+            lines.append(f"    _fold({ref(a)}, [{', '.join(ref(r) for r in b)}], {s}.op)")
+        elif code == _PUBLISHING:
+            lines.append(f"    _publish(base | {a})")
+        elif code == _WAITING:
+            lines += [f"    value = base | {b}",
+                      f"    if {' or '.join(f'_counter({q}) < value' for q in a)}:",
+                      f"        _waited(_wait_for(_arena, {s}.peers, value, _relax), timeout, info, {index}, {s})",
+                      # the checks of _check_peers, tested inline; it runs (and raises, or views the peers'
+                      # arrays the first time) only where one fails
+                      f"    if {' or '.join(_peer_test(q, shared) for q in a)}:",
+                      f"        _check_peers(_arena, info, {s}, tag, {shared}, bufs)"]
+        elif code == _CLAIMING:
+            if step.shared:
+                lines.append(f"    where = _located(_arena, bufs, info, {s})")
+            lines += ["    ticket = _arena.take_turn()",
+                      "    last = _arena.last",
+                      "    if not _arena.my_turn(ticket) or last >= 0 and _short_of(_arena, "
+                      "_counter_value(last, _FINAL)):",
+                      f"        _waited(_turn(_arena, ticket, _relax), timeout, info, {index}, {s})",
+                      f"    _arena.set_where(*{'where' if step.shared else '(None, None)'})",
+                      "    _arena.set_identity(tag)"]
+        elif code == _LOCAL:
+            lines.append(f"    _do_local({s}, bufs)")
+        else:
+            lines.append("    _publish(base | _FINAL)")
+            lines.append("    _arena.end_turn(seq)")
+    source = "\n".join(lines)
+    exec(compile(source, "<commkit node program>", "exec"), ns)
+    return source, ns["run"]
 
 
 def _peer_test(q: int, shared: bool) -> str:
