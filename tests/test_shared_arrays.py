@@ -177,9 +177,26 @@ def test_a_repeated_call_reads_each_peers_arrays_where_they_are_now(p):
             np.testing.assert_array_equal(out, np.arange(64) * sum(range(1, p + 1)) + p * i)
 
 
+def _traced_forms(body, p):
+    """``run_local(body, p)``'s results, and each rank's node calls in call order: "zero copy" or "copying".
+
+    One trace over the whole world: a trace opened by a rank thread records
+    only while it is the innermost open one, so each rank's own would race.
+    """
+    with ck.trace() as t:
+        results = ck.run_local(body, p)
+    names = {}
+    for e in t.events:
+        if e["collective"] in ("allreduce", "broadcast"):
+            names.setdefault((e["rank"], e["seq"]), set()).update((e["range"][0], e["src_range"][0]))
+    forms = [["zero copy" if any("@" in name for name in names[key]) else "copying"
+              for key in sorted(k for k in names if k[0] == r)] for r in range(p)]
+    return results, forms
+
+
 def test_each_collective_has_its_own_default_zero_copy_size(monkeypatch):
     # node.ZERO_COPY_MIN_BYTES: 512 KiB, but 1 MiB for the allreduce (measured to lose at 512 KiB where memory
-    # is fast). One trace over the whole world (a rank's own trace records only while every rank's is open).
+    # is fast).
     monkeypatch.delenv("COMMKIT_ZERO_COPY_MIN_BYTES")
     calls = (("allreduce", 512 << 10), ("allreduce", 1 << 20), ("broadcast", 512 << 10))
 
@@ -195,35 +212,31 @@ def test_each_collective_has_its_own_default_zero_copy_size(monkeypatch):
             got.append(float(out[-1]))
         return got
 
-    with ck.trace() as t:
-        results = ck.run_local(run, 2)
+    results, forms = _traced_forms(run, 2)
     assert results == [[3.0, 3.0, 2.0]] * 2
-    forms = {}
-    for e in t.events:
-        if e["rank"] == 0 and e["collective"] in ("allreduce", "broadcast"):
-            names = forms.setdefault(e["seq"], set())
-            names.update((e["range"][0], e["src_range"][0]))
-    seen = ["zero copy" if any("@" in name for name in forms[seq]) else "copying" for seq in sorted(forms)]
+    seen = forms[0]
     assert seen == ["copying", "zero copy", "zero copy"], seen
 
 
 def test_calls_below_the_zero_copy_size_keep_the_copying_form(monkeypatch):
-    def forms(comm):
-        seen = []
+    def outs(comm):
+        got = []
         for n in (7, 8):  # 56 and 64 bytes of float64
             x, out = comm.shared_empty(n, np.float64), comm.shared_empty(n, np.float64)
             x[:] = comm.rank
-            with ck.trace() as t:
-                comm.allreduce(x, out=out, algorithm="shm")
-            names = {name for e in t.events for name in (e["range"][0], e["src_range"][0])}
-            seen.append(("zero copy" if any("@" in name for name in names) else "copying", out.tolist()))
-        return seen
+            comm.allreduce(x, out=out, algorithm="shm")
+            got.append(out.tolist())
+        return got
+
+    def forms():
+        results, forms = _traced_forms(outs, 2)
+        return [list(zip(f, r)) for f, r in zip(forms, results)]
 
     monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "64")
-    for seen in ck.run_local(forms, 2):
+    for seen in forms():
         assert seen == [("copying", [1.0] * 7), ("zero copy", [1.0] * 8)], seen
     monkeypatch.delenv("COMMKIT_ZERO_COPY_MIN_BYTES")  # the default (the allreduce: 1 MiB)
-    for seen in ck.run_local(forms, 2):
+    for seen in forms():
         assert [form for form, _ in seen] == ["copying", "copying"], seen
     monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "lots")
 
