@@ -1492,10 +1492,10 @@ class CompletedRequest(ScheduleRequest):
     """
 
     __slots__ = ("_result",)
-    _done = True
 
     def __init__(self, result, progress: Progress):
-        self._run = self  # (what ScheduleRequest reads of its run: _done and _result)
+        # No run: pointing ``_run`` at itself made every such request a reference cycle, which only Python's
+        # cyclic collector frees (a collection every few hundred calls, and a full one now and then).
         self._result = result
         self._progress = progress
         progress.held += 1
@@ -1511,6 +1511,16 @@ class CompletedRequest(ScheduleRequest):
         if progress is not None:  # (_let_go, written out)
             progress.held -= 1
             self._progress = None
+        return self._result
+
+    @property
+    def done(self) -> bool:
+        """True: the collective completed at its start."""
+        return True
+
+    @property
+    def result(self):
+        """The result :meth:`wait` returns."""
         return self._result
 
 
