@@ -86,7 +86,7 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
 
 # The collectives whose public method tries the entry of its last call shape on new arrays first
 # (``_new_<collective>``, a generated function: plan.Plan.entry); _fresh makes them.
-_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "alltoall")
+_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "alltoall")
 _FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _fresh runs (and broadcast, allgather ...)
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
@@ -1547,8 +1547,9 @@ class Communicator(VectorCollectives):
         (``_by_shape_i``), as the general path would, without its argument
         handling. ``collective`` has a result the shape of ``x`` on every rank
         (allreduce, scan, alltoall, broadcast), or with ``stacked`` one ``x`` per
-        rank (allgather), or with ``root`` on that rank only (reduce: the
-        others run into scratch, given no ``out``, and return None).
+        rank (allgather), or with ``root`` on that rank only (reduce, and with
+        ``stacked`` gather: the others run into scratch, given no ``out``, and
+        return None).
 
         A loop's next call usually has the kinds of its last: each collective's
         last entry (``_fresh_hot``, ``_fresh_hot_i``) is checked first, by
@@ -1595,7 +1596,9 @@ class Communicator(VectorCollectives):
         if root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
             if out is not None:
                 return GENERAL  # (the general path checks it)
-            out = scratch = self._scratch_buffer(np, x.dtype, x.size, nonblocking, role="reduce-out")
+            # (a gather's other ranks write no out: the general path gives them an empty one)
+            out = scratch = self._scratch_buffer(np, x.dtype, x.size if collective == "reduce" else 0, nonblocking,
+                                                 role="reduce-out")
         elif out is None:
             out = result = np.empty(shape, x.dtype)
         elif form == _IN_PLACE:
@@ -2228,15 +2231,34 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_gather  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None and type(root) is int:
+            result = fn(x, out, algorithm, timeout, None, root)
+            if result is not GENERAL:
+                return result
         key = ('gather', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_gather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+            result = self._fresh("gather", x, out, None, algorithm, timeout, stacked=True, root=root)
+            if result is not GENERAL:
+                return result
         return self._gather(x, root, out, algorithm, timeout, False, key=key)
 
     def igather(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`gather`."""
+        if type(root) is int:
+            fn = self._new_igather  # the last shape's i-form entry on new arrays (see _fresh)
+            if fn is not None:
+                request = fn(x, out, algorithm, timeout, None, root)
+                if request is not GENERAL:
+                    return request
+            request = self._fresh("gather", x, out, None, algorithm, timeout, stacked=True, nonblocking=True,
+                                  root=root)
+            if request is not GENERAL:
+                return request
         return self._gather(x, root, out, algorithm, timeout, True)
 
     def gather_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -2261,6 +2283,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None or self.rank != root):
             call.key, call.keep = key, (given, given_out)
+        if x is given and nonblocking != "init":  # (never in place: the checks above refuse out=x)
+            call.fresh = _fresh_key("gather", (None, root), algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def scatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None):

@@ -509,7 +509,7 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 def _counting_general_path(comm):
     """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
     seen = []
-    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall"):
+    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather"):
         def counted(*args, _general=getattr(comm, entry), **kwargs):
             seen.append(args[0])
             return _general(*args, **kwargs)
@@ -971,18 +971,19 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
     """Each collective's entry (no out, its own out, in place; reduce on and off the root) against the
     interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
     forms = {"allreduce": (None, "out", "x"), "scan": (None, "out", "x"), "reduce": (None, "out"),
-             "broadcast": (None, "out", "x"), "allgather": (None, "out"), "alltoall": (None, "out")}
+             "broadcast": (None, "out", "x"), "allgather": (None, "out"), "alltoall": (None, "out"),
+             "gather": (None, "out")}
 
     def call(comm, name, k, form):
         r, p = comm.rank, comm.size
         shape = (p, 3) if name == "alltoall" else (2, 3)
         x = (np.arange(np.prod(shape)).reshape(shape) * (r + 1) + k).astype(np.int64)
-        result_shape = (p,) + shape if name == "allgather" else shape
+        result_shape = (p,) + shape if name in ("allgather", "gather") else shape
         out = x if form == "x" else np.empty(result_shape, np.int64) if form == "out" else None
-        if name == "reduce":
+        if name in ("reduce", "gather"):
             if out is not None and r != p - 1:
                 out = None  # (only the root has a result)
-            return comm.reduce(x, "sum", p - 1, out=out)
+            return comm.reduce(x, "sum", p - 1, out=out) if name == "reduce" else comm.gather(x, p - 1, out=out)
         if name == "broadcast":
             return comm.broadcast(x, p - 1, out=out)
         if name in ("allgather", "alltoall"):
@@ -1370,6 +1371,48 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
     for r in range(size):
         # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
         assert len(per_rank[r][1]) <= 3 * 2 * len(forms), per_rank[r][1]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_gather_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_right(size):
+    """``gather`` and ``igather`` on new arrays take the fresh-array path too: the root gets every rank's
+    ``x`` stacked (in a new array or its ``out``), every other rank None, and inputs stay untouched."""
+    forms = [(0, "float64", (3,), None, None), (size - 1, "int32", (2, 2), "out", None),
+             (size // 2, "uint8", (5,), None, 30.0), (0, "int64", (1,), "out", 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for root, dtype, shape, with_out, timeout in forms:
+            for k in range(5):
+                for nonblocking in (False, True):
+                    x = (np.arange(np.prod(shape)).reshape(shape) + 7 * comm.rank + k).astype(dtype)
+                    given = x.copy()
+                    out = np.full((comm.size,) + shape, 99, dtype) if with_out and comm.rank == root else None
+                    result = (comm.igather if nonblocking else comm.gather)(x, root, out=out, timeout=timeout)
+                    if nonblocking:
+                        result = result.wait()
+                    np.testing.assert_array_equal(x, given)
+                    if comm.rank != root:
+                        assert result is None
+                    else:
+                        assert out is None or result is out
+                    got.append((given, None if result is None else result.copy()))
+        return got, general
+
+    per_rank = ck.run_local(body, size)
+    case = 0
+    for root, dtype, shape, _, _ in forms:
+        for k in range(5):
+            for _ in range(2):
+                want = np.stack([per_rank[q][0][case][0] for q in range(size)])
+                np.testing.assert_array_equal(per_rank[root][0][case][1], want, err_msg=f"root {root} call {k}")
+                case += 1
+    for r in range(size):
+        # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
+        # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
+        # general path; the other seven of its ten calls do not.
+        assert len(per_rank[r][1]) <= 3 * len(forms), per_rank[r][1]
 
 
 @requires_mpi
