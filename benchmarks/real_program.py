@@ -14,7 +14,7 @@ This script times that: every call of every column gets a *new* input array,
 made the same way in every column (``base.copy()``, inside the timed loop:
 the allocation a program pays is counted on both sides), and every column
 that writes a result allocates it anew, as the program would. The columns,
-for allreduce (float64, ``op`` sum), broadcast (root 0), allgather and reduce (root 0):
+for allreduce (float64, ``op`` sum), broadcast (root 0), allgather, reduce, gather and scatter (root 0):
 
 * ``raw new``: the mpi4py call on a ``Dup`` of COMM_WORLD, into a new result
   (``y = np.empty_like(x); raw.Allreduce(x, y, MPI.SUM)``; ``raw.Bcast(x, 0)``,
@@ -30,8 +30,11 @@ for allreduce (float64, ``op`` sum), broadcast (root 0), allgather and reduce (r
   one changed line.
 
 The same for the other collectives (``broadcast``/``ibroadcast``/``Bcast``/``Ibcast``,
-``allgather``/``iallgather``/``Allgather``/``Iallgather``, ``reduce``/``ireduce``/``Reduce``/``Ireduce``:
-ranks other than the root pass mpi4py no receive buffer and get None from commkit). Every column of one
+``allgather``/``iallgather``/``Allgather``/``Iallgather``, ``reduce``/``ireduce``/``Reduce``/``Ireduce``
+and ``gather``/``igather``/``Gather``/``Igather``, root 0: ranks other than the root pass mpi4py no receive
+buffer and get None from commkit; ``scatter``/``iscatter``/``Scatter``/``Iscatter``, root 0: the root's new
+input holds a block per rank, and every other rank's new array is the block it fills, given as ``out``
+with ``x=None``, and as mpi4py's receive buffer). Every column of one
 collective and size is measured interleaved in one job: each sweep runs every
 column for ``--calls`` calls after a barrier, in an order that rotates from sweep
 to sweep, on new input data (small integers, so every result is exact and the
@@ -62,7 +65,7 @@ import _tasks  # noqa: E402
 import numpy as np  # noqa: E402
 from _report import emit, fmt_size, fmt_us, script_header  # noqa: E402
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter")
 DTYPE = np.float64
 RAW, NEW_X, NEW_X_OUT, RAW_I, I_FORM, TIMED, FACE = (
     "raw new", "commkit new x", "commkit new x, out", "raw i", "commkit i", "commkit timed", "face")
@@ -181,6 +184,66 @@ def columns(collective, comm, raw, face):
                 NEW_X_OUT: lambda x: comm.reduce(x, "sum", 0, out=np.empty_like(x) if root else None),
                 RAW_I: raw_i, I_FORM: lambda x: comm.ireduce(x, "sum", 0).wait(),
                 TIMED: lambda x: comm.reduce(x, "sum", 0, timeout=TIMEOUT), FACE: face_call}
+    if collective == "gather":  # root 0: the others get None, and pass no receive buffer to mpi4py
+        root = comm.rank == 0
+
+        def raw_new(x):
+            y = np.empty((p, *x.shape), x.dtype) if root else None
+            raw.Gather(x, y, 0)
+            return y
+
+        def raw_i(x):
+            y = np.empty((p, *x.shape), x.dtype) if root else None
+            raw.Igather(x, y, 0).Wait()
+            return y
+
+        def face_call(x):
+            y = np.empty((p, *x.shape), x.dtype) if root else None
+            face.Gather(x, y, 0)
+            return y
+
+        return {RAW: raw_new, NEW_X: lambda x: comm.gather(x, 0),
+                NEW_X_OUT: lambda x: comm.gather(x, 0, out=np.empty((p, *x.shape), x.dtype) if root else None),
+                RAW_I: raw_i, I_FORM: lambda x: comm.igather(x, 0).wait(),
+                TIMED: lambda x: comm.gather(x, 0, timeout=TIMEOUT), FACE: face_call}
+    if collective == "scatter":  # root 0's x holds a block per rank; each other rank's x is its new block to fill
+        if comm.rank == 0:
+            def raw_new(x):
+                y = np.empty(x.shape[1:], x.dtype)
+                raw.Scatter(x, y, 0)
+                return y
+
+            def raw_i(x):
+                y = np.empty(x.shape[1:], x.dtype)
+                raw.Iscatter(x, y, 0).Wait()
+                return y
+
+            def face_call(x):
+                y = np.empty(x.shape[1:], x.dtype)
+                face.Scatter(x, y, 0)
+                return y
+
+            return {RAW: raw_new, NEW_X: lambda x: comm.scatter(x, 0),
+                    NEW_X_OUT: lambda x: comm.scatter(x, 0, out=np.empty(x.shape[1:], x.dtype)),
+                    RAW_I: raw_i, I_FORM: lambda x: comm.iscatter(x, 0).wait(),
+                    TIMED: lambda x: comm.scatter(x, 0, timeout=TIMEOUT), FACE: face_call}
+
+        def raw_new(x):
+            raw.Scatter(None, x, 0)
+            return x
+
+        def raw_i(x):
+            raw.Iscatter(None, x, 0).Wait()
+            return x
+
+        def face_call(x):
+            face.Scatter(None, x, 0)
+            return x
+
+        return {RAW: raw_new, NEW_X: lambda x: comm.scatter(None, 0, out=x),
+                NEW_X_OUT: lambda x: comm.scatter(None, 0, out=x),  # (the other ranks' only form: their out)
+                RAW_I: raw_i, I_FORM: lambda x: comm.iscatter(None, 0, out=x).wait(),
+                TIMED: lambda x: comm.scatter(None, 0, out=x, timeout=TIMEOUT), FACE: face_call}
     assert collective == "allgather", collective
 
     def raw_new(x):
@@ -209,11 +272,24 @@ def data(sweep: int, rank: int, n: int) -> np.ndarray:
     return ((np.arange(n) * (2 * sweep + 1) + 5 * rank + sweep) % 23 - 11).astype(DTYPE)
 
 
+def base_of(collective: str, sweep: int, rank: int, p: int, n: int) -> np.ndarray:
+    """Rank ``rank``'s array of the sweep, which every call copies: its input (``data``), but for a scatter the
+    root's every block (rank r's is ``data(sweep, r, n)``) and the other ranks' block to fill (zeros)."""
+    if collective != "scatter":
+        return data(sweep, rank, n)
+    return np.stack([data(sweep, r, n) for r in range(p)]) if rank == 0 else np.zeros(n, DTYPE)
+
+
 def expected(collective: str, sweep: int, p: int, n: int, rank: int = 0):
-    """What rank ``rank``'s result must be when rank r's input is ``data(sweep, r, n)`` (None off a reduce's root)."""
+    """What rank ``rank``'s result must be when rank r's input is ``data(sweep, r, n)`` (None off a reduce's or a
+    gather's root; a scatter's root sends them all, and rank r gets its own)."""
     inputs = [data(sweep, r, n) for r in range(p)]
-    if collective == "reduce":
-        return np.sum(inputs, axis=0) if rank == 0 else None
+    if collective == "scatter":
+        return inputs[rank]
+    if collective in ("reduce", "gather"):
+        if rank != 0:
+            return None
+        return np.sum(inputs, axis=0) if collective == "reduce" else np.stack(inputs)
     if collective == "allreduce":
         return np.sum(inputs, axis=0)
     if collective == "broadcast":
@@ -237,14 +313,14 @@ def measure(comm, raw, face, collective, nbytes, args):
     n = nbytes // DTYPE().itemsize
     calls = columns(collective, comm, raw, face)
     names = list(calls)
-    warm = data(args.sweeps, comm.rank, n)
+    warm = base_of(collective, args.sweeps, comm.rank, comm.size, n)
     for call in calls.values():
         for _ in range(WARMUP):
             call(warm.copy())
     samples = {name: [] for name in names}
     wrong = 0
     for sweep in range(args.sweeps):
-        base = data(sweep, comm.rank, n)
+        base = base_of(collective, sweep, comm.rank, comm.size, n)
         want = expected(collective, sweep, comm.size, n, comm.rank)
         k = sweep % len(names)
         for name in names[k:] + names[:k]:

@@ -86,7 +86,7 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
 
 # The collectives whose public method tries the entry of its last call shape on new arrays first
 # (``_new_<collective>``, a generated function: plan.Plan.entry); _fresh makes them.
-_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "alltoall")
+_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall")
 _FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _fresh runs (and broadcast, allgather ...)
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
@@ -1525,7 +1525,8 @@ class Communicator(VectorCollectives):
             for collective in _FRESH_ENTRIES:
                 setattr(self, "_new_i" + collective, None)
 
-    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None):
+    def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None,
+               scattered=False):
         """A call on new arrays of a shape already run: checked here and run from its cache; else GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
@@ -1549,7 +1550,10 @@ class Communicator(VectorCollectives):
         (allreduce, scan, alltoall, broadcast), or with ``stacked`` one ``x`` per
         rank (allgather), or with ``root`` on that rank only (reduce, and with
         ``stacked`` gather: the others run into scratch, given no ``out``, and
-        return None).
+        return None). With ``scattered`` (scatter) the root's result is one row
+        of its ``x``, and the other ranks, whose ``x`` the call ignores, pass
+        their ``out`` as ``x`` (and no ``out``): it is the block they fill, and
+        their schedule reads an empty input.
 
         A loop's next call usually has the kinds of its last: each collective's
         last entry (``_fresh_hot``, ``_fresh_hot_i``) is checked first, by
@@ -1580,7 +1584,7 @@ class Communicator(VectorCollectives):
                 return GENERAL
             if given_timeout is not None:
                 timeout = check_timeout(timeout)
-            shape = (self.size,) + x.shape if stacked else x.shape
+            shape = (self.size,) + x.shape if stacked else x.shape[1:] if scattered and root == self.rank else x.shape
             hot[collective] = (x.dtype, x.shape, op, algorithm, given_timeout, form, self._timeout, entry, shape,
                                timeout, root)
         if not x.flags.c_contiguous:
@@ -1593,7 +1597,16 @@ class Communicator(VectorCollectives):
                 return GENERAL
         given_out = out
         result = scratch = None
-        if root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
+        lead = x  # the array whose kinds the shape's entry checks (see plan.Entry)
+        receiving = scattered and root != self.rank
+        if scattered and form == _IN_PLACE:
+            return GENERAL  # (the general path refuses it: a block is not the whole x)
+        if receiving:  # x is the block to fill (see plan.Entry.receiving): the schedule's "in" is empty
+            if out is not None or not x.flags.writeable:
+                return GENERAL
+            out = result = given_out = x
+            x = scratch = self._scratch_buffer(np, x.dtype, 0, nonblocking, role="scatter-in")
+        elif root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
             if out is not None:
                 return GENERAL  # (the general path checks it)
             # (a gather's other ranks write no out: the general path gives them an empty one)
@@ -1620,8 +1633,9 @@ class Communicator(VectorCollectives):
                     src = src.copy()
                 request = self._fresh_request(collective, entry, src, dst, result, timeout)
                 if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it
-                    kinds = Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch, log, GENERAL,
-                                  _weakref, self._fresh_last[collective], timeout, given_timeout, self._timeout)
+                    kinds = Entry(lead.dtype, lead.shape, op, root, algorithm, form, shape, scratch, log, GENERAL,
+                                  _weakref, self._fresh_last[collective], timeout, given_timeout, self._timeout,
+                                  receiving=receiving)
                     entry[3] = nonblocking_entry(kinds, IEntry(collective, *entry[:3], weakref.proxy(self), _EMPTY))
                 setattr(self, "_new_i" + collective, entry[3])
                 return request
@@ -1629,11 +1643,13 @@ class Communicator(VectorCollectives):
             if blocking_untimed:
                 # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
                 # never a weak reference's answer).
-                self._fresh_last[collective][:] = (_weakref(x), None if given_out is None else _weakref(given_out))
+                self._fresh_last[collective][:] = ((_weakref(out), None) if receiving else
+                                                   (_weakref(x), None if given_out is None else _weakref(given_out)))
                 shaped.run(src, dst)
                 if made is None:  # the shape's entry: its next call on new arrays comes straight to it
-                    made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, GENERAL, _weakref, self._fresh_last[collective])) or False
+                    made = entry[2] = shaped.entry(Entry(lead.dtype, lead.shape, op, root, algorithm, form, shape,
+                                                         scratch, log, GENERAL, _weakref, self._fresh_last[collective],
+                                                         receiving=receiving)) or False
                 if made and self._plain:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = False
@@ -1650,9 +1666,10 @@ class Communicator(VectorCollectives):
                 except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                     raise self._gave_up(collective, seq, exc, native) from None
                 if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
-                    made = entry[2] = shaped.entry(Entry(x.dtype, x.shape, op, root, algorithm, form, shape, scratch,
-                                                         log, GENERAL, _weakref, self._fresh_last[collective], timeout,
-                                                         given_timeout, self._timeout, native)) or False
+                    made = entry[2] = shaped.entry(Entry(lead.dtype, lead.shape, op, root, algorithm, form, shape,
+                                                         scratch, log, GENERAL, _weakref, self._fresh_last[collective],
+                                                         timeout, given_timeout, self._timeout, native,
+                                                         receiving=receiving)) or False
                 if made and self._shapes_on:
                     setattr(self, "_new_" + collective, made)
                     self._entries[collective] = True
@@ -2300,16 +2317,48 @@ class Communicator(VectorCollectives):
             if (h[0] is x and h[1] is out and h[2] is root and h[3] is algorithm
                     and plan.ready(x)):
                 return plan.run()
+        fn = self._new_scatter  # the last shape's entry on new arrays (see _fresh_scatter)
+        if fn is not None and type(root) is int:
+            # (the other ranks' entries check and fill their out: plan.Entry.receiving)
+            result = (fn(x, out, algorithm, timeout, None, root) if root == self.rank else
+                      fn(out, None, algorithm, timeout, None, root) if x is None else GENERAL)
+            if result is not GENERAL:
+                return result
         key = ('scatter', id(x), id(out), root, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+            result = self._fresh_scatter(x, out, root, algorithm, timeout, False)
+            if result is not GENERAL:
+                return result
         return self._scatter(x, root, out, algorithm, timeout, False, key=key)
 
     def iscatter(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`scatter`."""
+        if type(root) is int:
+            fn = self._new_iscatter  # the last shape's i-form entry on new arrays (see _fresh_scatter)
+            if fn is not None:
+                request = (fn(x, out, algorithm, timeout, None, root) if root == self.rank else
+                           fn(out, None, algorithm, timeout, None, root) if x is None else GENERAL)
+                if request is not GENERAL:
+                    return request
+            request = self._fresh_scatter(x, out, root, algorithm, timeout, True)
+            if request is not GENERAL:
+                return request
         return self._scatter(x, root, out, algorithm, timeout, True)
+
+    def _fresh_scatter(self, x, out, root, algorithm, timeout, nonblocking):
+        """A scatter on new arrays through :meth:`_fresh`: the root's kinds are its ``x``'s, the others' their
+        ``out``'s, handed over as ``x`` (their ``x`` must be None: the general path would ignore anything else)."""
+        if root == self.rank:
+            return self._fresh("scatter", x, out, None, algorithm, timeout, nonblocking=nonblocking, root=root,
+                               scattered=True)
+        if x is not None:
+            return GENERAL
+        return self._fresh("scatter", out, None, None, algorithm, timeout, nonblocking=nonblocking, root=root,
+                           scattered=True)
 
     def scatter_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
         """Persistent :meth:`scatter` (see :meth:`allreduce_init`)."""
@@ -2346,6 +2395,16 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and (x is given or self.rank != root) and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
+        if nonblocking != "init":
+            # The kinds a later call on new arrays is matched by (see _fresh_scatter): the root's x and its
+            # out form; the other ranks' out alone, when they gave None for x (which only the root reads).
+            timeout_of = self._timeout if timeout is None else timeout
+            if self.rank == root:
+                if x is given:
+                    call.fresh = _fresh_key("scatter", (None, root), algorithm, x, _out_form(given, given_out),
+                                            timeout_of)
+            elif given is None and out is given_out:
+                call.fresh = _fresh_key("scatter", (None, root), algorithm, out, 0, timeout_of)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def allgather(self, x, *, out=None, algorithm=None, timeout=None):

@@ -376,6 +376,10 @@ class Entry(NamedTuple):
     plan) takes calls that give the same ``timeout`` object (``given``), or
     none while the communicator's default is still the object it was
     (``default``); ``native``: its plan runs the library's collective.
+
+    ``receiving``: a scatter off its root, whose call the public method hands
+    over with its ``out`` as ``x`` (the block it fills, in place, and the
+    result) and no ``out``; the run reads ``scratch`` (empty) as its input.
     """
 
     dtype: object
@@ -394,6 +398,7 @@ class Entry(NamedTuple):
     given: object = None
     default: object = None
     native: bool = False
+    receiving: bool = False
 
 
 def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False) -> tuple[list, list]:
@@ -430,10 +435,14 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
         kinds.append("not _comm._iforms_on")
     kinds += ["_trace_active", debug]
     kinds.append("_out is not None" if form == 0 else "_out is not _x" if form == 2 else "_out is None or _out is _x")
-    kinds.append("not (_fl := _x.flags).c_contiguous" + (" or not _fl.writeable" if form == 2 else ""))
+    written = form == 2 or entry.receiving
+    kinds.append("not (_fl := _x.flags).c_contiguous" + (" or not _fl.writeable" if written else ""))
     head = ["    if (" + "\n            or ".join(kinds) + "):", "        return _GENERAL"]
     flat_in = "_x" if len(entry.shape) == 1 else "_x.reshape(-1)"
-    if form == 0 and entry.scratch is not None and nonblocking:  # no result here: scratch of its own
+    if entry.receiving:  # x is the block this rank fills (a scatter off its root): nothing to read
+        head += ["    _result = _x", f"    _b_out = {flat_in}"]
+        flat_in = "_e_scratch"
+    elif form == 0 and entry.scratch is not None and nonblocking:  # no result here: scratch of its own
         head += ["    _result = None", f"    _b_out = _empty({entry.scratch.size}, _e_dtype)"]
     elif form == 0 and entry.scratch is not None:  # no result on this rank: the run writes scratch
         head += ["    _result = None", "    _b_out = _e_scratch"]

@@ -509,7 +509,7 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 def _counting_general_path(comm):
     """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
     seen = []
-    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather"):
+    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather", "_scatter"):
         def counted(*args, _general=getattr(comm, entry), **kwargs):
             seen.append(args[0])
             return _general(*args, **kwargs)
@@ -972,7 +972,7 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
     interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
     forms = {"allreduce": (None, "out", "x"), "scan": (None, "out", "x"), "reduce": (None, "out"),
              "broadcast": (None, "out", "x"), "allgather": (None, "out"), "alltoall": (None, "out"),
-             "gather": (None, "out")}
+             "gather": (None, "out"), "scatter": (None, "out")}
 
     def call(comm, name, k, form):
         r, p = comm.rank, comm.size
@@ -984,6 +984,11 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
             if out is not None and r != p - 1:
                 out = None  # (only the root has a result)
             return comm.reduce(x, "sum", p - 1, out=out) if name == "reduce" else comm.gather(x, p - 1, out=out)
+        if name == "scatter":  # the root's x holds a block per rank; the others fill their out, given alone
+            if r == p - 1:
+                blocks = (np.arange(p * 6).reshape(p, 2, 3) * (k + 1)).astype(np.int64)
+                return comm.scatter(blocks, p - 1, out=None if out is None else np.empty((2, 3), np.int64))
+            return comm.scatter(None, p - 1, out=np.full((2, 3), -1, np.int64))
         if name == "broadcast":
             return comm.broadcast(x, p - 1, out=out)
         if name in ("allgather", "alltoall"):
@@ -1413,6 +1418,80 @@ def test_gather_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
         # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
         # general path; the other seven of its ten calls do not.
         assert len(per_rank[r][1]) <= 3 * len(forms), per_rank[r][1]
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_right(size):
+    """``scatter`` and ``iscatter`` on new arrays take the fresh-array path too: the root's ``x`` (a block per
+    rank) is new each call, and so is every other rank's ``out``, which that rank gives alone (``x=None``);
+    each rank gets its block, in a new array or its ``out``, and the root's ``x`` stays untouched."""
+    forms = [(0, "float64", (3,), None, None), (size - 1, "int32", (2, 2), "out", None),
+             (size // 2, "uint8", (5,), None, 30.0), (0, "int64", (1,), "out", 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        for root, dtype, shape, with_out, timeout in forms:
+            for k in range(5):
+                for nonblocking in (False, True):
+                    blocks = (np.arange(comm.size * np.prod(shape)).reshape((comm.size,) + shape) + k).astype(dtype)
+                    if comm.rank == root:
+                        x, given = blocks, blocks.copy()
+                        out = np.full(shape, 99, dtype) if with_out else None
+                    else:
+                        x, given, out = None, None, np.full(shape, 99, dtype)
+                    result = (comm.iscatter if nonblocking else comm.scatter)(x, root, out=out, timeout=timeout)
+                    if nonblocking:
+                        result = result.wait()
+                    assert out is None or result is out
+                    if given is not None:
+                        np.testing.assert_array_equal(x, given)
+                    np.testing.assert_array_equal(result, blocks[comm.rank], err_msg=f"root {root} call {k}")
+        return general
+
+    for r, general in enumerate(ck.run_local(body, size)):
+        # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
+        # general path; the other seven of its ten calls do not.
+        assert len(general) <= 3 * len(forms), (r, general)
+
+
+def test_a_scatter_entry_hands_every_other_call_to_the_checked_path():
+    """The fresh-array path of a scatter takes only the calls the general path would run the same way: a root
+    without x, another rank giving an x (which only the root reads), a read-only or overlapping out, another
+    root or dtype all take the general path, which names the problem or runs the call."""
+    def body(comm):
+        r, p = comm.rank, comm.size
+        for k in range(4):  # the shapes' entries, on every rank
+            comm.scatter(np.arange(2.0 * p).reshape(p, 2) if r == 0 else None, 0, out=np.empty(2))
+        errors = []
+        if r == 0:  # the root without x
+            try:
+                comm.scatter(None, 0, out=np.empty(2))
+            except ck.InvalidBuffer as exc:
+                errors.append(type(exc).__name__)
+        else:  # a read-only out
+            frozen = np.empty(2)
+            frozen.flags.writeable = False
+            try:
+                comm.scatter(None, 0, out=frozen)
+            except ck.InvalidBuffer as exc:
+                errors.append(type(exc).__name__)
+        comm.barrier()
+        # An x off the root is ignored, as the general path ignores it; the root's overlapping out is refused.
+        x = np.arange(2.0 * p).reshape(p, 2) * 3
+        got = comm.scatter(x if r == 0 else np.ones((p, 2)), 0, out=np.empty(2))
+        if r == 0:
+            try:
+                comm.scatter(x, 0, out=x[1])
+            except ck.InvalidBuffer as exc:
+                errors.append(type(exc).__name__)
+        comm.barrier()
+        return errors, got.tolist()
+
+    for p in (2, 3):
+        for r, (errors, got) in enumerate(ck.run_local(body, p)):
+            assert errors == ["InvalidBuffer"] * (2 if r == 0 else 1), (r, errors)
+            assert got == [6.0 * r, 6.0 * r + 3], (r, got)
 
 
 @requires_mpi

@@ -21,7 +21,7 @@ from conftest import benchmark_module
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "real_program.py")
-COLLECTIVES = ("allreduce", "broadcast", "allgather")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter")
 TIME_HEADER = ("| collective | bytes | raw new | commkit new x | commkit new x, out | raw i | commkit i | "
                "commkit timed | face |")
 RATIO_HEADER = ("| collective | bytes | new x / raw new | new x, out / raw new | i / raw i | timed / raw new | "
@@ -106,3 +106,9 @@ def test_expected_results_follow_the_inputs_of_every_rank():
     assert np.array_equal(real.expected("broadcast", 3, 3, 5), inputs[0])
     assert real.expected("allgather", 3, 3, 5).shape == (3, 5)
     assert np.array_equal(real.expected("allgather", 3, 3, 5)[2], inputs[2])
+    assert np.array_equal(real.expected("gather", 3, 3, 5), np.stack(inputs))
+    assert real.expected("gather", 3, 3, 5, rank=1) is None and real.expected("reduce", 3, 3, 5, rank=2) is None
+    # A scatter's root holds every rank's block; rank r gets its own, into the zeros it gave.
+    assert np.array_equal(real.base_of("scatter", 3, 0, 3, 5), np.stack(inputs))
+    assert np.array_equal(real.base_of("scatter", 3, 2, 3, 5), np.zeros(5))
+    assert np.array_equal(real.expected("scatter", 3, 3, 5, rank=2), inputs[2])
