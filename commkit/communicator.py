@@ -86,8 +86,9 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
 
 # The collectives whose public method tries the entry of its last call shape on new arrays first
 # (``_new_<collective>``, a generated function: plan.Plan.entry); _fresh makes them.
-_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall")
-_FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _fresh runs (and broadcast, allgather ...)
+_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall",
+                  "reduce_scatter")
+_FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _reduction registers with _fresh
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -1526,7 +1527,7 @@ class Communicator(VectorCollectives):
                 setattr(self, "_new_i" + collective, None)
 
     def _fresh(self, collective, x, out, op, algorithm, timeout, stacked=False, nonblocking=False, root=None,
-               scattered=False):
+               scattered=False, split=False):
         """A call on new arrays of a shape already run: checked here and run from its cache; else GENERAL.
 
         The arrays are not those of a plan, but their kinds are those of a call
@@ -1553,7 +1554,8 @@ class Communicator(VectorCollectives):
         return None). With ``scattered`` (scatter) the root's result is one row
         of its ``x``, and the other ranks, whose ``x`` the call ignores, pass
         their ``out`` as ``x`` (and no ``out``): it is the block they fill, and
-        their schedule reads an empty input.
+        their schedule reads an empty input. With ``split`` (reduce_scatter
+        without counts) every rank's result is its share of ``x``'s rows.
 
         A loop's next call usually has the kinds of its last: each collective's
         last entry (``_fresh_hot``, ``_fresh_hot_i``) is checked first, by
@@ -1584,7 +1586,8 @@ class Communicator(VectorCollectives):
                 return GENERAL
             if given_timeout is not None:
                 timeout = check_timeout(timeout)
-            shape = (self.size,) + x.shape if stacked else x.shape[1:] if scattered and root == self.rank else x.shape
+            shape = ((self.size,) + x.shape if stacked else x.shape[1:] if scattered and root == self.rank
+                     else (x.shape[0] // self.size,) + x.shape[1:] if split else x.shape)
             hot[collective] = (x.dtype, x.shape, op, algorithm, given_timeout, form, self._timeout, entry, shape,
                                timeout, root)
         if not x.flags.c_contiguous:
@@ -1599,7 +1602,7 @@ class Communicator(VectorCollectives):
         result = scratch = None
         lead = x  # the array whose kinds the shape's entry checks (see plan.Entry)
         receiving = scattered and root != self.rank
-        if scattered and form == _IN_PLACE:
+        if (scattered or split) and form == _IN_PLACE:
             return GENERAL  # (the general path refuses it: a block is not the whole x)
         if receiving:  # x is the block to fill (see plan.Entry.receiving): the schedule's "in" is empty
             if out is not None or not x.flags.writeable:
@@ -2548,15 +2551,33 @@ class Communicator(VectorCollectives):
                 return plan.run()
         if counts is not None and not hasattr(counts, "__len__"):
             counts = _listed(counts)  # an iterator is read once, here: the key and the checks see the same counts
+        fn = self._new_reduce_scatter  # the last shape's entry on new arrays, without counts (see _fresh)
+        if fn is not None and counts is None:
+            result = fn(x, out, algorithm, timeout, op, None)
+            if result is not GENERAL:
+                return result
         key = ("reduce_scatter", id(x), id(out), op, None if counts is None else _listed(counts, tuple), algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_reduce_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        if counts is None:
+            result = self._fresh("reduce_scatter", x, out, op, algorithm, timeout, split=True)
+            if result is not GENERAL:
+                return result
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, False, key=key)
 
     def ireduce_scatter(self, x, op="sum", *, counts=None, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`reduce_scatter`."""
+        if counts is None:
+            fn = self._new_ireduce_scatter  # the last shape's i-form entry on new arrays (see _fresh)
+            if fn is not None:
+                request = fn(x, out, algorithm, timeout, op, None)
+                if request is not GENERAL:
+                    return request
+            request = self._fresh("reduce_scatter", x, out, op, algorithm, timeout, nonblocking=True, split=True)
+            if request is not GENERAL:
+                return request
         return self._reduce_scatter(x, op, counts, out, algorithm, timeout, True)
 
     def reduce_scatter_init(self, x, op="sum", *, counts=None, out=None, algorithm=None,
@@ -2567,7 +2588,7 @@ class Communicator(VectorCollectives):
     @_announced("reduce_scatter")
     def _reduce_scatter(self, x, op, counts, out, algorithm, timeout, nonblocking, key=None):
         self._check_open()
-        given, given_out = x, out
+        given, given_out, given_op, even = x, out, op, counts is None
         x = input_for(x, nonblocking, "reduce_scatter")
         if x.ndim == 0:
             raise InvalidBuffer("reduce_scatter's x must have at least one dimension (rows are split among ranks).")
@@ -2600,6 +2621,9 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None):
             call.key, call.keep = key, (given, given_out)
+        if even and x is given and nonblocking != "init":  # (never in place: the checks above refuse it)
+            call.fresh = _fresh_key("reduce_scatter", given_op, algorithm, x, _out_form(given, given_out),
+                                    self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
 
     def barrier(self, *, algorithm=None, timeout=None) -> None:

@@ -509,7 +509,7 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 def _counting_general_path(comm):
     """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
     seen = []
-    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather", "_scatter"):
+    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather", "_scatter", "_reduce_scatter"):
         def counted(*args, _general=getattr(comm, entry), **kwargs):
             seen.append(args[0])
             return _general(*args, **kwargs)
@@ -972,13 +972,13 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
     interpreter's answers (plans off) for the same inputs, and the entry was the one that ran."""
     forms = {"allreduce": (None, "out", "x"), "scan": (None, "out", "x"), "reduce": (None, "out"),
              "broadcast": (None, "out", "x"), "allgather": (None, "out"), "alltoall": (None, "out"),
-             "gather": (None, "out"), "scatter": (None, "out")}
+             "gather": (None, "out"), "scatter": (None, "out"), "reduce_scatter": (None, "out")}
 
     def call(comm, name, k, form):
         r, p = comm.rank, comm.size
-        shape = (p, 3) if name == "alltoall" else (2, 3)
+        shape = (p, 3) if name == "alltoall" else (2 * p, 3) if name == "reduce_scatter" else (2, 3)
         x = (np.arange(np.prod(shape)).reshape(shape) * (r + 1) + k).astype(np.int64)
-        result_shape = (p,) + shape if name in ("allgather", "gather") else shape
+        result_shape = (p,) + shape if name in ("allgather", "gather") else (2, 3) if name == "reduce_scatter" else shape
         out = x if form == "x" else np.empty(result_shape, np.int64) if form == "out" else None
         if name in ("reduce", "gather"):
             if out is not None and r != p - 1:
@@ -993,6 +993,8 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
             return comm.broadcast(x, p - 1, out=out)
         if name in ("allgather", "alltoall"):
             return getattr(comm, name)(x, out=out)
+        if name == "reduce_scatter":
+            return comm.reduce_scatter(x, "max", out=out)
         return getattr(comm, name)(x, "prod" if name == "scan" else "sum", out=out)
 
     def body(comm):
@@ -1453,6 +1455,59 @@ def test_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays
         # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
         # general path; the other seven of its ten calls do not.
         assert len(general) <= 3 * len(forms), (r, general)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_reduce_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_right(size):
+    """``reduce_scatter`` and ``ireduce_scatter`` without counts on new arrays take the fresh-array path: each
+    rank gets its share of the rows reduced (in a new array or its ``out``); a call with counts, even of the
+    same shape, still takes the general path, which splits the rows as the counts say."""
+    forms = [("float64", (2, 3), "sum", None, None), ("int32", (4,), "max", "out", None),
+             ("int64", (1, 2), "prod", None, 30.0)]
+
+    def body(comm):
+        general = _counting_general_path(comm)
+        got = []
+        p = comm.size
+        for dtype, block, op, with_out, timeout in forms:
+            for k in range(5):
+                for nonblocking in (False, True):
+                    x = (np.arange(p * np.prod(block)).reshape((p * block[0],) + block[1:]) % 7 + comm.rank + k
+                         ).astype(dtype)
+                    given = x.copy()
+                    out = np.full(block, -1, dtype) if with_out else None
+                    call = comm.ireduce_scatter if nonblocking else comm.reduce_scatter
+                    result = call(x, op, out=out, timeout=timeout)
+                    if nonblocking:
+                        result = result.wait()
+                    assert out is None or result is out
+                    np.testing.assert_array_equal(x, given)
+                    got.append((given, result.copy()))
+        entries = len(general)
+        # Counts of the same x: the rows split as they say (all to the last rank), through the general path.
+        x = np.arange(p * 2.0).reshape(p * 2, 1) + comm.rank
+        uneven = comm.reduce_scatter(x, counts=[0] * (p - 1) + [2 * p])
+        return got, entries, uneven.tolist(), len(general) - entries
+
+    per_rank = ck.run_local(body, size)
+    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
+    case = 0
+    for dtype, block, op, _, _ in forms:
+        for k in range(5):
+            for _ in range(2):
+                total = per_rank[0][0][case][0].copy()
+                for q in range(1, size):
+                    total = fold[op](total, per_rank[q][0][case][0]).astype(dtype)
+                rows = block[0]
+                for r in range(size):
+                    np.testing.assert_array_equal(per_rank[r][0][case][1], total[r * rows:(r + 1) * rows],
+                                                  err_msg=f"{op} rank {r} call {k}")
+                case += 1
+    for r, (_, entries, uneven, general_after) in enumerate(per_rank):
+        assert entries <= 3 * len(forms), (r, entries)
+        assert general_after == 1
+        want = (np.arange(size * 2.0) * size + sum(range(size))).reshape(-1, 1).tolist()
+        assert uneven == (want if r == size - 1 else []), (r, uneven)
 
 
 def test_a_scatter_entry_hands_every_other_call_to_the_checked_path():
