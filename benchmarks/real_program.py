@@ -34,7 +34,9 @@ The same for the other collectives (``broadcast``/``ibroadcast``/``Bcast``/``Ibc
 and ``gather``/``igather``/``Gather``/``Igather``, root 0: ranks other than the root pass mpi4py no receive
 buffer and get None from commkit; ``scatter``/``iscatter``/``Scatter``/``Iscatter``, root 0: the root's new
 input holds a block per rank, and every other rank's new array is the block it fills, given as ``out``
-with ``x=None``, and as mpi4py's receive buffer). Every column of one
+with ``x=None``, and as mpi4py's receive buffer; ``reduce_scatter``/``ireduce_scatter`` without counts against
+``Reduce_scatter_block``/``Ireduce_scatter_block``, sum: every rank's new input holds a block per rank).
+Every column of one
 collective and size is measured interleaved in one job: each sweep runs every
 column for ``--calls`` calls after a barrier, in an order that rotates from sweep
 to sweep, on new input data (small integers, so every result is exact and the
@@ -42,7 +44,7 @@ last result of every column is checked: the "wrong results" count). A sweep's
 time of a column is the mean per call of its slowest rank (``time.perf_counter``);
 the time tables give the median over sweeps; a ratio is the median over sweeps
 of the ratio within a sweep, with the lowest and highest sweep in brackets.
-"bytes" is one rank's input message. The targets (allreduce, 2 ranks) are
+"bytes" is one rank's input message (a scatter's or a reduce_scatter's block). The targets (allreduce, 2 ranks) are
 printed next to the ratios as ok or missed; they do not change the exit status,
 which is 1 only when a result was wrong. Quote speed only for ranks <= cores.
 """
@@ -65,7 +67,7 @@ import _tasks  # noqa: E402
 import numpy as np  # noqa: E402
 from _report import emit, fmt_size, fmt_us, script_header  # noqa: E402
 
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter", "reduce_scatter")
 DTYPE = np.float64
 RAW, NEW_X, NEW_X_OUT, RAW_I, I_FORM, TIMED, FACE = (
     "raw new", "commkit new x", "commkit new x, out", "raw i", "commkit i", "commkit timed", "face")
@@ -244,6 +246,26 @@ def columns(collective, comm, raw, face):
                 NEW_X_OUT: lambda x: comm.scatter(None, 0, out=x),  # (the other ranks' only form: their out)
                 RAW_I: raw_i, I_FORM: lambda x: comm.iscatter(None, 0, out=x).wait(),
                 TIMED: lambda x: comm.scatter(None, 0, out=x, timeout=TIMEOUT), FACE: face_call}
+    if collective == "reduce_scatter":  # every rank's x holds a block per rank; each gets its block of the sum
+        def raw_new(x):
+            y = np.empty(len(x) // p, x.dtype)
+            raw.Reduce_scatter_block(x, y, MPI.SUM)
+            return y
+
+        def raw_i(x):
+            y = np.empty(len(x) // p, x.dtype)
+            raw.Ireduce_scatter_block(x, y, MPI.SUM).Wait()
+            return y
+
+        def face_call(x):
+            y = np.empty(len(x) // p, x.dtype)
+            face.Reduce_scatter_block(x, y, MPI.SUM)
+            return y
+
+        return {RAW: raw_new, NEW_X: lambda x: comm.reduce_scatter(x),
+                NEW_X_OUT: lambda x: comm.reduce_scatter(x, out=np.empty(len(x) // p, x.dtype)),
+                RAW_I: raw_i, I_FORM: lambda x: comm.ireduce_scatter(x).wait(),
+                TIMED: lambda x: comm.reduce_scatter(x, timeout=TIMEOUT), FACE: face_call}
     assert collective == "allgather", collective
 
     def raw_new(x):
@@ -274,7 +296,10 @@ def data(sweep: int, rank: int, n: int) -> np.ndarray:
 
 def base_of(collective: str, sweep: int, rank: int, p: int, n: int) -> np.ndarray:
     """Rank ``rank``'s array of the sweep, which every call copies: its input (``data``), but for a scatter the
-    root's every block (rank r's is ``data(sweep, r, n)``) and the other ranks' block to fill (zeros)."""
+    root's every block (rank r's is ``data(sweep, r, n)``) and the other ranks' block to fill (zeros), and for a
+    reduce_scatter a block for every rank (``data(sweep, rank, p * n)``)."""
+    if collective == "reduce_scatter":
+        return data(sweep, rank, p * n)
     if collective != "scatter":
         return data(sweep, rank, n)
     return np.stack([data(sweep, r, n) for r in range(p)]) if rank == 0 else np.zeros(n, DTYPE)
@@ -282,10 +307,13 @@ def base_of(collective: str, sweep: int, rank: int, p: int, n: int) -> np.ndarra
 
 def expected(collective: str, sweep: int, p: int, n: int, rank: int = 0):
     """What rank ``rank``'s result must be when rank r's input is ``data(sweep, r, n)`` (None off a reduce's or a
-    gather's root; a scatter's root sends them all, and rank r gets its own)."""
+    gather's root; a scatter's root sends them all, and rank r gets its own); for a reduce_scatter, rank r's
+    input is ``data(sweep, r, p * n)``."""
     inputs = [data(sweep, r, n) for r in range(p)]
     if collective == "scatter":
         return inputs[rank]
+    if collective == "reduce_scatter":
+        return np.sum([data(sweep, r, p * n) for r in range(p)], axis=0)[rank * n:(rank + 1) * n]
     if collective in ("reduce", "gather"):
         if rank != 0:
             return None

@@ -1116,6 +1116,41 @@ def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other
         comm.Allreduce(x, np.empty(4, np.float32), MPI.SUM)
 
 
+def test_reduce_scatter_block_of_vectors_goes_to_the_communicator_and_every_other_call_stays_right(face, monkeypatch):
+    """One-type vectors, new each call, skip the face's own parse; overlapping, 2-D, mismatched, read-only
+    or IN_PLACE buffers take it, with mpi4py's results and errors."""
+    import commkit
+
+    MPI, comm = face
+    parsed = []
+    general = comm._reduce_scatter_block
+    monkeypatch.setattr(comm, "_reduce_scatter_block", lambda *args: parsed.append(1) or general(*args))
+    rng = np.random.default_rng(5)
+    for _ in range(6):
+        x = rng.integers(-9, 9, 4).astype(np.int32)
+        r = np.empty_like(x)
+        comm.Reduce_scatter_block(x, r, MPI.MAX)
+        assert np.array_equal(r, x)
+    assert parsed == []
+    both = np.arange(8, dtype=np.float64)  # send and receive buffers in one array: the face copies the input
+    comm.Reduce_scatter_block(both[:4], both[2:6], MPI.SUM)
+    assert both.tolist() == [0, 1, 0, 1, 2, 3, 6, 7]
+    grid = np.arange(4.0).reshape(2, 2)
+    out = np.empty((2, 2))
+    comm.Reduce_scatter_block(grid, out, MPI.SUM)
+    assert np.array_equal(out, grid)
+    y = np.arange(4.0)
+    comm.Reduce_scatter_block(MPI.IN_PLACE, y, MPI.SUM)
+    assert y.tolist() == [0, 1, 2, 3]
+    assert len(parsed) == 3
+    frozen = np.empty(4)
+    frozen.flags.writeable = False
+    with pytest.raises(commkit.errors.InvalidBuffer):
+        comm.Reduce_scatter_block(np.arange(4.0), frozen, MPI.SUM)
+    with pytest.raises(commkit.errors.InvalidBuffer):
+        comm.Reduce_scatter_block(np.arange(4.0), np.empty(4, np.float32), MPI.SUM)
+
+
 def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
     """The face keeps the communicator's plan for a call it sees again, and runs it only while it may."""
     import commkit

@@ -978,7 +978,8 @@ def test_shape_entries_of_every_collective_and_form_give_the_checked_paths_answe
         r, p = comm.rank, comm.size
         shape = (p, 3) if name == "alltoall" else (2 * p, 3) if name == "reduce_scatter" else (2, 3)
         x = (np.arange(np.prod(shape)).reshape(shape) * (r + 1) + k).astype(np.int64)
-        result_shape = (p,) + shape if name in ("allgather", "gather") else (2, 3) if name == "reduce_scatter" else shape
+        result_shape = ((p,) + shape if name in ("allgather", "gather") else (2, 3) if name == "reduce_scatter"
+                        else shape)
         out = x if form == "x" else np.empty(result_shape, np.int64) if form == "out" else None
         if name in ("reduce", "gather"):
             if out is not None and r != p - 1:

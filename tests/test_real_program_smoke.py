@@ -21,7 +21,7 @@ from conftest import benchmark_module
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCRIPT = os.path.join(ROOT, "benchmarks", "real_program.py")
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce", "gather", "scatter", "reduce_scatter")
 TIME_HEADER = ("| collective | bytes | raw new | commkit new x | commkit new x, out | raw i | commkit i | "
                "commkit timed | face |")
 RATIO_HEADER = ("| collective | bytes | new x / raw new | new x, out / raw new | i / raw i | timed / raw new | "
@@ -112,3 +112,7 @@ def test_expected_results_follow_the_inputs_of_every_rank():
     assert np.array_equal(real.base_of("scatter", 3, 0, 3, 5), np.stack(inputs))
     assert np.array_equal(real.base_of("scatter", 3, 2, 3, 5), np.zeros(5))
     assert np.array_equal(real.expected("scatter", 3, 3, 5, rank=2), inputs[2])
+    # A reduce_scatter's every rank holds a block per rank; rank r gets its block of the sum.
+    wide = [real.base_of("reduce_scatter", 3, r, 3, 5) for r in range(3)]
+    assert wide[1].shape == (15,) and np.array_equal(wide[1], real.data(3, 1, 15))
+    assert np.array_equal(real.expected("reduce_scatter", 3, 3, 5, rank=1), (wide[0] + wide[1] + wide[2])[5:10])

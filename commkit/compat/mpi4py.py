@@ -1167,6 +1167,16 @@ class Comm(MPI.Intracomm):
         and the result lands in its first block. Other arguments and errors as
         for :meth:`Allreduce`.
         """
+        fast = _FAST_OPS.get(id(op))
+        if (fast is not None and type(sendbuf) is _ndarray and type(recvbuf) is _ndarray
+                and sendbuf.dtype in fast[1] and recvbuf.dtype is sendbuf.dtype and sendbuf.ndim == 1
+                and recvbuf.ndim == 1 and sendbuf.size == self._size * recvbuf.size
+                and sendbuf.flags.c_contiguous and (flags := recvbuf.flags).c_contiguous and flags.writeable
+                and self._arrays_apart(sendbuf, recvbuf)):
+            # Vectors of one type, as the communicator splits them (its entry for new arrays, or its plan for
+            # these): each rank's block of the reduced sendbuf, straight into recvbuf.
+            self.comm.reduce_scatter(sendbuf, fast[0], out=recvbuf)
+            return
         self._reduce_scatter_block(sendbuf, recvbuf, op, False)
 
     def Ireduce_scatter_block(self, sendbuf, recvbuf, op=MPI.SUM) -> Request:
