@@ -2179,6 +2179,8 @@ class Communicator(VectorCollectives):
         ignored) or ``x=None`` with ``out=`` the buffer to fill. ``out=x``
         broadcasts in place.
         """
+        if x is None and type(out) is np.ndarray and root != self.rank:
+            x = out  # a rank that only receives makes the in-place call (as the general path would): its fast paths
         plan = self._hot_broadcast  # the plan of the last call, if it had these very arguments (see _remember)
         if plan is not None and timeout is None:
             h = plan.hot
@@ -2204,6 +2206,8 @@ class Communicator(VectorCollectives):
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`broadcast`."""
+        if x is None and type(out) is np.ndarray and root != self.rank:
+            x = out  # (as in broadcast)
         fn = self._new_ibroadcast  # the last shape's i-form entry on new arrays (see _fresh)
         if fn is not None:
             request = fn(x, out, algorithm, timeout, root, None)

@@ -1511,6 +1511,46 @@ def test_reduce_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_an
         assert uneven == (want if r == size - 1 else []), (r, uneven)
 
 
+def test_a_receiving_ranks_broadcast_into_out_alone_takes_the_fast_paths():
+    """``broadcast(None, root, out=buf)`` off the root, as the docs say a receiving rank may call it, is the
+    in-place call on ``buf``: new buffers take the shape's entry, the same one its plan; a read-only ``out``
+    or a root without ``x`` still raise the general path's errors."""
+    def body(comm):
+        general = _counting_general_path(comm)
+        r, p = comm.rank, comm.size
+        got = []
+        for k in range(8):
+            x = np.arange(3.0) + k if r == 0 else None
+            out = None if r == 0 else np.full(3, -1.0)
+            got.append(comm.broadcast(x, 0, out=out).tolist())
+            got.append(comm.ibroadcast(np.arange(3.0) - k if r == 0 else None, 0, out=out).wait().tolist())
+        calls = len(general)
+        kept = np.zeros(2)
+        for k in range(4):  # the same buffer every call: its plan
+            comm.broadcast(np.full(2, 7.0 + k) if r == 0 else None, 0, out=None if r == 0 else kept)
+        errors = []
+        if r > 0:
+            frozen = np.zeros(3)
+            frozen.flags.writeable = False
+            try:
+                comm.broadcast(None, 0, out=frozen)
+            except ck.InvalidBuffer as exc:
+                errors.append("read-only" if "writeable" in str(exc) or "read-only" in str(exc) else str(exc))
+        else:
+            try:
+                comm.broadcast(None, 0, out=np.zeros(3))
+            except (ck.InvalidBuffer, ck.InvalidArgument) as exc:
+                errors.append(type(exc).__name__)
+        return got, calls, kept.tolist(), errors
+
+    for p in (2, 3):
+        for r, (got, calls, kept, errors) in enumerate(ck.run_local(body, p)):
+            assert got == [v for k in range(8) for v in ((np.arange(3.0) + k).tolist(), (np.arange(3.0) - k).tolist())]
+            assert calls <= 3, (r, calls)  # the blocking form's first two calls and the i-form's first
+            assert kept == ([0.0, 0.0] if r == 0 else [10.0, 10.0])
+            assert errors == (["InvalidBuffer"] if r == 0 else ["read-only"]), (r, errors)
+
+
 def test_a_scatter_entry_hands_every_other_call_to_the_checked_path():
     """The fresh-array path of a scatter takes only the calls the general path would run the same way: a root
     without x, another rank giving an x (which only the root reads), a read-only or overlapping out, another
