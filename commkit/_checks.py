@@ -180,6 +180,17 @@ def check_alias(x, out, collective: str) -> bool:
     )
 
 
+def owners_apart(a, a_base, b, b_base) -> bool:
+    """Whether NumPy arrays ``a`` and ``b`` (given with their ``.base``) lie in two different arrays that each
+    own their memory, so cannot overlap: each is such an array or a view of one (NumPy makes a view's ``base``
+    the array that owns the memory). False means "not known this way" (ask :func:`same_memory`), not "overlap".
+    """
+    owner_a = a if a_base is None else a_base
+    owner_b = b if b_base is None else b_base
+    return (owner_a is not owner_b and type(owner_a) is np.ndarray and type(owner_b) is np.ndarray
+            and owner_a.base is None and owner_b.base is None)
+
+
 def same_memory(a, b) -> bool:
     """Whether two arrays overlap in memory (used to detect in-place calls)."""
     if a is b:

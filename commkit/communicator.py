@@ -35,7 +35,7 @@ from . import algorithms, collectives, selection
 from . import watchdog as _watchdog
 from ._call import Call
 from ._events import active as _trace_active
-from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag,
+from ._checks import (array_module, as_input, check_alias, check_dtype, check_out, check_rank, check_tag, owners_apart,
                       check_timeout, input_for, same_memory)
 from ._vector import VectorCollectives
 from .algorithms.node import zero_copy_min_bytes
@@ -1622,8 +1622,10 @@ class Communicator(VectorCollectives):
                 return GENERAL
         elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
                   and (flags := out.flags).c_contiguous and flags.writeable
-                  # two arrays that each own their memory (the usual fresh pair) cannot share it
-                  and (out.base is None and x.base is None and out is not x or not np.may_share_memory(x, out))):
+                  # two arrays that each own their memory (the usual fresh pair), or views of two such, cannot
+                  # share it
+                  and ((x_base := x.base) is None and out.base is None and out is not x
+                       or owners_apart(x, x_base, out, out.base) or not np.may_share_memory(x, out))):
             return GENERAL
         if given_out is not None:
             result = out

@@ -42,6 +42,7 @@ from time import monotonic as _monotonic
 import numpy as np
 
 from ._events import active as _trace_active
+from ._checks import owners_apart
 from .errors import CommTimeout, InvalidArgument, InvalidBuffer
 from .transports.base import inline
 from .requests import Request
@@ -420,7 +421,8 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
     ns.update(_ndarray=np.ndarray, _e_dtype=entry.dtype, _e_shape=entry.shape, _e_a=entry.a, _e_b=entry.b,
               _e_alg=entry.algorithm, _e_rshape=entry.result_shape, _trace_active=_trace_active,
               _log_cache=cache, _debug=log.isEnabledFor, _GENERAL=entry.general, _weak=entry.weak,
-              _empty=np.empty, _may_share=np.may_share_memory, _e_scratch=entry.scratch, _e_last=entry.last)
+              _empty=np.empty, _may_share=np.may_share_memory, _e_scratch=entry.scratch, _e_last=entry.last,
+              _owners_apart=owners_apart)
     form = entry.form
     kinds = ["type(_x) is not _ndarray", "_x.dtype is not _e_dtype", "_x.shape != _e_shape", "_a is not _e_a",
              "_alg is not _e_alg"]
@@ -452,8 +454,10 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
     elif form == 1:
         head += ["    if not (type(_out) is _ndarray and _out.dtype is _e_dtype and _out.shape == _e_rshape",
                  "            and (_fo := _out.flags).c_contiguous and _fo.writeable",
-                 "            # two arrays that each own their memory (the usual fresh pair) cannot share it",
-                 "            and (_out.base is None and _x.base is None or not _may_share(_x, _out))):",
+                 "            # two arrays that each own their memory (the usual fresh pair), or views of two such",
+                 "            # arrays (an mpi4py face's byte views), cannot share it",
+                 "            and ((_xo := _x.base) is None and _out.base is None",
+                 "                 or _owners_apart(_x, _xo, _out, _out.base) or not _may_share(_x, _out))):",
                  "        return _GENERAL",
                  "    _result = _out",
                  "    _b_out = _out" if len(entry.result_shape) == 1 else "    _b_out = _out.reshape(-1)"]

@@ -1878,3 +1878,20 @@ def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interp
     # since each shape runs a whole cycle of call numbers before its slots are made.
     result = run_mpi(3, code, timeout=300, env={"COMMKIT_TIMEOUT": "", "COMMKIT_MPI_POLL_FIRST": poll_first})
     assert result.stdout.count("ok") == 3, result.stdout + result.stderr
+
+
+def test_owners_apart_knows_only_arrays_in_two_different_owners():
+    """The fast paths' cheap overlap test: views of two arrays that own their memory are apart; anything it
+    cannot tell (one owner, foreign buffers, subclasses) answers False, and the caller asks NumPy."""
+    from commkit._checks import owners_apart
+
+    def apart(a, b):
+        return owners_apart(a, a.base, b, b.base)
+
+    a, b = np.zeros(8), np.zeros(8)
+    assert apart(a, b) and apart(a[2:], b[:3]) and apart(a.view(np.uint8), b.reshape(2, 4))
+    assert not apart(a, a) and not apart(a[:4], a[4:]) and not apart(a.view(np.uint8), a)
+    foreign = np.frombuffer(bytearray(64))
+    assert not apart(foreign, a) and not apart(a, foreign[1:])
+    assert apart(np.zeros(3).view(np.recarray), b)  # a view's owner is the plain array it views
+    assert not apart(np.recarray((3,), float), b)  # an owner of a subclass: NumPy is asked
