@@ -939,8 +939,8 @@ class Comm(MPI.Intracomm):
                     if _plain_array(sendbuf):
                         self._blocking["gather"](self._bytes_of(sendbuf), root)
                         return
-                elif self._plain_blocks(sendbuf, recvbuf):
-                    self._blocking["gather"](self._bytes_of(sendbuf), root, out=self._bytes_of(recvbuf, self._size))
+                elif (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
+                    self._blocking["gather"](views[0], root, out=views[1])
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1004,8 +1004,8 @@ class Comm(MPI.Intracomm):
                     if _plain_array(recvbuf):
                         self._blocking["scatter"](None, root, out=self._bytes_of(recvbuf))
                         return
-                elif self._plain_blocks(recvbuf, sendbuf):
-                    self._blocking["scatter"](self._bytes_of(sendbuf, self._size), root, out=self._bytes_of(recvbuf))
+                elif (views := self._byte_blocks(recvbuf, sendbuf)) is not None:
+                    self._blocking["scatter"](views[1], root, out=views[0])
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1064,9 +1064,9 @@ class Comm(MPI.Intracomm):
                 one block of ``recvbuf``.
         """
         p = self._size
-        if not self.comm.check and self._plain_blocks(sendbuf, recvbuf):
+        if not self.comm.check and (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
             # NumPy arrays, new or not: their bytes, as the general path moves them.
-            self._blocking["allgather"](self._bytes_of(sendbuf), out=self._bytes_of(recvbuf, p))
+            self._blocking["allgather"](views[0], out=views[1])
             return
         # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
@@ -1704,14 +1704,25 @@ class Comm(MPI.Intracomm):
             raise
         attached.clear()
 
-    def _plain_blocks(self, block, blocks) -> bool:
-        """Whether ``block`` (one rank's) and ``blocks`` (every rank's) take the direct path of NumPy arrays.
+    def _byte_blocks(self, block, blocks):
+        """The byte views (:meth:`_bytes_of`) of ``block`` (one rank's) and ``blocks`` (every rank's, as rows),
+        where they take the direct path of NumPy arrays; else None.
 
-        Both plain (:func:`_plain_array`), ``blocks`` the size of ``size`` blocks, and
-        apart in memory; anything else takes the short or the general path.
+        Both plain (:func:`_plain_array`, written out: this runs at every call),
+        ``blocks`` the size of ``size`` blocks, and apart in memory; anything
+        else takes the short or the general path.
         """
-        return (_plain_array(block) and _plain_array(blocks) and blocks.nbytes == self._size * block.nbytes
-                and self._arrays_apart(block, blocks))
+        if block.__class__ is not _ndarray or blocks.__class__ is not _ndarray or not block.ndim or not blocks.ndim:
+            return None
+        flags, rows_flags, dtype, rows_dtype = block.flags, blocks.flags, block.dtype, blocks.dtype
+        if not (flags.c_contiguous and flags.writeable and rows_flags.c_contiguous and rows_flags.writeable
+                and dtype.kind in "biufc" and rows_dtype.kind in "biufc" and dtype.isnative and rows_dtype.isnative
+                and blocks.nbytes == self._size * block.nbytes
+                # two arrays that each own their memory (a program's new pair) are apart unless they are one
+                and (block.base is None and blocks.base is None and block is not blocks
+                     or self._arrays_apart(block, blocks))):
+            return None
+        return self._bytes_of(block), self._bytes_of(blocks, self._size)
 
     def _arrays_apart(self, send, recv) -> bool:
         """Whether NumPy arrays ``send`` and ``recv`` lie apart in memory (the direct paths' check, 0.27 us).
