@@ -5,7 +5,8 @@ directory and checks that the page, the figures and the raw results are written,
 parse, and hold no wrong result; and ``memory_floor.py --quick`` and
 ``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
 and that the floor leaves no shared segment behind; and ``node_floor.py
---quick`` under a 2-rank job. Benchmarks are never timed
+--quick`` under a 2-rank job; and ``new_arrays.py --quick``, with and without
+glibc's settings. Benchmarks are never timed
 unit tests: nothing here asserts on speed.
 """
 
@@ -25,6 +26,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
 FLOOR = os.path.join(ROOT, "benchmarks", "memory_floor.py")
 INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
 NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
+NEW_ARRAYS = os.path.join(ROOT, "benchmarks", "new_arrays.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -90,6 +92,20 @@ def test_quick_inplace_table_covers_every_in_place_collective(mpi):
         for name in ("raw mpi4py", "`native`"):
             assert f"| {collective} | {name} | 1 KiB |" in out, (collective, name)
     assert "| allreduce | `ring` | 64 KiB |" in out
+
+
+@pytest.mark.mpi
+def test_quick_new_arrays_table_says_which_allocator_settings_it_ran_with(mpi, tmp_path):
+    md = tmp_path / "new.md"
+    out = _run([NEW_ARRAYS, "--quick", "--markdown", str(md)])
+    assert "Wrong results: 0." in out and "Allocator: glibc's defaults." in out
+    assert "| bytes | raw new | commkit new | commkit same | new / same |" in out
+    assert "| 64 KiB |" in out and "| 256 KiB |" in out
+    assert md.read_text() in out + "\n"
+    kept = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "536870912"}
+    out = _run([NEW_ARRAYS, "--quick"], env=kept)
+    assert "Allocator: MALLOC_MMAP_THRESHOLD_=268435456, MALLOC_TRIM_THRESHOLD_=536870912." in out
+    assert "| 64 KiB |" in out and "Wrong results: 0." in out
 
 
 @pytest.mark.mpi
