@@ -1085,20 +1085,27 @@ def test_one_rank_collectives_copy_like_mpi(face):
     assert comm.Get_rank() == 0 and comm.Get_size() == 1
 
 
+def _new_vectors_counting(comm, monkeypatch, parse, method, op, dtype, calls):
+    """``calls`` calls of ``method`` on new vectors of ``dtype`` (one rank: each result is its input), counting
+    those that reach the face's ``parse`` (in the list returned, which goes on counting), and the last input."""
+    parsed = []
+    real = getattr(comm, parse)
+    monkeypatch.setattr(comm, parse, lambda *args: parsed.append(1) or real(*args))
+    rng = np.random.default_rng(3)
+    for _ in range(calls):
+        x = rng.integers(-9, 9, 4).astype(dtype)
+        r = np.empty_like(x)
+        getattr(comm, method)(x, r, op)
+        assert np.array_equal(r, x)
+    return parsed, x
+
+
 def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other_call_stays_right(face, monkeypatch):
     """New arrays each call skip the face's own parse: the communicator's entry for their shape takes them."""
     import commkit
 
     MPI, comm = face
-    parsed = []
-    short = comm._short
-    monkeypatch.setattr(comm, "_short", lambda *args: parsed.append(1) or short(*args))
-    rng = np.random.default_rng(3)
-    for _ in range(8):
-        x = rng.integers(-9, 9, 4).astype(np.float64)
-        r = np.empty_like(x)
-        comm.Allreduce(x, r, MPI.SUM)
-        assert np.array_equal(r, x)
+    parsed, x = _new_vectors_counting(comm, monkeypatch, "_short", "Allreduce", MPI.SUM, np.float64, 8)
     # (the shape's entry comes at its third call)
     assert len(parsed) <= 3, f"{len(parsed)} of 8 calls on new arrays parsed by the face"
     # Another op, in place, the same arrays twice, an output of another dtype: each still right.
@@ -1122,15 +1129,8 @@ def test_reduce_scatter_block_of_vectors_goes_to_the_communicator_and_every_othe
     import commkit
 
     MPI, comm = face
-    parsed = []
-    general = comm._reduce_scatter_block
-    monkeypatch.setattr(comm, "_reduce_scatter_block", lambda *args: parsed.append(1) or general(*args))
-    rng = np.random.default_rng(5)
-    for _ in range(6):
-        x = rng.integers(-9, 9, 4).astype(np.int32)
-        r = np.empty_like(x)
-        comm.Reduce_scatter_block(x, r, MPI.MAX)
-        assert np.array_equal(r, x)
+    parsed, _ = _new_vectors_counting(comm, monkeypatch, "_reduce_scatter_block", "Reduce_scatter_block", MPI.MAX,
+                                      np.int32, 6)
     assert parsed == []
     both = np.arange(8, dtype=np.float64)  # send and receive buffers in one array: the face copies the input
     comm.Reduce_scatter_block(both[:4], both[2:6], MPI.SUM)

@@ -1366,14 +1366,11 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
         return got, general
 
     per_rank = ck.run_local(body, size)
-    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
     case = 0
     for root, dtype, op, _, _ in forms:
         for k in range(5):
             for _ in range(2):
-                want = per_rank[0][0][case][0].copy()
-                for q in range(1, size):
-                    want = fold[op](want, per_rank[q][0][case][0]).astype(dtype)
+                want = _reduced([per_rank[q][0][case][0] for q in range(size)], op, dtype)
                 np.testing.assert_array_equal(per_rank[root][0][case][1], want, err_msg=f"{op} root {root} call {k}")
                 case += 1
     for r in range(size):
@@ -1381,34 +1378,59 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
         assert len(per_rank[r][1]) <= 3 * 2 * len(forms), per_rank[r][1]
 
 
+def _reduced(inputs, op, dtype):
+    """What ``op`` makes of the ranks' ``inputs`` (in rank order), in ``dtype``: the NumPy reference."""
+    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply, "min": np.minimum}[op]
+    want = inputs[0].copy()
+    for more in inputs[1:]:
+        want = fold(want, more).astype(dtype)
+    return want
+
+
+def _rooted_forms(size):
+    """(root, dtype, shape, out given, timeout) of the rooted collectives' new-array tests."""
+    return [(0, "float64", (3,), None, None), (size - 1, "int32", (2, 2), "out", None),
+            (size // 2, "uint8", (5,), None, 30.0), (0, "int64", (1,), "out", 30.0)]
+
+
+def _rooted_calls(comm, forms, one):
+    """Each form of ``forms`` (:func:`_rooted_forms`) five times, blocking and as an i-form:
+    ``one(comm, root, dtype, shape, with_out, timeout, k, nonblocking)`` makes the call and checks what it can
+    alone, returning what to keep. Returns the kept values, and the calls that took the general path."""
+    general = _counting_general_path(comm)
+    got = [one(comm, root, dtype, shape, with_out, timeout, k, nonblocking)
+           for root, dtype, shape, with_out, timeout in forms for k in range(5) for nonblocking in (False, True)]
+    return got, general
+
+
+def _few_general_calls(generals, forms):
+    """Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
+    general path; the other seven of its ten calls (five of each) do not, on any rank."""
+    for r, general in enumerate(generals):
+        assert len(general) <= 3 * len(forms), (r, general)
+
+
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 def test_gather_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_right(size):
     """``gather`` and ``igather`` on new arrays take the fresh-array path too: the root gets every rank's
     ``x`` stacked (in a new array or its ``out``), every other rank None, and inputs stay untouched."""
-    forms = [(0, "float64", (3,), None, None), (size - 1, "int32", (2, 2), "out", None),
-             (size // 2, "uint8", (5,), None, 30.0), (0, "int64", (1,), "out", 30.0)]
+    forms = _rooted_forms(size)
 
-    def body(comm):
-        general = _counting_general_path(comm)
-        got = []
-        for root, dtype, shape, with_out, timeout in forms:
-            for k in range(5):
-                for nonblocking in (False, True):
-                    x = (np.arange(np.prod(shape)).reshape(shape) + 7 * comm.rank + k).astype(dtype)
-                    given = x.copy()
-                    out = np.full((comm.size,) + shape, 99, dtype) if with_out and comm.rank == root else None
-                    result = (comm.igather if nonblocking else comm.gather)(x, root, out=out, timeout=timeout)
-                    if nonblocking:
-                        result = result.wait()
-                    np.testing.assert_array_equal(x, given)
-                    if comm.rank != root:
-                        assert result is None
-                    else:
-                        assert out is None or result is out
-                    got.append((given, None if result is None else result.copy()))
-        return got, general
+    def one(comm, root, dtype, shape, with_out, timeout, k, nonblocking):
+        x = (np.arange(np.prod(shape)).reshape(shape) + 7 * comm.rank + k).astype(dtype)
+        given = x.copy()
+        out = np.full((comm.size,) + shape, 99, dtype) if with_out and comm.rank == root else None
+        result = (comm.igather if nonblocking else comm.gather)(x, root, out=out, timeout=timeout)
+        if nonblocking:
+            result = result.wait()
+        np.testing.assert_array_equal(x, given)
+        if comm.rank != root:
+            assert result is None
+        else:
+            assert out is None or result is out
+        return given, None if result is None else result.copy()
 
-    per_rank = ck.run_local(body, size)
+    per_rank = ck.run_local(lambda comm: _rooted_calls(comm, forms, one), size)
     case = 0
     for root, dtype, shape, _, _ in forms:
         for k in range(5):
@@ -1416,11 +1438,7 @@ def test_gather_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
                 want = np.stack([per_rank[q][0][case][0] for q in range(size)])
                 np.testing.assert_array_equal(per_rank[root][0][case][1], want, err_msg=f"root {root} call {k}")
                 case += 1
-    for r in range(size):
-        # Each form's first calls (blocking and i-form) take the general path, then their shape plans.
-        # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
-        # general path; the other seven of its ten calls do not.
-        assert len(per_rank[r][1]) <= 3 * len(forms), per_rank[r][1]
+    _few_general_calls([general for _, general in per_rank], forms)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
@@ -1428,34 +1446,25 @@ def test_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays
     """``scatter`` and ``iscatter`` on new arrays take the fresh-array path too: the root's ``x`` (a block per
     rank) is new each call, and so is every other rank's ``out``, which that rank gives alone (``x=None``);
     each rank gets its block, in a new array or its ``out``, and the root's ``x`` stays untouched."""
-    forms = [(0, "float64", (3,), None, None), (size - 1, "int32", (2, 2), "out", None),
-             (size // 2, "uint8", (5,), None, 30.0), (0, "int64", (1,), "out", 30.0)]
+    forms = _rooted_forms(size)
 
-    def body(comm):
-        general = _counting_general_path(comm)
-        got = []
-        for root, dtype, shape, with_out, timeout in forms:
-            for k in range(5):
-                for nonblocking in (False, True):
-                    blocks = (np.arange(comm.size * np.prod(shape)).reshape((comm.size,) + shape) + k).astype(dtype)
-                    if comm.rank == root:
-                        x, given = blocks, blocks.copy()
-                        out = np.full(shape, 99, dtype) if with_out else None
-                    else:
-                        x, given, out = None, None, np.full(shape, 99, dtype)
-                    result = (comm.iscatter if nonblocking else comm.scatter)(x, root, out=out, timeout=timeout)
-                    if nonblocking:
-                        result = result.wait()
-                    assert out is None or result is out
-                    if given is not None:
-                        np.testing.assert_array_equal(x, given)
-                    np.testing.assert_array_equal(result, blocks[comm.rank], err_msg=f"root {root} call {k}")
-        return general
+    def one(comm, root, dtype, shape, with_out, timeout, k, nonblocking):
+        blocks = (np.arange(comm.size * np.prod(shape)).reshape((comm.size,) + shape) + k).astype(dtype)
+        if comm.rank == root:
+            x, given = blocks, blocks.copy()
+            out = np.full(shape, 99, dtype) if with_out else None
+        else:
+            x, given, out = None, None, np.full(shape, 99, dtype)
+        result = (comm.iscatter if nonblocking else comm.scatter)(x, root, out=out, timeout=timeout)
+        if nonblocking:
+            result = result.wait()
+        assert out is None or result is out
+        if given is not None:
+            np.testing.assert_array_equal(x, given)
+        np.testing.assert_array_equal(result, blocks[comm.rank], err_msg=f"root {root} call {k}")
 
-    for r, general in enumerate(ck.run_local(body, size)):
-        # Each form's first two blocking calls (the second compiles the shape plan) and its first i-form take the
-        # general path; the other seven of its ten calls do not.
-        assert len(general) <= 3 * len(forms), (r, general)
+    per_rank = ck.run_local(lambda comm: _rooted_calls(comm, forms, one), size)
+    _few_general_calls([general for _, general in per_rank], forms)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3])
@@ -1491,14 +1500,11 @@ def test_reduce_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_an
         return got, entries, uneven.tolist(), len(general) - entries
 
     per_rank = ck.run_local(body, size)
-    fold = {"sum": np.add, "max": np.maximum, "prod": np.multiply}
     case = 0
     for dtype, block, op, _, _ in forms:
         for k in range(5):
             for _ in range(2):
-                total = per_rank[0][0][case][0].copy()
-                for q in range(1, size):
-                    total = fold[op](total, per_rank[q][0][case][0]).astype(dtype)
+                total = _reduced([per_rank[q][0][case][0] for q in range(size)], op, dtype)
                 rows = block[0]
                 for r in range(size):
                     np.testing.assert_array_equal(per_rank[r][0][case][1], total[r * rows:(r + 1) * rows],
