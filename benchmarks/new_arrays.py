@@ -132,8 +132,8 @@ def report(rows, argv, nprocs, machine, seconds, loads, wrong, sweeps, calls) ->
                      + f" | {medians['commkit new'] / medians['commkit same']:.2f} |")
     return "\n".join(["## New arrays every call: the allocator's first touch", "", *head,
                       f"Allocator: {settings}.", "",
-                      "Time per call in microseconds (allreduce, float32 sum): the median over sweeps of the mean "
-                      "per call (slowest rank).", "", *lines, ""])
+                      ("Time per call in microseconds (allreduce, float32 sum): the median over sweeps of the mean "
+                       "per call (slowest rank)."), "", *lines, ""])
 
 
 def main(argv=None) -> int:
