@@ -1253,7 +1253,7 @@ class Communicator(VectorCollectives):
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
                 # (3: the shape's entry, made by _fresh at its next call)
                 self._by_shape_i[call.fresh] = [plan, self._nonblocking_steps(call, plan),
-                                                self._pool(call, plan, nonblocking=True), None]
+                                                self._pool(call, plan), None]
                 self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
@@ -1382,7 +1382,7 @@ class Communicator(VectorCollectives):
             compiled.hot = call.keep + call.key[3:]
             setattr(self, "_hot_" + call.collective, compiled)
 
-    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False, chan=None, pooled=False):
+    def _bound(self, call: Call, plan, persistent_tag=None, slots=(), timed=False, chan=None):
         """The ops of ``call`` on its own buffers: ``(ops, prologue, slots)``; ``persistent_tag`` for *_init.
 
         ``slots`` names the buffers a plan takes at each run instead (``"in"``,
@@ -1414,16 +1414,11 @@ class Communicator(VectorCollectives):
             bufs = {"in": src, "out": src if call.aliased else stand_in(len(call.dst), call.dtype)}
         else:
             bufs, prologue = self._own_buffers(call, inplace_safe)
-        if pooled:  # each run's slot holds its scratch (and its in and out, where a transfer moves them)
-            bufs["out"] = stand_in(len(call.dst), call.dtype)  # one of its own: a slot's in and out are two arrays
-            bufs["tmp"], slots = stand_in(scratch_n, call.dtype), ("in", "out", "tmp")
-        else:
-            bufs["tmp"] = self._tmp_for(call, scratch_n, private=persistent_tag is not None)
+        bufs["tmp"] = self._tmp_for(call, scratch_n, private=persistent_tag is not None)
         taken = Slots(bufs, slots) if slots else None
         # A node schedule compiles into a plan on these arrays, once the arena it views is made.
         arena = made_arena(self._coll) if chan is None and persistent_tag is None else None
-        return (compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, pooled, arena), prologue,
-                taken)
+        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, arena), prologue, taken
 
     def _own_buffers(self, call: Call, inplace_safe: bool):
         """``({"in": ..., "out": ...}, prologue)``: the arrays a run of ``call`` reads and writes.
@@ -1446,14 +1441,13 @@ class Communicator(VectorCollectives):
         """The scratch ``"tmp"`` of a run of ``call``: none, the communicator's, or its own (``private``)."""
         return _EMPTY if scratch_n == 0 else self._scratch_buffer(call.xp, call.dtype, scratch_n, private)
 
-    def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False, pool=None) -> Plan | None:
+    def _compile(self, call: Call, plan, slots=(), fresh=False, timed=False) -> Plan | None:
         """The plan of a blocking call: on its arrays, on new arrays each run (``slots``), or a new output.
 
         ``timed``: a shape plan whose transfers (or library collective, in its
-        nonblocking form) give up after the run's timeout. ``pool``: a shape plan's
-        persistent transfers (:class:`commkit.plan.PersistentPool`).
+        nonblocking form) give up after the run's timeout.
         """
-        ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed, pooled=pool is not None)
+        ops, prologue, taken = self._bound(call, plan, slots=slots, timed=timed)
         keep, result, finish, allocate = call.keep, None, None, None
         if slots and not fresh:  # a shape plan: no arrays of its own, and the caller finishes the call
             keep = None
@@ -1464,7 +1458,7 @@ class Communicator(VectorCollectives):
             if call.collective == "exscan" and call.has_result:
                 finish = lambda: self._finish(call)  # noqa: E731 - rank 0's result needs work after the run
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, keep, result,
-                    finish, prologue, taken, allocate, timed, pool)
+                    finish, prologue, taken, allocate, timed)
 
     def _shape_plan(self, call: Call, plan, key, state, timed):
         """The shape plan for ``call``'s shape: compiled the second time the shape comes, else None or False."""
@@ -1474,30 +1468,18 @@ class Communicator(VectorCollectives):
                 shaped.clear()
             shaped[key] = _SEEN_ONCE
             return None
-        # A timed call's transfers are persistent where they can be: posting them again costs more, except
-        # where the transport posts and polls its blocking transfers anyway (MPICH: transports.mpi.POLL_FIRST),
-        # whose timed ones then cost less than a slot's copy and bookkeeping. An untimed call keeps the
-        # transport's blocking transfer: a started transfer tested, then waited for, measured slower (8 B
-        # allreduce on new arrays, 2 ranks, MPICH: 4.5-4.9 against 4.2-4.3 us with Sendrecv).
-        polls = getattr(self._coll, "poll_first", False)
-        pool = self._pool(call, plan, nonblocking=False) if timed and not polls else None
-        compiled = self._compile(call, plan, ("in", "out"), timed=timed, pool=pool)
-        if pool is not None:
-            posted = self._compile(call, plan, ("in", "out"), timed=timed)  # a number's first call runs this
-            if compiled is None or compiled.run is None or posted is None or posted.run is None:
-                pool.free()  # (a plan its slots cannot run: the shape plan without them, if any)
-                compiled = posted
-            else:
-                compiled.posted = posted.run
+        # A timed call's transfers are posted and polled until its timeout (the transport's
+        # bind_timed_transfer) on every library: a persistent slot per call number, with its copies and
+        # bookkeeping, measured slower on MPICH and on Open MPI alike (docs/call_cost.md). An untimed call
+        # keeps the transport's blocking transfer.
+        compiled = self._compile(call, plan, ("in", "out"), timed=timed)
         shaped[key] = compiled = compiled if compiled is not None and compiled.run is not None else False
         return compiled
 
     def _forget_shapes(self) -> None:
-        pools = [entry[2] for entry in self._by_shape_i.values()]
-        pools += [getattr(plan, "pool", None) for plan in self._shaped.values()]
-        for pool in pools:
-            if pool is not None:
-                pool.free()
+        for entry in self._by_shape_i.values():  # (the i-forms' pools: a shape plan has none)
+            if entry[2] is not None:
+                entry[2].free()
         self._shaped.clear()
         self._by_shape.clear()
         self._by_shape_i.clear()
@@ -1660,14 +1642,8 @@ class Communicator(VectorCollectives):
                     self._entries[collective] = False
             else:
                 seq = self._seq
-                run, pool = shaped.run, shaped.pool
-                if pool is not None:
-                    index = seq & self._layout.seq_mask
-                    if pool.slots[index] is None:  # the number's first call here: it posts (see PersistentPool)
-                        pool.slots[index] = SEEN
-                        run = shaped.posted
                 try:
-                    run(src, dst, timeout)
+                    shaped.run(src, dst, timeout)
                 except CommTimeout as exc:  # the plan marked the call timed out in the flight record
                     raise self._gave_up(collective, seq, exc, native) from None
                 if made is None:  # the timed shape's entry (for this timeout, or this default timeout)
@@ -1692,12 +1668,12 @@ class Communicator(VectorCollectives):
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
         return nonblocking_steps(steps, bufs, self._coll, call.collective, name)
 
-    def _pool(self, call: Call, plan, nonblocking: bool):
-        """The persistent transfers of ``call``'s shape (:class:`commkit.plan.PersistentPool`), or None.
+    def _pool(self, call: Call, plan):
+        """The persistent transfers of ``call``'s i-form shape (:class:`commkit.plan.PersistentPool`), or None.
 
         Only for small messages (``_POOL_MAX_BYTES``: where the per-call cost is the time, and a slot per call
-        number costs little memory) on a transport with persistent requests. An i-form's pool carries the
-        generator that runs a slot (:func:`commkit.plan.persistent_steps`); a blocking shape plan runs its own.
+        number costs little memory) on a transport with persistent requests. The pool carries the generator
+        that runs a slot (:func:`commkit.plan.persistent_steps`).
         """
         _, steps, scratch_n, _, name, tagbase, _ = plan
         if call.src is None or call.dst is None:  # (a barrier; a scatter's ranks but the root)
@@ -1707,14 +1683,12 @@ class Communicator(VectorCollectives):
                 or sum(sizes) * call.dtype.itemsize > self._POOL_MAX_BYTES
                 or PersistentPool.cost(steps, sizes, call.dtype, self._layout) > self._pool_budget[0]):
             return None
-        run = None
-        if nonblocking:
-            # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
-            bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
-                    "tmp": stand_in(scratch_n, call.dtype)}
-            run = persistent_steps(steps, bufs, call.collective, name)
-            if run is None:
-                return None
+        # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
+        bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
+                "tmp": stand_in(scratch_n, call.dtype)}
+        run = persistent_steps(steps, bufs, call.collective, name)
+        if run is None:
+            return None
         return PersistentPool(run, steps, self._coll, sizes, call.dtype, tagbase, self._layout, self._pool_budget)
 
     def _fresh_request(self, collective, entry, src, dst, result, timeout):

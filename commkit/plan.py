@@ -183,18 +183,6 @@ def _local_ops(steps, bufs, slots=None, index=0) -> list:
     return ops
 
 
-def _pooled_transfer(k: int):
-    """Transfer ``k`` of a timed shape plan with a pool: its slot's persistent transfer ``_t{k}``, started, waited for.
-
-    Only written inline (see :func:`_generate` with a pool): it gives up after the
-    run's ``_timeout``, as a posted timed transfer does.
-    """
-    def run(tag):
-        raise TypeError("a pooled transfer runs only inside a generated plan, which holds its slot")
-    t = f"_t{k}"
-    return inline(run, f"(_stuck := {t}.cycle(_timeout)) and _slot_timed_out(rec, seq, _stuck, _timeout, {t})", ())
-
-
 def _node_op(program, bufs: dict):
     """A node schedule's whole run as one op of a plan on fixed arrays: its :class:`NodeProgram`, written inline.
 
@@ -209,7 +197,7 @@ def _node_op(program, bufs: dict):
 
 
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
-                pooled=False, arena=None) -> list:
+                arena=None) -> list:
     """The steps of a schedule as a list of ``(kind, op, step, overlapped, index)``, views sliced and calls bound.
 
     ``kind`` is TRANSFER or a local kind; with ``persistent_tag`` the transfer
@@ -219,9 +207,7 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     their overlapped local ops while it is in flight) and return when done.
     Empty ranges and copies of a range onto itself are dropped. With ``slots``
     (a shape plan's), every view of a buffer it names is recorded there; with
-    ``timed`` each transfer gives up after the run's timeout (shape plans only);
-    with ``pooled`` too (a timed shape plan with a :class:`PersistentPool`)
-    transfer ``k`` is the run's slot's ``_t{k}`` (:func:`_pooled_transfer`).
+    ``timed`` each transfer gives up after the run's timeout (shape plans only).
     A schedule of the node arena's one-sided steps compiles only for a plan on
     fixed arrays, untimed, with the node ``arena`` made: one op, its
     :class:`NodeProgram` (:func:`_node_op`). Else None, so the call keeps the
@@ -232,7 +218,7 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
         if persistent_tag is not None:  # (the communicator gives those an InterpretedPersistentRequest)
             raise TypeError("one-sided steps run only in the interpreter; a persistent request of such a schedule "
                             "is an InterpretedPersistentRequest.")
-        if arena is None or slots is not None or timed or pooled:
+        if arena is None or slots is not None or timed:
             return None
         program = NodeProgram.make(steps, bufs, chan, arena)
         return None if program is None else [(TRANSFER, _node_op(program, bufs), steps[0], (), 0)]
@@ -240,10 +226,6 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:
             ops.extend(_local_ops((step,), bufs, slots, index))
-            continue
-        if pooled:  # (a pool's messages are small: the overlapped local steps run after the transfer)
-            ops.append((TRANSFER, _pooled_transfer(sum(op[0] == TRANSFER for op in ops)), step, (), index))
-            ops.extend(_local_ops(step.overlap, bufs, slots, index))
             continue
         sends = [(peer, _view(bufs, ref, slots)) for peer, ref in step.sends]
         recvs = [(peer, _view(bufs, ref, slots)) for peer, ref in step.recvs]
@@ -402,7 +384,7 @@ class Entry(NamedTuple):
     receiving: bool = False
 
 
-def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False) -> tuple[list, list]:
+def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     """The lines of an entry before its run's body, and those taking the guard (the first two) and after.
 
     The communicator installs an untimed blocking entry only while it is plain
@@ -410,8 +392,7 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
     only the timeout keeps it from being plain, and drops each as soon as that
     ends, so a blocking entry does not check it; an i-form's (``nonblocking``,
     :func:`nonblocking_entry`) checks for itself that i-forms may run compiled,
-    and its timeout as a timed entry does. ``pool``: the timed shape plan's
-    persistent transfers, whose call number's first call the communicator runs.
+    and its timeout as a timed entry does.
     """
     log = entry.log
     # The logger's own cache of its isEnabledFor answers, read as a dict (False: DEBUG is off); where
@@ -482,9 +463,6 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
         head.append("    _b_out = _b_in")
     if entry.timeout is not None:
         ns["_timeout"] = entry.timeout
-    if pool is not None:  # a call number's first call posts its transfers: the communicator runs it
-        head += [f"    if _pool_slots[_comm._seq & {mask}] is None:", "        return _GENERAL"]
-        ns["_pool_slots"] = pool.slots
     guard = ["    if not _acquire(False):",
              "        return _GENERAL  # (the general path raises ConcurrentCall)",
              # weakly: the communicator keeps no caller's array alive; a new x's out is not recorded
@@ -497,7 +475,7 @@ def _entry_head(entry: Entry, ns: dict, pool=None, mask=None, nonblocking=False)
     return head, guard
 
 
-def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=None) -> Callable[..., object] | None:
+def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Callable[..., object] | None:
     """The body of :meth:`Plan.run`, written for this plan and compiled once.
 
     A call of a known shape then runs as one Python function: the concurrency
@@ -522,14 +500,6 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
     still in flight as ``.pending`` for the communicator to keep alive). An
     exception while that request runs (an interrupt) hands it to the
     communicator, which keeps it alive and breaks.
-
-    With ``pool`` (a timed shape plan's :class:`PersistentPool`; its transfers
-    compiled ``pooled``) a run takes the slot of its call number, copies the
-    input into the slot where a transfer moves it, starts and waits for the
-    slot's transfers, copies the slot's ``out`` to the run's where a transfer
-    moved it, and hands the slot back; a run that raised never does (a slot that
-    timed out is abandoned and carried by the error as ``.pending``, as a library
-    collective's request is).
     """
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm, "_CommTimeout": CommTimeout,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
@@ -584,10 +554,10 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False, pool=N
         # A shape plan keeps what it was written as (no caller's array: see _Names), so that its
         # entries (Plan.entry) are assembled from the same lines.
         plan.parts = (dict(ns), tuple(body), tuple(sliced), marks, timed)
-    return _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, None)
+    return _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, None)
 
 
-def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
+def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, entry):
     """The run's function from the lines :func:`_generate` wrote: its head, bookkeeping and ``body``."""
     done = "return _finish()" if plan.finish is not None else "return _result"
     head = []
@@ -605,13 +575,6 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
             error.pending = pending
             return error
         ns["_native_timed_out"] = native_timed_out
-
-        def slot_timed_out(rec, seq, stuck, timeout, pending):
-            pending.abandon()  # its receives cancelled; the communicator keeps it alive (_gave_up)
-            error = timed_out(rec, seq, stuck, timeout)
-            error.pending = pending
-            raise error
-        ns["_slot_timed_out"] = slot_timed_out
 
         def interrupted(pending, seq):  # an exception (an interrupt) while the library's request runs
             plan.comm._collective_timed_out(pending, f"{info[0]} #{seq} (native) was interrupted on rank "
@@ -634,24 +597,10 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         head = [f"    _result = _empty({shape_of}, _dtype)", "    _b_out = _result.reshape(-1)"]
     guard = []  # how the run takes the communicator's guard (a shape plan's caller holds it)
     if entry is not None:
-        head, guard = _entry_head(entry, ns, pool, plan.seq_mask)
+        head, guard = _entry_head(entry, ns)
     elif slots is None or fresh is not None:
         guard = ["    if not _acquire(False):", f"        raise _comm._concurrent({plan.collective!r})"]
-    taking = []  # a pooled run: its slot, and its buffers where a transfer moves them
-    if pool is not None:
-        ns["_slots"], ns["_make"] = pool.slots, pool.make
-        transfers = "".join(f"_t{k}, " for k in range(len(pool.transfers)))
-        taking = [f"_i = seq & {plan.seq_mask}", "_slot = _slots[_i]", "_slots[_i] = _SEEN",
-                  "if type(_slot) is not tuple:", "    _slot = _make(seq)",
-                  f"_s_in, _s_out, _b_tmp, {transfers}= _slot"]
-        ns["_SEEN"] = SEEN
-        if "in" in pool.moved:
-            taking += ["_s_in[...] = _b_in  # (a third of np.copyto's cost for a small array)", "_b_in = _s_in"]
-        if "out" in pool.moved:
-            taking += ["_d_out, _b_out = _b_out, _s_out"]
-        taking += sliced
-    else:
-        head += ["    " + line for line in sliced]
+    head += ["    " + line for line in sliced]
     first, step0, signature_name = marks
     # A call whose ops all run inline without a tag (the transport's own collective) skips computing it.
     uses_tag = any(re.search(r"\btag\b", line) for line in body)
@@ -671,7 +620,6 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         *(line[4:] for line in guard[2:]),
         "seq = _comm._seq",
         "_comm._seq = seq + 1",
-        *taking,
         *([f"tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         "# the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
         "# end, step, step_obj, state",
@@ -697,8 +645,6 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, pool, entry):
         "    raise",
         "finally:",
         "    _recorder.active = None",
-        *(["_d_out[...] = _b_out"] if pool is not None and "out" in pool.moved else []),
-        *(["_slots[_i] = _slot  # (a run that raised never gets here)"] if pool is not None else []),
         f"rec[{STATE}] = 'done'  # record.state",
         done,
     ]
@@ -982,20 +928,19 @@ class PersistentPool:
     it and gain nothing); its next call makes the slot. A slot is out of the pool
     (``SEEN``) while its run is in flight and comes back when the run completes, so a
     run that failed or timed out leaves its number to make a new one; the run that last
-    held a number is finished before that number comes round again (a blocking call's
-    before it returns, an i-form's by ``Progress.settle``), so a slot is never started
+    held a number is finished before that number comes round again (by
+    ``Progress.settle``, before the number's next call), so a slot is never started
     while active. A pool reserves the scratch of all its slots from the communicator's
     ``budget`` (bytes, shared by its pools) when it is made, and gives it back when it
     is collected; a shape whose pool the budget cannot hold gets none, and its calls
     post their transfers.
     """
 
-    __slots__ = ("slots", "run", "moved", "chan", "transfers", "sizes", "dtype", "tagbase", "seq_mask", "seq_shift",
+    __slots__ = ("slots", "run", "chan", "transfers", "sizes", "dtype", "tagbase", "seq_mask", "seq_shift",
                  "budget", "reserved")
 
     def __init__(self, run, steps, chan, sizes: tuple, dtype, tagbase: int, layout, budget: list):
-        self.run = run  # the i-form's generator (persistent_steps); None for a blocking shape plan's pool
-        self.moved = moved = _moved(steps)
+        self.run = run  # the i-form's generator that runs a slot (persistent_steps)
         self.chan = chan
         self.transfers = [step for step in steps if step.kind == TRANSFER]
         self.sizes = self.slot_sizes(steps, sizes)
@@ -1114,10 +1059,10 @@ class Plan:
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready",
-                 "shape_x", "shape_out", "pool", "posted", "parts")
+                 "shape_x", "shape_out", "parts")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
-                 finish=None, prologue=None, slots=None, fresh=None, timed=False, pool=None):
+                 finish=None, prologue=None, slots=None, fresh=None, timed=False):
         # The communicator keeps its plans, so a plan refers to it weakly: a communicator the program
         # drops is released at once (its contexts freed), not when the cyclic collector runs.
         comm = self.comm = weakref.proxy(comm)
@@ -1141,10 +1086,8 @@ class Plan:
         # prologue: a local op run first (saving the input of an in-place call that needs it)
         # slots: the buffers each run takes (a shape plan: run(in, out)), or with fresh, allocates (out).
         # run is None when the ops cannot be written that way (see _generate): use the general path.
-        self.pool = pool  # a shape plan's persistent transfers, one slot per call number (PersistentPool)
-        self.posted = None  # with a pool: the same shape plan posting its transfers, for a number's first call
         self.parts = None  # a shape plan's lines, for its entries (set by _generate)
-        self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed, pool)
+        self.run = None if ops is None else _generate(self, fuse(ops), prologue, slots, fresh, timed)
 
     def entry(self, entry: "Entry"):
         """This shape plan as the whole call on new arrays: ``run(x, out, algorithm, timeout, a, b)``, or None.
@@ -1169,7 +1112,7 @@ class Plan:
         if self.parts is None:
             return None
         ns, body, sliced, marks, timed = self.parts
-        return _assemble(self, dict(ns), list(body), list(sliced), marks, True, None, timed, self.pool, entry)
+        return _assemble(self, dict(ns), list(body), list(sliced), marks, True, None, timed, entry)
 
 
 

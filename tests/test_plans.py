@@ -1772,19 +1772,18 @@ def test_an_i_form_on_persistent_transfers_that_times_out_names_the_peer_and_dro
 @requires_mpi
 @pytest.mark.mpi
 @pytest.mark.parametrize("poll_first", ["0", "1"])
-def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_under_mpiexec(poll_first):
-    """A timed shape plan runs its call number's slot; when the peer calls another shape it gives up as before.
-
-    Where the transport polls first (MPICH, ``transports.mpi.POLL_FIRST``) the plan posts its transfers and
-    polls them instead, with no pool: the same answers, the same way of giving up.
-    """
+def test_a_timed_shape_plan_posts_and_polls_stays_right_and_still_gives_up_under_mpiexec(poll_first):
+    """A timed shape plan posts its transfers and polls them until its timeout, whether or not the transport
+    polls its blocking transfers first (``transports.mpi.POLL_FIRST``), past three cycles of call numbers,
+    with no pool; when the peer calls another shape it gives up, names the call, and breaks the communicator."""
     code = """
+    import os
     import numpy as np
     import commkit as ck
     c = ck.init()
     p, r = c.size, c.rank
     span = c._seq_span
-    for k in range(3 * span):  # three cycles of call numbers: slots are made (a number's second call), taken again
+    for k in range(3 * span):  # three cycles of call numbers, each number's tag used again
         x = np.arange(3, dtype=np.float32) + 10 * r + k
         want = sum(np.arange(3, dtype=np.float32) + 10 * q + k for q in range(p))
         out = np.empty(3, np.float32) if k % 2 else None
@@ -1793,13 +1792,9 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
         if k % 7 == 0:
             assert c.allreduce(np.full(2, k)).tolist() == [p * k] * 2  # untimed, between
     plans = [plan for (_, _, timed), plan in c._shaped.items() if timed and isinstance(plan, ck.plan.Plan)]
-    polls = c.collective_transport.poll_first
     assert len(plans) == 1, plans
-    if polls:
-        assert plans[0].pool is None and "_timeout)): raise _timed_out(" in plans[0].run.source, plans[0].run.source
-    else:
-        assert plans[0].pool is not None and "_t0.cycle(_timeout)" in plans[0].run.source, plans
-        assert any(type(slot) is tuple for slot in plans[0].pool.slots)  # (made at a number's second call)
+    assert "_timeout)): raise _timed_out(" in plans[0].run.source, plans[0].run.source
+    assert c.collective_transport.poll_first == (os.environ["COMMKIT_MPI_POLL_FIRST"] == "1")
     seq = c._seq
     x = np.ones(3 if r == 0 else 4, np.float32)  # the last rank disagrees about the count
     try:
@@ -1811,8 +1806,6 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
     assert f"allreduce #{seq}" in message and "waiting for rank(s)" in message, message
     assert "Recent calls on this rank:" in message, message
     assert c.flight_recorder.calls[-1][8] == "timed out"
-    if r == 0 and not polls:
-        assert type(plans[0].pool.slots[seq % span]) is not tuple, "the slot of the call that timed out came back"
     try:
         c.barrier()
     except ck.CommBroken:
@@ -1827,10 +1820,11 @@ def test_a_timed_call_on_persistent_transfers_stays_right_and_still_gives_up_und
 
 @requires_mpi
 @pytest.mark.mpi
-@pytest.mark.parametrize("poll_first", ["0", "1"])  # timed calls on pools, or posted and polled (i-forms: pools)
+@pytest.mark.parametrize("poll_first", ["0", "1"])  # blocking transfers polled first or not (timed: posted and polled)
 def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interpreters_answer_under_mpiexec(
         poll_first):
-    """Timed calls and i-forms of every collective and algorithm, past a cycle of call numbers: slots made, used."""
+    """Timed calls and i-forms of every collective and algorithm, past a cycle of call numbers: the i-forms'
+    slots made and used, the timed calls posted and polled, every answer the interpreter's."""
     code = """
     import numpy as np
     import commkit as ck
@@ -1873,8 +1867,7 @@ def test_every_collective_and_algorithm_on_persistent_transfers_gives_the_interp
                         assert (got is None) == (want is None), (name, algorithm, k)
                         if want is not None:
                             assert got.tolist() == want.tolist(), (name, algorithm, nonblocking, k, got, want)
-                pools = [plan.pool for plan in c._shaped.values() if getattr(plan, "pool", None) is not None]
-                pools += [entry[2] for entry in c._by_shape_i.values() if entry[2] is not None]
+                pools = [entry[2] for entry in c._by_shape_i.values() if entry[2] is not None]
                 pooled += sum(type(slot) is tuple for pool in pools for slot in pool.slots)
                 c.forget_plans()  # each algorithm's own pools
     assert pooled > 0

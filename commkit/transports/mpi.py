@@ -392,32 +392,10 @@ class _RecvHandle(_Pending):
 class _PersistentTransfer(_Pending):
     """A transfer bound once as persistent requests: ``start()`` posts them again, nothing is parsed."""
 
-    __slots__ = ("single",)
-
-    def __init__(self, requests, peers, nrecv: int = 0, recvs=(), statuses=None):
-        super().__init__(requests, peers, nrecv, recvs, statuses)
-        # The bytes its one receive must get (most schedules' transfers have one), read by cycle().
-        self.single = recvs[0][1].nbytes if len(recvs) == 1 else None
+    __slots__ = ()
 
     def start(self) -> None:
         _startall(self.requests)
-
-    def cycle(self, timeout: float) -> list:
-        """``start()`` then ``wait(timeout)``, in one call: a timed plan's pooled transfer.
-
-        Its cost is the timed call's own, so the first test comes without a
-        call of its own, and a single receive's size is checked by one compare
-        (:func:`_check_sizes`).
-        """
-        requests, statuses = self.requests, self.statuses
-        try:
-            _startall(requests)
-            if not _testall(requests, statuses) and not _testall_until(requests, statuses, timeout):
-                return self._stuck()
-        except MPI.Exception as exc:
-            raise self._failed(exc) from None
-        _check_sizes(statuses, self.recvs, self.single)
-        return []
 
     def free(self) -> None:
         for req in self.requests:
@@ -677,13 +655,13 @@ class MPITransport:
     def bind_timed_transfer(self, sends, recvs):
         """A timed shape plan's transfer: posted and polled until the run's ``_timeout``, written inline only.
 
-        Where the transport polls first (``POLL_FIRST``): posting ``Irecv`` and
-        ``Isend`` costs less there than a persistent slot per call number
-        (copying the input in, the slot's own bookkeeping), so the communicator
-        gives such a plan no pool. None elsewhere, and for device arrays: the
-        plan then posts through :meth:`transfer` or runs on a pool.
+        On every library, whatever ``POLL_FIRST`` says of blocking transfers:
+        posting ``Irecv`` and ``Isend`` costs less than a persistent slot per call
+        number (copying the input in, the slot's own bookkeeping), on MPICH and on
+        Open MPI alike (docs/call_cost.md). None for device arrays: the plan then
+        posts through :meth:`transfer`.
         """
-        if not self.poll_first or not (sends or recvs) or _on_device(sends) or _on_device(recvs):
+        if not (sends or recvs) or _on_device(sends) or _on_device(recvs):
             return None
         return self._bind_polled(sends, recvs, lambda exc: _mpi_error(exc, recvs), timed=True)
 
