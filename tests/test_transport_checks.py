@@ -270,8 +270,8 @@ def persistent(r, run):
 
 
 def timed_posted(sends, r):
-    """What a timed shape plan's transfer runs (``bind_timed_transfer``, written inline only): posted, then
-    polled until the timeout by ``_polled``'s timed finish."""
+    # What a timed shape plan's transfer runs (bind_timed_transfer, written inline only): posted, then
+    # polled until the timeout by _polled's timed finish.
     from commkit.transports.mpi import _polled
     finish = _polled([0] + [peer for peer, _ in sends], [(0, r)], timed=True)
     requests = [t.comm.Irecv([r, MPI.BYTE], 0, T)] + [t.comm.Isend([b, MPI.BYTE], peer, T) for peer, b in sends]
