@@ -1605,9 +1605,8 @@ class Communicator(VectorCollectives):
         elif not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
                   and (flags := out.flags).c_contiguous and flags.writeable
                   # two arrays that each own their memory (the usual fresh pair), or views of two such, cannot
-                  # share it
-                  and ((x_base := x.base) is None and out.base is None and out is not x
-                       or owners_apart(x, x_base, out, out.base) or not np.may_share_memory(x, out))):
+                  # share it (the entries write the first case out: they are the hotter path)
+                  and (owners_apart(x, x.base, out, out.base) or not np.may_share_memory(x, out))):
             return GENERAL
         if given_out is not None:
             result = out

@@ -186,7 +186,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import to_numpy_dtype
 
-from .._checks import array_module, check_rank, same_memory
+from .._checks import array_module, check_rank, owners_apart, same_memory
 from ..communicator import GENERAL, Communicator
 from ..errors import InvalidArgument, InvalidBuffer
 from ..ops import Op, get_op
@@ -1718,7 +1718,7 @@ class Comm(MPI.Intracomm):
         if not (flags.c_contiguous and flags.writeable and rows_flags.c_contiguous and rows_flags.writeable
                 and dtype.kind in "biufc" and rows_dtype.kind in "biufc" and dtype.isnative and rows_dtype.isnative
                 and blocks.nbytes == self._size * block.nbytes
-                # two arrays that each own their memory (a program's new pair) are apart unless they are one
+                # (_arrays_apart's first test, written out: 0.1 us of the call it saves, at every call)
                 and (block.base is None and blocks.base is None and block is not blocks
                      or self._arrays_apart(block, blocks))):
             return None
@@ -1727,13 +1727,17 @@ class Comm(MPI.Intracomm):
     def _arrays_apart(self, send, recv) -> bool:
         """Whether NumPy arrays ``send`` and ``recv`` lie apart in memory (the direct paths' check, 0.27 us).
 
-        Two arrays that each own their memory lie apart unless they are one. Of
+        Arrays in two different arrays that own their memory (a program's new
+        pair, or views of two such) lie apart (:func:`owners_apart`). Of other
         views, the last pair found apart is remembered (and so kept alive: NumPy will not
         resize an array another reference holds, so its memory cannot move) and found
         again by identity.
         """
-        if send.base is None and recv.base is None:  # each owns its memory (a program's new pair): apart
+        send_base, recv_base = send.base, recv.base
+        if send_base is None and recv_base is None:  # (written out: a program's new pair, at every call)
             return send is not recv
+        if owners_apart(send, send_base, recv, recv_base):
+            return True
         pair = self._arrays_apart_pair
         if pair[0] is send and pair[1] is recv:
             return True
