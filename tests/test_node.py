@@ -180,6 +180,65 @@ def test_non_commutative_reduce_folds_in_rank_order(p, segment):
         np.testing.assert_allclose(got[root][root], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("segment", [16, 64])
+def test_two_ranks_fold_their_own_half_from_their_input_in_place_and_not(segment):
+    # Of two ranks each copies in only the half of a chunk the other folds, and folds its own half from
+    # its input: rank 1's input is the second operand of its fold, and in place it is the output too. A
+    # non-commutative op tells the operands' order; the calls repeat on the same arrays and on new ones,
+    # so that node programs and plans run them as well as the interpreter; inputs not in place stay
+    # as they were.
+    algorithm = f"shm:{segment}"
+    n = 5 * segment + 3  # chunks of uneven halves, the last one short
+    maps = [np.random.default_rng(r).uniform(0.5, 1.5, n) + 1j * np.random.default_rng(2 + r).uniform(-1, 1, n)
+            for r in range(2)]
+    want = _affine(maps[0], maps[1])
+
+    def body(comm):
+        mine = maps[comm.rank]
+        x, out, results = mine.copy(), np.empty_like(mine), []
+        for _ in range(4):  # the same arrays
+            results.append(comm.allreduce(x, op=AFFINE, out=out, algorithm=algorithm).copy())
+            results.append(comm.reduce(x, op=AFFINE, root=1, out=out if comm.rank == 1 else None,
+                                       algorithm=algorithm))
+            results[-1] = None if results[-1] is None else results[-1].copy()
+        assert x.tobytes() == mine.tobytes()
+        for _ in range(4):  # in place, a new array each call
+            y = mine.copy()
+            results.append(comm.allreduce(y, op=AFFINE, out=y, algorithm=algorithm))
+            z = mine.copy()
+            got = comm.reduce(z, op=AFFINE, root=0, out=z if comm.rank == 0 else None, algorithm=algorithm)
+            results.append(got)
+            if comm.rank != 0:
+                assert z.tobytes() == mine.tobytes()
+        return results
+
+    got = ck.run_local(body, size=2)
+    for rank in range(2):
+        for i, result in enumerate(got[rank]):
+            rooted, root = i % 2 == 1, 1 if i < 8 else 0
+            if rooted and rank != root:
+                assert result is None
+                continue
+            np.testing.assert_allclose(result, want, rtol=1e-12)
+            assert result.tobytes() == got[0][0].tobytes()  # every result has the allreduce's bits
+
+
+def test_two_ranks_copy_in_only_the_half_the_other_folds():
+    width = 1000
+    for coll in ("allreduce", "reduce"):
+        for r in range(2):
+            steps = list(collectives.steps(algorithms.get(coll, "shm").schedule, coll, r, 2, 5 * width, ck.ops.SUM,
+                                           root=0, segment=width))
+            puts = [s for s in steps if isinstance(s, Put)]
+            copied_in = 5 * width // 2  # half of every chunk (its folded half goes back too, but the root's)
+            put_back = 0 if coll == "reduce" and r == 0 else 5 * width // 2
+            assert sum(s.dst[2] - s.dst[1] for s in puts) == copied_in + put_back, (coll, r)
+            folds = [s for s in steps if isinstance(s, ReduceSlots)]
+            assert all([o[0] for o in s.operands] == (["in", "slot1"] if r == 0 else ["slot0", "in"])
+                       for s in folds), (coll, r)
+            assert inplace_safe(steps)
+
+
 def test_barrier_waits_for_every_rank():
     import time
 

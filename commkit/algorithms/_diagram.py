@@ -152,7 +152,7 @@ def _local(rank, step, arena):
         rank.moved["put" if step.kind == PUT else "got"] += hi - lo
     elif step.kind == REDUCE_SLOTS:
         name, lo, hi = step.dst
-        bufs[name][lo:hi] = [_fold(arena[sname][slo + k] for sname, slo, _ in step.operands) for k in range(hi - lo)]
+        bufs[name][lo:hi] = [_fold(buf(sname)[slo + k] for sname, slo, _ in step.operands) for k in range(hi - lo)]
         rank.moved["folded"] += (len(step.operands) - 1) * (hi - lo)
     elif step.kind == REDUCE:
         (name, lo, hi), (oname, olo, _), (sname, slo, _) = step.into, step.operand, step.src

@@ -188,6 +188,29 @@ def _slice_key(index: int, size: int, count: int, segment) -> tuple:
     return tuple(index < m % size for m in _chunk_lengths(count, segment))
 
 
+def _other_half(rank, half, a, b, lo, hi) -> tuple:
+    """Of two ranks, the Put of chunk ``[a, b)`` less this rank's slice ``[lo, hi)`` of it: the other end of the chunk.
+
+    With two ranks a rank's slice is one end of its chunk, so what the other rank folds
+    is one range, and the rank's own slice need not go through its slot: it folds that
+    from its input, where it lies (:func:`_fold_operands`). A copy in of half the chunk
+    is saved. With more ranks, a middle rank's slice would leave two ranges to copy, of
+    lengths that differ from rank to rank, so that the simulator could no longer run one
+    rank for all ranks alike (:func:`_alike`): they copy in the whole chunk.
+    """
+    m = b - a
+    if lo == 0:  # my slice is the first: the other folds the rest
+        return slot(rank, half + hi, half + m), ("in", a + hi, b)
+    return slot(rank, half, half + lo), ("in", a, a + lo)
+
+
+def _fold_operands(rank, size, half, a, lo, hi) -> list:
+    """The ranges a rank folds its slice ``[lo, hi)`` of chunk ``a`` from, in rank order: every rank's slot, but
+    its own input for its own slot where it kept its slice out of it (two ranks, :func:`_other_half`)."""
+    return [("in", a + lo, a + hi) if q == rank and size == 2 else slot(q, half + lo, half + hi)
+            for q in range(size)]
+
+
 # -- allreduce ----------------------------------------------------------------------------------------
 
 def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
@@ -202,12 +225,14 @@ def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
     for c, (a, b) in enumerate(chunks):
         m = b - a
         big, small = -(-m // p), m // p
-        if c == 0:
-            t += beta_e * m
+        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_other_half)
+        if c == 0:  # of two, the rank with the smaller slice copies in the larger half
+            t += beta_e * (m - small if kept else m)
         t += alpha + big * ((p - 1) * gamma_e + beta_e) + alpha
-        # The rank with the smallest slice of its own gets the most slices: it publishes the next chunk last.
+        # The rank with the smallest slice of its own gets the most slices (and of two, copies in the most of
+        # the next chunk: its slice there is the smaller too): it publishes the next chunk last.
         nxt = chunks[c + 1][1] - chunks[c + 1][0] if c + 1 < len(chunks) else 0
-        t += beta_e * (m - small + nxt)
+        t += beta_e * (m - small + (nxt - nxt // p if kept else nxt))
     return t
 
 
@@ -222,7 +247,7 @@ def _allreduce_alike(rank, size, count, op, segment=None):
            cost=lambda p, n, a, b, g: _allreduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                       g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌊m/p⌋)β "
-                   "+ ⌈m/p⌉((p-1)γ + β)")
+                   "+ ⌈m/p⌉((p-1)γ + β); of two ranks 2α + 2(m - ⌊m/p⌋)β + ⌈m/p⌉(γ + β)")
 @_alike(_allreduce_alike)
 def allreduce_shm(rank, size, count, op, segment=None, shared=False):
     """Shared-memory allreduce: every rank folds a 1/p slice of every rank's slot, then all copy the slices out.
@@ -234,8 +259,11 @@ def allreduce_shm(rank, size, count, op, segment=None, shared=False):
     and puts that slice back into its slot, waits for all (2), and gets every other
     slice. The half of the slot chunk k used is written again by chunk k+2, after
     wait (1) of chunk k+1, which every rank passes only after its gets of chunk k.
+    Of two ranks, each puts only the half of the chunk the other folds, and folds its
+    own half from its input where it lies (:func:`_other_half`).
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌊m/p⌋)β +
-    ⌈m/p⌉((p-1)γ + β) (exact: the formula follows the slowest rank of each phase).
+    ⌈m/p⌉((p-1)γ + β), and of two ranks 2α + 2(m - ⌊m/p⌋)β + ⌈m/p⌉(γ + β) (exact: the
+    formula follows the slowest rank of each phase).
 
     With ``shared`` (every rank's ``in`` and ``out`` are shared arrays): each rank folds
     its slice of every rank's input, where it lies, into its output; waits for all; gets
@@ -285,12 +313,16 @@ def allreduce_shm(rank, size, count, op, segment=None, shared=False):
         half = (c % 2) * width
         m = b - a
         lo, hi = partition(m, size)[rank]
-        # Copy in, and wait until every rank's chunk is in its slot.
-        yield Put(slot(rank, half, half + m), ("in", a, b))
+        # Copy in, and wait until every rank's chunk is in its slot. Of two ranks, each copies in only the
+        # half the other folds (its own it folds from its input, where it lies).
+        if size == 2:
+            yield Put(*_other_half(rank, half, a, b, lo, hi))
+        else:
+            yield Put(slot(rank, half, half + m), ("in", a, b))
         yield Publish(2 * c + 1)
         yield Wait(others, 2 * c + 1)
         # Reduce-scatter: fold my slice of every rank's chunk, in rank order; publish the result in my slot.
-        yield ReduceSlots(("out", a + lo, a + hi), [slot(q, half + lo, half + hi) for q in range(size)], op)
+        yield ReduceSlots(("out", a + lo, a + hi), _fold_operands(rank, size, half, a, lo, hi), op)
         yield Put(slot(rank, half + lo, half + hi), ("out", a + lo, a + hi))
         yield Publish(2 * c + 2)
         yield Wait(others, 2 * c + 2)
@@ -340,13 +372,15 @@ def _reduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
         slices = partition(m, p)
         mine = slices[0][1] - slices[0][0]  # the root's slice: the first, a longest one
         other = slices[1][1] - slices[1][0]  # the longest slice of the others
-        if c == 0:
-            t += beta_e * m
+        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_other_half)
+        if c == 0:  # of two, the other rank (the smaller slice) copies in the larger half
+            t += beta_e * (m - m // p if kept else m)
         # Wait (1), the slowest fold (the root keeps its slice; the others put theirs back), wait (2).
         t += alpha + max(mine * (p - 1) * gamma_e, other * ((p - 1) * gamma_e + beta_e)) + alpha
-        # The root gets every other slice, then puts the next chunk: it publishes that chunk last.
+        # The root gets every other slice, then puts the next chunk (of two ranks, all but its own slice):
+        # it publishes that chunk last.
         nxt = chunks[c + 1][1] - chunks[c + 1][0] if c + 1 < len(chunks) else 0
-        t += beta_e * (m - mine + nxt)
+        t += beta_e * (m - mine + (nxt - -(-nxt // p) if kept else nxt))
     return t
 
 
@@ -363,7 +397,8 @@ def _reduce_alike(rank, size, count, op, root, segment=None):
            cost=lambda p, n, a, b, g: _reduce_time(p, int(n) // COST_ITEMSIZE, a, b * COST_ITEMSIZE,
                                                    g * COST_ITEMSIZE),
            formula="α + nβ + (p-1)nγ up to 16384 elements; else per chunk of m bytes 2α + (2m - ⌈m/p⌉)β "
-                   "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's")
+                   "+ max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's; of two ranks "
+                   "2α + 2(m - ⌈m/p⌉)β + max(⌈m/p⌉γ, ⌊m/p⌋(γ + β))")
 @_alike(_reduce_alike)
 def reduce_shm(rank, size, count, op, root, segment=None):
     """Shared-memory reduce: every rank folds a 1/p slice of every rank's slot, and the root copies the slices out.
@@ -377,8 +412,10 @@ def reduce_shm(rank, size, count, op, root, segment=None):
     and gets every other slice. It is the allreduce without its allgather: only the
     root copies out. The half of a slot chunk k used is written again by chunk k+2,
     after wait (1) of chunk k+1, which the root passes only after its gets of chunk k.
+    Of two ranks, each puts only the half of the chunk the other folds (:func:`_other_half`).
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌈m/p⌉)β +
-    max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's (exact).
+    max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's, and of two
+    ranks 2α + 2(m - ⌈m/p⌉)β + max(⌈m/p⌉γ, ⌊m/p⌋(γ + β)) (exact).
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
     every block of the result, the ranks whose input that rank holds for the whole block (- for none),
@@ -421,12 +458,15 @@ def reduce_shm(rank, size, count, op, root, segment=None):
         half = (c % 2) * width
         slices = partition(b - a, size)
         lo, hi = slices[(rank - root) % size]
-        # Copy in, and wait until every rank's chunk is in its slot.
-        yield Put(slot(rank, half, half + b - a), ("in", a, b))
+        # Copy in (of two ranks, only the half the other folds), and wait until every rank's is in its slot.
+        if size == 2:
+            yield Put(*_other_half(rank, half, a, b, lo, hi))
+        else:
+            yield Put(slot(rank, half, half + b - a), ("in", a, b))
         yield Publish(2 * c + 1)
         yield Wait(others, 2 * c + 1)
         # Fold my slice of every rank's chunk, in rank order (on a non-root, "out" is scratch).
-        yield ReduceSlots(("out", a + lo, a + hi), [slot(q, half + lo, half + hi) for q in range(size)], op)
+        yield ReduceSlots(("out", a + lo, a + hi), _fold_operands(rank, size, half, a, lo, hi), op)
         if rank != root:
             yield Put(slot(rank, half + lo, half + hi), ("out", a + lo, a + hi))
             yield Publish(2 * c + 2)
@@ -743,26 +783,28 @@ def _reduce_scatter_time(p, n, alpha, beta, gamma):
         return 0.0
     block = -(-(int(n) // COST_ITEMSIZE) // p)  # an average block, rounded up: the largest when all are equal
     k = _reduce_scatter_chunks((block,) * p, p, None)
-    return k * alpha + n * beta + (p - 1) / p * n * gamma
+    return k * alpha + (p - 1) / p * n * (beta + gamma)  # each rank copies in the blocks the others fold
 
 
 def _reduce_scatter_alike(rank, size, counts, op, segment=None):
-    """Ranks alike in :func:`reduce_scatter_shm`: those whose blocks are equally long (they fold equal pieces)."""
-    return counts[rank]
+    """Ranks alike in :func:`reduce_scatter_shm`: those whose blocks are equally long (they fold equal pieces),
+    and whose copies in, of every other block in rank order, are too."""
+    return counts[rank], tuple(counts[:rank]) + tuple(counts[rank + 1:])
 
 
 @algorithm("reduce_scatter", "shm", cost=lambda p, n, a, b, g: _reduce_scatter_time(p, n, a, b, g),
-           formula="Kα + nβ + ((p-1)/p)nγ, K the chunks, n the bytes of one rank's input",
+           formula="Kα + ((p-1)/p)n(β + γ), K the chunks, n the bytes of one rank's input",
            cost_exact="even", cost_bound="lower")
 @_alike(_reduce_scatter_alike)
 def reduce_scatter_shm(rank, size, counts, op, segment=None, shared=False):
     """Shared-memory reduce-scatter: each rank folds its own block from every rank's slot, straight into its output.
 
     Restrictions: one node. Every block is cut into K pieces; chunk k is piece k of every
-    block, laid side by side in half k mod 2 of each rank's slot. Per chunk: put it,
-    publish k+1, wait for all, fold my piece of every rank's chunk in rank order into
-    my output. A half is written again (chunk k+2) after the wait of chunk k+1, which
-    every rank passes only after its fold of chunk k. Cost: Kα + nβ + ((p-1)/p)nγ
+    block, laid side by side in half k mod 2 of each rank's slot. Per chunk: put it but
+    my own block's piece, publish k+1, wait for all, fold my piece from my input and
+    every other rank's chunk, in rank order, into my output. A half is written again
+    (chunk k+2) after the wait of chunk k+1, which every rank passes only after its
+    fold of chunk k. Cost: Kα + ((p-1)/p)n(β + γ)
     for equal blocks; otherwise the largest block sets each chunk's fold (a lower bound).
 
     With ``shared`` (every rank's arrays are shared arrays): each rank folds its block of
@@ -778,9 +820,9 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None, shared=False):
         1             0    0 0 0  1 1    1 1  2 2 2    2  3 3 3 3
         2             0123 0 0 0  1 0123 1 1  2 2 0123 2  3 3 3 0123
         waits         2           2           2           2
-        elems put     8           8           8           8
+        elems put     6           6           6           6
         elems folded  6           6           6           6
-        critical path (commkit.sim, each term alone): 2 waits, 8 elements copied, 6 folded
+        critical path (commkit.sim, each term alone): 2 waits, 6 elements copied, 6 folded
     """
     offsets = block_offsets(counts)
     if size == 1:
@@ -809,15 +851,17 @@ def reduce_scatter_shm(rank, size, counts, op, segment=None, shared=False):
         mine = None
         for q in range(size):
             lo, hi = pieces[q][c]
-            if hi > lo:
-                yield Put(slot(rank, at, at + hi - lo), ("in", offsets[q] + lo, offsets[q] + hi))
-            if q == rank:
+            if q == rank:  # my own piece I fold from my input, where it lies: the others' only go in
                 mine = (at, lo, hi)
+            elif hi > lo:
+                yield Put(slot(rank, at, at + hi - lo), ("in", offsets[q] + lo, offsets[q] + hi))
             at += hi - lo
         yield Publish(c + 1)
         yield Wait(others, c + 1)
         at, lo, hi = mine
-        yield ReduceSlots(("out", lo, hi), [slot(q, at, at + hi - lo) for q in range(size)], op)
+        own = ("in", offsets[rank] + lo, offsets[rank] + hi)
+        yield ReduceSlots(("out", lo, hi), [own if q == rank else slot(q, at, at + hi - lo) for q in range(size)],
+                          op)
     yield Release()
 
 
