@@ -2052,7 +2052,8 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('reduce', id(x), id(out), op, root, algorithm)
-        plan = _known(self._fast, key) if timeout is None else None
+        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
+        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
         if plan is not None and plan.ready(x):
             self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -2170,27 +2171,29 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('broadcast', id(x), id(out), root, algorithm)
-        plan = _known(self._fast, key) if timeout is None else None
-        if plan is not None and plan.ready(x):
-            self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
-            return plan.run()
-        result = self._fresh("broadcast", x, out, root, algorithm, timeout)
-        if result is not GENERAL:
-            return result
+        if type(root) is int:  # (keys compare by value, and 0.0 == False == 0: another root takes the general path)
+            plan = _known(self._fast, key) if timeout is None else None
+            if plan is not None and plan.ready(x):
+                self._hot_broadcast = plan  # a loop repeating this call takes the identity check next time
+                return plan.run()
+            result = self._fresh("broadcast", x, out, root, algorithm, timeout)
+            if result is not GENERAL:
+                return result
         return self._broadcast(x, root, out, algorithm, timeout, False, key=key)
 
     def ibroadcast(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`broadcast`."""
         if x is None and type(out) is np.ndarray and root != self.rank:
             x = out  # (as in broadcast)
-        fn = self._new_ibroadcast  # the last shape's i-form entry on new arrays (see _fresh)
-        if fn is not None:
-            request = fn(x, out, algorithm, timeout, root, None)
+        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+            fn = self._new_ibroadcast  # the last shape's i-form entry on new arrays (see _fresh)
+            if fn is not None:
+                request = fn(x, out, algorithm, timeout, root, None)
+                if request is not GENERAL:
+                    return request
+            request = self._fresh("broadcast", x, out, root, algorithm, timeout, nonblocking=True)
             if request is not GENERAL:
                 return request
-        request = self._fresh("broadcast", x, out, root, algorithm, timeout, nonblocking=True)
-        if request is not GENERAL:
-            return request
         return self._broadcast(x, root, out, algorithm, timeout, True)
 
     def broadcast_init(self, x, root: int = 0, *, out=None, algorithm=None, timeout=None) -> PersistentRequest:
@@ -2236,7 +2239,8 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('gather', id(x), id(out), root, algorithm)
-        plan = _known(self._fast, key) if timeout is None else None
+        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
+        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
         if plan is not None and plan.ready(x):
             self._hot_gather = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
@@ -2307,7 +2311,8 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('scatter', id(x), id(out), root, algorithm)
-        plan = _known(self._fast, key) if timeout is None else None
+        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
+        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
         if plan is not None and plan.ready(x):
             self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
             return plan.run()

@@ -37,6 +37,11 @@ class Op:
         identity: the neutral element, if any (used for the result of
             ``exscan`` on rank 0).
         kinds: NumPy dtype kinds (``"biufc"`` letters) the op accepts.
+
+    An op cannot be changed once made (as an MPI op cannot): a compiled plan
+    writes its function into the code it runs, and finds the op again by
+    identity, so a changed ``fn`` would be the general path's alone. Make a new
+    ``Op`` instead; assigning any attribute raises ``AttributeError``.
     """
 
     __slots__ = ("fn", "commutative", "name", "identity", "kinds", "is_ufunc", "fresh_for_complex")
@@ -51,17 +56,28 @@ class Op:
     ):
         if not callable(fn):
             raise UnsupportedOp(f"Op expects a callable fn(a, b), got {type(fn).__name__}.")
-        self.fn = fn
-        self.commutative = bool(commutative)
-        self.name = name or getattr(fn, "__name__", "user")
-        self.identity = identity
-        self.kinds = kinds
-        self.is_ufunc = isinstance(fn, np.ufunc)
+        init = object.__setattr__
+        init(self, "fn", fn)
+        init(self, "commutative", bool(commutative))
+        init(self, "name", name or getattr(fn, "__name__", "user"))
+        init(self, "identity", identity)
+        init(self, "kinds", kinds)
+        init(self, "is_ufunc", isinstance(fn, np.ufunc))
         # NumPy multiplies complex numbers with fused multiply-adds in one loop and without in another, and
         # picks the loop by whether the output overlaps an input: x *= y and z = x * y can differ in the last
         # bit. Two ranks that fold the same values, one in place and one not, would then hold different
         # results; a complex product is therefore always computed into new memory (see out_of_place).
-        self.fresh_for_complex = fn is np.multiply
+        init(self, "fresh_for_complex", fn is np.multiply)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"an Op cannot be changed once made (setting {name!r} of {self!r}): the plans "
+                             f"compiled for it run the function it was made with. Make a new Op instead.")
+
+    def __delattr__(self, name):
+        self.__setattr__(name, None)
+
+    def __reduce__(self):  # pickled (and copied) by its arguments, not by setting its slots
+        return Op, (self.fn, self.commutative, self.name, self.identity, self.kinds)
 
     def out_of_place(self, dtype) -> bool:
         """Whether a fold of ``dtype`` must compute into new memory, then copy (``into[...] = fn(a, b)``).

@@ -1894,3 +1894,85 @@ def test_owners_apart_knows_only_arrays_in_two_different_owners():
     assert not apart(foreign, a) and not apart(a, foreign[1:])
     assert apart(np.zeros(3).view(np.recarray), b)  # a view's owner is the plain array it views
     assert not apart(np.recarray((3,), float), b)  # an owner of a subclass: NumPy is asked
+
+
+_NOT_INT_ROOTS_CODE = """
+import numpy as np
+import commkit as ck
+from commkit.errors import InvalidArgument
+
+def body(c):
+    # A root that is not an int (0.0 == False == 0 by value) is refused after the fast paths know the shape,
+    # on new arrays and on the same ones, as the general path refuses it on the first call.
+    p, r = c.size, c.rank
+    x, out, block = np.arange(4.0), np.empty(4), np.empty(4)
+    stack = np.arange(4.0 * p).reshape(p, 4)
+    forms = {
+        "broadcast new": lambda root: c.broadcast(np.arange(4.0), root),
+        "broadcast same": lambda root: c.broadcast(x, root, out=out),
+        "ibroadcast new": lambda root: c.ibroadcast(np.arange(4.0), root).wait(),
+        "reduce new": lambda root: c.reduce(np.arange(4.0), root=root),
+        "reduce same": lambda root: c.reduce(x, root=root, out=out if r == 0 else None),
+        "gather same": lambda root: c.gather(x, root=root, out=np.empty((p, 4)) if r == 0 else None),
+        "gather new": lambda root: c.gather(np.arange(4.0), root=root),
+        "scatter same": lambda root: c.scatter(stack if r == 0 else None, root=root, out=block),
+    }
+    refused = {}
+    for name, call in forms.items():
+        for _ in range(4):  # the shape's plan, its entry, and the same arrays' plan
+            call(0)
+        for bad in (0.0, False):
+            try:
+                call(bad)
+            except InvalidArgument as exc:
+                assert "root" in str(exc), exc
+                refused[name] = refused.get(name, 0) + 1
+    return refused
+"""
+
+
+def test_a_root_that_is_not_an_int_is_refused_on_the_fast_paths_too():
+    ns = {}
+    exec(_NOT_INT_ROOTS_CODE, ns)
+    got = ck.run_local(ns["body"], size=2)
+    assert got[0] == got[1] == {name: 2 for name in got[0]} and len(got[0]) == 8, got
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_a_root_that_is_not_an_int_is_refused_on_the_fast_paths_under_mpiexec():
+    code = _NOT_INT_ROOTS_CODE + """
+c = ck.init()
+got = body(c)
+assert got == {name: 2 for name in got} and len(got) == 8, got
+print("refused", c.rank, flush=True)
+c.free()
+"""
+    result = run_mpi(2, code, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("refused") == 2, result.stdout + result.stderr
+
+
+def test_an_op_cannot_be_changed_once_made_so_no_plan_runs_an_old_function():
+    # A plan writes its op's function into the code it runs and finds the op again by identity: an op
+    # changed in place would be the general path's alone. So it cannot be changed; a new Op is new.
+    import copy
+    import pickle
+
+    op = ck.ops.Op(np.add, True, "mine")
+    for name in ("fn", "commutative", "name", "identity", "kinds", "is_ufunc"):
+        with pytest.raises(AttributeError, match="cannot be changed"):
+            setattr(op, name, np.maximum)
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        del op.fn
+    assert op.fn is np.add and op.is_ufunc
+    for twin in (copy.copy(op), pickle.loads(pickle.dumps(op))):
+        assert (twin.fn, twin.commutative, twin.name, twin.kinds) == (np.add, True, "mine", op.kinds)
+
+    def body(comm):
+        results = [comm.allreduce(np.full(3, comm.rank + 1.0), op) for _ in range(4)]
+        other = ck.ops.Op(np.maximum, True, "mine")  # the same name, another function: another op
+        results.append(comm.allreduce(np.full(3, comm.rank + 1.0), other))
+        return results
+
+    got = ck.run_local(body, size=2)
+    assert [r.tolist() for r in got[0]] == [[3.0] * 3] * 4 + [[2.0] * 3]
