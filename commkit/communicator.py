@@ -2052,12 +2052,11 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('reduce', id(x), id(out), op, root, algorithm)
-        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
-        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
-        if plan is not None and plan.ready(x):
-            self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
-            return plan.run()
-        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+        if type(root) is int:  # (keys compare by value, and 0.0 == False == 0: another root takes the general path)
+            plan = _known(self._fast, key) if timeout is None else None
+            if plan is not None and plan.ready(x):
+                self._hot_reduce = plan  # a loop repeating this call takes the identity check next time
+                return plan.run()
             result = self._fresh("reduce", x, out, op, algorithm, timeout, root=root)
             if result is not GENERAL:
                 return result
@@ -2239,12 +2238,11 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('gather', id(x), id(out), root, algorithm)
-        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
-        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
-        if plan is not None and plan.ready(x):
-            self._hot_gather = plan  # a loop repeating this call takes the identity check next time
-            return plan.run()
-        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+        if type(root) is int:  # (keys compare by value, and 0.0 == False == 0: another root takes the general path)
+            plan = _known(self._fast, key) if timeout is None else None
+            if plan is not None and plan.ready(x):
+                self._hot_gather = plan  # a loop repeating this call takes the identity check next time
+                return plan.run()
             result = self._fresh("gather", x, out, None, algorithm, timeout, stacked=True, root=root)
             if result is not GENERAL:
                 return result
@@ -2311,12 +2309,11 @@ class Communicator(VectorCollectives):
             if result is not GENERAL:
                 return result
         key = ('scatter', id(x), id(out), root, algorithm)
-        # (keys compare by value, and 0.0 == False == 0: a root that is not an int finds no plan)
-        plan = _known(self._fast, key) if timeout is None and type(root) is int else None
-        if plan is not None and plan.ready(x):
-            self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
-            return plan.run()
-        if type(root) is int:  # (another root, a NumPy integer or a wrong one, takes the general path)
+        if type(root) is int:  # (keys compare by value, and 0.0 == False == 0: another root takes the general path)
+            plan = _known(self._fast, key) if timeout is None else None
+            if plan is not None and plan.ready(x):
+                self._hot_scatter = plan  # a loop repeating this call takes the identity check next time
+                return plan.run()
             result = self._fresh_scatter(x, out, root, algorithm, timeout, False)
             if result is not GENERAL:
                 return result

@@ -188,25 +188,27 @@ def _slice_key(index: int, size: int, count: int, segment) -> tuple:
     return tuple(index < m % size for m in _chunk_lengths(count, segment))
 
 
-def _other_half(rank, half, a, b, lo, hi) -> tuple:
-    """Of two ranks, the Put of chunk ``[a, b)`` less this rank's slice ``[lo, hi)`` of it: the other end of the chunk.
+def _copy_in(rank, size, half, a, b, lo, hi) -> Put:
+    """The Put of chunk ``[a, b)`` into half ``half`` of this rank's slot, whose slice of the chunk is ``[lo, hi)``.
 
-    With two ranks a rank's slice is one end of its chunk, so what the other rank folds
-    is one range, and the rank's own slice need not go through its slot: it folds that
-    from its input, where it lies (:func:`_fold_operands`). A copy in of half the chunk
-    is saved. With more ranks, a middle rank's slice would leave two ranges to copy, of
-    lengths that differ from rank to rank, so that the simulator could no longer run one
-    rank for all ranks alike (:func:`_alike`): they copy in the whole chunk.
+    Of two ranks, a rank's slice is one end of its chunk, so what the other rank folds
+    is one range: only that goes in, and the rank folds its own slice from its input,
+    where it lies (:func:`_fold_operands`), a copy in of half the chunk saved. With
+    more ranks a middle rank's slice would leave two ranges to copy, of lengths that
+    differ from rank to rank, so that the simulator could no longer run one rank for
+    all ranks alike (:func:`_alike`): the whole chunk goes in.
     """
     m = b - a
+    if size != 2:
+        return Put(slot(rank, half, half + m), ("in", a, b))
     if lo == 0:  # my slice is the first: the other folds the rest
-        return slot(rank, half + hi, half + m), ("in", a + hi, b)
-    return slot(rank, half, half + lo), ("in", a, a + lo)
+        return Put(slot(rank, half + hi, half + m), ("in", a + hi, b))
+    return Put(slot(rank, half, half + lo), ("in", a, a + lo))
 
 
 def _fold_operands(rank, size, half, a, lo, hi) -> list:
     """The ranges a rank folds its slice ``[lo, hi)`` of chunk ``a`` from, in rank order: every rank's slot, but
-    its own input for its own slot where it kept its slice out of it (two ranks, :func:`_other_half`)."""
+    its own input for its own slot where it kept its slice out of it (two ranks, :func:`_copy_in`)."""
     return [("in", a + lo, a + hi) if q == rank and size == 2 else slot(q, half + lo, half + hi)
             for q in range(size)]
 
@@ -225,7 +227,7 @@ def _allreduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
     for c, (a, b) in enumerate(chunks):
         m = b - a
         big, small = -(-m // p), m // p
-        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_other_half)
+        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_copy_in)
         if c == 0:  # of two, the rank with the smaller slice copies in the larger half
             t += beta_e * (m - small if kept else m)
         t += alpha + big * ((p - 1) * gamma_e + beta_e) + alpha
@@ -260,7 +262,7 @@ def allreduce_shm(rank, size, count, op, segment=None, shared=False):
     slice. The half of the slot chunk k used is written again by chunk k+2, after
     wait (1) of chunk k+1, which every rank passes only after its gets of chunk k.
     Of two ranks, each puts only the half of the chunk the other folds, and folds its
-    own half from its input where it lies (:func:`_other_half`).
+    own half from its input where it lies (:func:`_copy_in`).
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌊m/p⌋)β +
     ⌈m/p⌉((p-1)γ + β), and of two ranks 2α + 2(m - ⌊m/p⌋)β + ⌈m/p⌉(γ + β) (exact: the
     formula follows the slowest rank of each phase).
@@ -313,12 +315,8 @@ def allreduce_shm(rank, size, count, op, segment=None, shared=False):
         half = (c % 2) * width
         m = b - a
         lo, hi = partition(m, size)[rank]
-        # Copy in, and wait until every rank's chunk is in its slot. Of two ranks, each copies in only the
-        # half the other folds (its own it folds from its input, where it lies).
-        if size == 2:
-            yield Put(*_other_half(rank, half, a, b, lo, hi))
-        else:
-            yield Put(slot(rank, half, half + m), ("in", a, b))
+        # Copy in (of two ranks, only the half the other folds), and wait until every rank's is in its slot.
+        yield _copy_in(rank, size, half, a, b, lo, hi)
         yield Publish(2 * c + 1)
         yield Wait(others, 2 * c + 1)
         # Reduce-scatter: fold my slice of every rank's chunk, in rank order; publish the result in my slot.
@@ -372,7 +370,7 @@ def _reduce_time(p, count, alpha, beta_e, gamma_e, segment=None):
         slices = partition(m, p)
         mine = slices[0][1] - slices[0][0]  # the root's slice: the first, a longest one
         other = slices[1][1] - slices[1][0]  # the longest slice of the others
-        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_other_half)
+        kept = p == 2  # of two ranks, each keeps its own slice out of its slot (_copy_in)
         if c == 0:  # of two, the other rank (the smaller slice) copies in the larger half
             t += beta_e * (m - m // p if kept else m)
         # Wait (1), the slowest fold (the root keeps its slice; the others put theirs back), wait (2).
@@ -412,7 +410,7 @@ def reduce_shm(rank, size, count, op, root, segment=None):
     and gets every other slice. It is the allreduce without its allgather: only the
     root copies out. The half of a slot chunk k used is written again by chunk k+2,
     after wait (1) of chunk k+1, which the root passes only after its gets of chunk k.
-    Of two ranks, each puts only the half of the chunk the other folds (:func:`_other_half`).
+    Of two ranks, each puts only the half of the chunk the other folds (:func:`_copy_in`).
     Cost: α + nβ + (p-1)nγ small; large, per chunk of m bytes, 2α + (2m - ⌈m/p⌉)β +
     max(⌈m/p⌉(p-1)γ, s((p-1)γ + β)), s the longest slice after the root's, and of two
     ranks 2α + 2(m - ⌈m/p⌉)β + max(⌈m/p⌉γ, ⌊m/p⌋(γ + β)) (exact).
@@ -459,10 +457,7 @@ def reduce_shm(rank, size, count, op, root, segment=None):
         slices = partition(b - a, size)
         lo, hi = slices[(rank - root) % size]
         # Copy in (of two ranks, only the half the other folds), and wait until every rank's is in its slot.
-        if size == 2:
-            yield Put(*_other_half(rank, half, a, b, lo, hi))
-        else:
-            yield Put(slot(rank, half, half + b - a), ("in", a, b))
+        yield _copy_in(rank, size, half, a, b, lo, hi)
         yield Publish(2 * c + 1)
         yield Wait(others, 2 * c + 1)
         # Fold my slice of every rank's chunk, in rank order (on a non-root, "out" is scratch).
