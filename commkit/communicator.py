@@ -208,7 +208,10 @@ def _announced(collective: str | None):
     """Wrap a collective's argument-checking entry so that, in check mode, its local errors reach every rank.
 
     Without check mode a rank whose arguments fail raises alone, before sending
-    anything, and the others wait in the call (the watchdog reports them; an
+    anything. Its call still counts as made, as on the ranks that went on with
+    it: its call number is spent, and what they sent it for that call is
+    dropped when it arrives (:meth:`Communicator._spend_number`). A rank that
+    needs this one's messages waits in the call (the watchdog reports it; an
     uncaught error under mpiexec ends the job). In check mode every call is
     agreed on anyway, so a failed one is agreed on too: see
     :meth:`Communicator.announce_errors`. Persistent ``*_init`` calls are local
@@ -240,9 +243,18 @@ def _announced(collective: str | None):
                 positional.append(p.name)
             heads.append(head)
         forward = ", ".join(positional + keywords)
+        self_ = params[0].name
+        ns["_local_errors"] = _LOCAL_ERRORS
+        # Without check mode a call that fails its local checks still spends its call number (see
+        # Communicator._spend_number); a try costs nothing until something raises.
         exec(f"def run({', '.join(heads)}):\n"
-             f"    if not {params[0].name}._check:\n"
-             f"        return _fn({forward})\n"
+             f"    if not {self_}._check:\n"
+             f"        seq, claims = {self_}._seq, {self_}._persistent_channels.claims\n"
+             f"        try:\n"
+             f"            return _fn({forward})\n"
+             f"        except _local_errors:\n"
+             f"            {self_}._spend_number(seq, claims, ({', '.join(positional[1:])},))\n"
+             f"            raise\n"
              f"    return _checked({forward})\n", ns)
         return functools.wraps(fn)(ns["run"])
     return wrap
@@ -251,21 +263,26 @@ def _announced(collective: str | None):
 class _Announcing:
     """The context manager :meth:`Communicator.announce_errors` returns."""
 
-    __slots__ = ("comm", "collective", "seq")
+    __slots__ = ("comm", "collective", "persistent", "seq", "claims")
 
-    def __init__(self, comm, collective: str):
-        self.comm, self.collective, self.seq = comm, collective, None
+    def __init__(self, comm, collective: str, persistent: bool = False):
+        self.comm, self.collective, self.persistent, self.seq, self.claims = comm, collective, persistent, None, None
 
     def __enter__(self):
-        self.seq = self.comm._seq
+        self.seq, self.claims = self.comm._seq, self.comm._persistent_channels.claims
         return self
 
     def __exit__(self, kind, exc, tb) -> bool:
         comm = self.comm
-        # Only a call that never started (its call number unused) on a usable communicator.
-        if (kind is not None and issubclass(kind, _LOCAL_ERRORS) and comm._check and comm._seq == self.seq
-                and not comm._closed):
-            comm._announce_failure(self.collective, exc)
+        if kind is None or not issubclass(kind, _LOCAL_ERRORS) or comm._closed:
+            return False
+        if self.persistent:  # made locally: nothing to announce, only its number to take (see _spend_number)
+            comm._spend_number(self.seq, self.claims, ("init",))
+        elif comm._seq == self.seq:  # only a call that never started (its call number unused)
+            if comm._check:
+                comm._announce_failure(self.collective, exc)
+            else:
+                comm._spend_number(self.seq, self.claims, ())
         return False
 
 
@@ -320,6 +337,9 @@ class Communicator(VectorCollectives):
         self._entries: dict = {}  # collective -> whether its installed entry is timed (see _drop_entries)
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
+        # Call number -> the first number past its window (see _spend_number). Plans hold this dict itself
+        # and look at it after taking their number: it is emptied and filled, never replaced.
+        self._stale: dict = {}
         self._closed = None  # None while usable, else the reason it is not
         self._entry = threading.Lock()
         self._scratch: dict = {}
@@ -824,9 +844,70 @@ class Communicator(VectorCollectives):
     def _next_seq(self) -> int:
         seq = self._seq
         self._seq = seq + 1
+        if self._stale:
+            self._drop_stale(seq)
         if self._progress.requests:
             self._progress.settle(seq, self._seq_span, self.timeout)
         return seq
+
+    def _spend_number(self, seq: int, claims: int, args) -> None:
+        """A call that failed its local checks on this rank before taking call number ``seq``: take it now.
+
+        Why. The other ranks made the call too, and where they need nothing from
+        this rank (a reduce or gather to it as root, a broadcast or scatter to it
+        as a leaf) they finished it and sent what it was to receive. Had this
+        rank's next call taken ``seq``, it would have matched those messages (the
+        same tag, when it repeats the call), and returned the failed call's data,
+        one call late at every call after: a wrong answer, silently. So the
+        failed call counts as made here as well, as MPI counts every collective
+        call a rank makes, and its messages are dropped as they come
+        (:meth:`_drop_stale`), before the call number comes round again. A call
+        refused on every rank alike spends the number on every rank alike.
+
+        A persistent ``*_init`` takes no call number, but a number on the
+        persistent channels (:class:`_PersistentChannels`), which pairs it with
+        the other ranks' request made at the same point: one that failed before
+        taking its own (``claims`` were made before the call) takes it and gives
+        it back, so that this rank's next request pairs with theirs, not with the
+        one it failed to make. ``seq`` and ``claims``: the counts before the call;
+        ``args``: the call's arguments (one ``"init"`` among them for ``*_init``).
+        """
+        if self._closed:
+            return
+        if any(type(a) is str and a == "init" for a in args):
+            if self._persistent_channels.claims == claims:
+                self._persistent_channels.claim()[2]()
+            return
+        if self._seq != seq:  # the call took its number, and failed after
+            return
+        self._next_seq()
+        # (Alone, no rank sent it anything; NCCL's channel has no tags to tell a stale message by.)
+        if self.size > 1 and getattr(self._coll, "discard", None) is not None:
+            self._stale[seq] = seq + self._seq_span  # (every path that takes a call number looks at it)
+
+    def _drop_stale(self, seq: int) -> None:
+        """Before call ``seq`` sends anything: receive and drop what peers sent for calls this rank gave up.
+
+        A message of given-up call ``n`` is told by the call number in its tag
+        (no call between ``n`` and ``n + span`` has that number), and comes from
+        each peer before anything that peer sent for a later call. So each peer's
+        oldest message is looked at while it carries such a number, at every
+        call until the number comes round again (see :meth:`_spend_number`).
+        """
+        layout, coll, stale = self._layout, self._coll, self._stale
+        for number, until in list(stale.items()):
+            if seq >= until:
+                del stale[number]
+                continue
+            residue = number & layout.seq_mask
+            for source in range(self.size):
+                if source == self.rank:
+                    continue
+                while True:
+                    status = coll.probe(source, ANY_TAG)
+                    if status is None or (status.tag >> layout.seq_shift) & layout.seq_mask != residue:
+                        break
+                    coll.discard(status)
 
     def _scratch_buffer(self, xp, dtype, n, nonblocking, role="tmp"):
         """Scratch of ``n`` elements, reused across blocking calls (one buffer per role and dtype)."""
@@ -863,7 +944,7 @@ class Communicator(VectorCollectives):
             "failed": None,
         }, seq, timeout)
 
-    def announce_errors(self, collective: str):
+    def announce_errors(self, collective: str, *, persistent: bool = False):
         """A context manager: in check mode, an argument error raised in it reaches every rank.
 
         For code that checks a collective's arguments before calling it (the
@@ -873,9 +954,17 @@ class Communicator(VectorCollectives):
         communicator, and check mode is on (``COMMKIT_DEBUG=check``), every other
         rank's matching call raises :class:`PeerFailed` naming this rank and its
         error, instead of waiting forever; this rank raises its own error. Outside
-        check mode it does nothing (the agreement costs one small allreduce per
-        call, which is what check mode pays anyway). commkit's own collectives do
-        this for their own argument checks.
+        check mode nobody is told (the agreement costs one small allreduce per
+        call, which is what check mode pays anyway), but the call still counts
+        as made on this rank, as on the ranks that went on with it: what they
+        sent it for that call is dropped, never taken for a later call's data.
+        commkit's own collectives do this for their own argument checks.
+
+        ``persistent=True``: the block makes a persistent request (``*_init``),
+        which is local: nothing is announced, but a request that fails on this
+        rank still takes its number among persistent requests, so this rank's
+        next one pairs with the other ranks' next one, not with the one it
+        failed to make.
 
         Example::
 
@@ -883,7 +972,7 @@ class Communicator(VectorCollectives):
                 x = parse(args)            # may raise InvalidBuffer on one rank
                 comm.allreduce(x, out=x)
         """
-        return _Announcing(self, collective)
+        return _Announcing(self, collective, persistent)
 
     def _announce_failure(self, collective: str, exc: BaseException) -> None:
         """Check mode: this rank's call failed its local checks; tell every rank, so none waits for it.
@@ -1170,6 +1259,8 @@ class Communicator(VectorCollectives):
         # The per-call path: every line here runs on every collective, so it avoids
         # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
+        if self._stale:  # (before this call takes its number, whichever way it runs)
+            self._drop_stale(self._seq)
         plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
         if plan is None:
             plan = self._plan(call, algorithm, timeout)
@@ -1546,7 +1637,7 @@ class Communicator(VectorCollectives):
         """
         if type(x) is not np.ndarray or _trace_active or log.isEnabledFor(logging.DEBUG):
             return GENERAL  # (the general path logs each call)
-        if not (self._shapes_on or nonblocking and self._plans_on and not self._check and not self._closed):
+        if not (self._shapes_on or nonblocking and self._iforms_on):
             return GENERAL  # outstanding requests stop the blocking plans only: they do not drive them
         form = 0 if out is None else _IN_PLACE if out is x else 1  # _out_form, written out
         given_timeout = timeout
@@ -1699,6 +1790,8 @@ class Communicator(VectorCollectives):
         _, steps, scratch_n, _, name, tagbase, signature = plan
         seq = self._seq
         self._seq = seq + 1
+        if self._stale:
+            self._drop_stale(seq)
         if progress.requests:
             progress.settle(seq, self._seq_span, timeout)  # (so the slot of this call number is back, below)
         recorder = self._recorder
@@ -2790,7 +2883,7 @@ class _PersistentChannels:
     request is freed (or collected) and it hands out no more numbers.
     """
 
-    __slots__ = ("source", "per_channel", "current", "used", "live")
+    __slots__ = ("source", "per_channel", "current", "used", "live", "claims")
 
     def __init__(self, source, per_channel: int):
         self.source = source
@@ -2798,6 +2891,7 @@ class _PersistentChannels:
         self.current = None  # the channel handing out numbers
         self.used = 0        # numbers it has handed out
         self.live: dict = {}  # channel -> its requests not yet freed
+        self.claims = 0      # numbers handed out on every channel so far
 
     def claim(self):
         """``(channel, number, release)`` for a new persistent request; ``release()`` when it is freed."""
@@ -2809,6 +2903,7 @@ class _PersistentChannels:
                 self._drop(retired)
         chan, number = self.current, self.used
         self.used += 1
+        self.claims += 1
         self.live[chan] += 1
         return chan, number, functools.partial(self._release, chan)
 

@@ -504,7 +504,7 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm, "_CommTimeout": CommTimeout,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
-          "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish}
+          "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish, "_stale": plan.comm._stale}
     names = _Names(ns, slots)
     const, sliced, unsafe = names.const, names.sliced, names.unsafe
 
@@ -620,6 +620,8 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, entry):
         *(line[4:] for line in guard[2:]),
         "seq = _comm._seq",
         "_comm._seq = seq + 1",
+        "if _stale:  # messages of a call this rank refused, to drop before they could match (Communicator._spend_number)",
+        "    _comm._drop_stale(seq)",
         *([f"tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
         "# the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",
         "# end, step, step_obj, state",
@@ -848,7 +850,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     choice, steps, scratch_n, inplace_safe, name, tagbase, signature = spec.plan
     layout, progress, recorder = comm._layout, comm._progress, comm._recorder
     ns = {"_comm": comm, "_acquire": comm._entry.acquire, "_release": comm._entry.release, "_progress": progress,
-          "_recorder": recorder, "_append": recorder.calls.append, "_last": (name, choice), "_sig": signature,
+          "_stale": comm._stale, "_recorder": recorder, "_append": recorder.calls.append, "_last": (name, choice), "_sig": signature,
           "_monotonic": _monotonic, "_compiled": spec.compiled, "_chan": comm._coll, "_Request": ScheduleRequest,
           "_Run": ScheduleRun, "_Completed": CompletedRequest,
           # through the proxy at each call: a bound method would keep the communicator alive
@@ -881,6 +883,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "    try:",
         "        seq = _comm._seq",
         "        _comm._seq = seq + 1",
+        "        if _stale:  # (as in a plan's run)",
+        "            _comm._drop_stale(seq)",
         "        if _progress.requests:",
         f"            _progress.settle(seq, _span, {timeout})",
         "        # the flight-recorder entry (watchdog.FlightRecorder): seq, collective, algorithm, signature, start,",

@@ -1038,6 +1038,52 @@ def test_program_matches_real_mpi4py(mpi, nprocs, timeout):
     assert result.stdout.count("results identical") == nprocs, (seed, result.stdout, result.stderr)
 
 
+REFUSED_AT_ONE_RANK = r'''
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+from commkit.compat.mpi4py import wrap
+F = wrap(MPI.COMM_WORLD)
+rank, size = F.Get_rank(), F.Get_size()
+x = np.full(4, 100.0 + rank)
+# Refused at the root only (its recvbuf holds 3 elements, not 4); the other ranks send theirs and go on.
+try:
+    F.Reduce(x, np.empty(3) if rank == 0 else None, op=MPI.SUM, root=0)
+    refused = False
+except ck.InvalidBuffer:
+    refused = True
+assert refused == (rank == 0), (rank, refused)
+# Every later Reduce gets its own data, past the point where call numbers come round again.
+for k in range(1100):
+    y, out = np.full(4, float(k + 1) * (rank + 1)), np.empty(4)
+    F.Reduce(y, out, op=MPI.SUM, root=0)
+    assert rank != 0 or out[0] == (k + 1) * size * (size + 1) / 2, (k, out)
+# The same for a persistent request: the refused one still takes its number among them at the root.
+try:
+    first = F.Reduce_init(x, np.empty(3) if rank == 0 else None, op=MPI.SUM, root=0)
+except ck.InvalidBuffer:
+    first = None
+assert (first is None) == (rank == 0)
+y, out = np.full(4, 1.0 + rank), np.empty(4)
+second = F.Reduce_init(y, out, op=MPI.SUM, root=0)
+if first is not None:
+    first.Start()
+    first.Wait()
+second.Start()
+second.Wait()
+assert rank != 0 or out[0] == size * (size + 1) / 2, out
+print("ok")
+'''
+
+
+@pytest.mark.mpi
+def test_a_call_the_face_refuses_at_one_rank_still_counts_there(mpi):
+    # The face checks a buffer before the communicator's call; the call still counts as made at the rank
+    # that refused it, so what the others sent for it is never taken for a later call's data.
+    result = mpi(3, REFUSED_AT_ONE_RANK, timeout=120)
+    assert result.stdout.count("ok") == 3, result.stdout + result.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_program_runs_unchanged_but_for_one_line(mpi, example):

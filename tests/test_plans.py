@@ -1582,11 +1582,17 @@ def test_a_scatter_entry_hands_every_other_call_to_the_checked_path():
         # An x off the root is ignored, as the general path ignores it; the root's overlapping out is refused.
         x = np.arange(2.0 * p).reshape(p, 2) * 3
         got = comm.scatter(x if r == 0 else np.ones((p, 2)), 0, out=np.empty(2))
-        if r == 0:
-            try:
-                comm.scatter(x, 0, out=x[1])
-            except ck.InvalidBuffer as exc:
+        # Every rank makes the call, as every rank makes every collective call (a refused one counts as made):
+        # the root's overlapping out is refused, and so is the others' read-only one, so none waits.
+        frozen = np.empty(2)
+        frozen.flags.writeable = False
+        try:
+            comm.scatter(x if r == 0 else None, 0, out=x[1] if r == 0 else frozen)
+        except ck.InvalidBuffer as exc:
+            if r == 0:
                 errors.append(type(exc).__name__)
+            else:
+                assert "read-only" in str(exc)
         comm.barrier()
         return errors, got.tolist()
 

@@ -236,6 +236,172 @@ def test_bad_input_is_refused_before_any_message():
     assert [r.tolist() for r in ck.run_local(body, 2)] == [[1], [1]]
 
 
+def _refused_on_one_rank(comm, collective):
+    """``collective`` with an argument only one rank gets wrong (the rank that only receives); True where refused.
+
+    Its peers need nothing from that rank, so they finish the call and send it
+    what it was to receive.
+    """
+    rank, buf = comm.rank, np.arange(8.0 * comm.size + 1) + 100 * comm.rank
+    x, overlapping = buf[:8], buf[1:9]
+    read_only = np.empty(8)
+    read_only.flags.writeable = False
+    try:
+        if collective == "reduce":  # the root's out overlaps its input
+            comm.reduce(x, "sum", 0, out=overlapping if rank == 0 else None)
+        elif collective == "gather":  # the root's out holds its input
+            comm.gather(x, 0, out=buf[:8 * comm.size].reshape(comm.size, 8) if rank == 0 else None)
+        elif collective == "broadcast":  # a leaf's out has the wrong shape
+            comm.broadcast(x, 0, out=np.empty(5) if rank == comm.size - 1 else None)
+        else:  # a leaf's out is read-only
+            rows = np.arange(8.0 * comm.size).reshape(comm.size, 8) if rank == 0 else None
+            comm.scatter(rows, 0, out=read_only if rank == comm.size - 1 else np.empty(8))
+    except ck.InvalidBuffer:
+        return True
+    return False
+
+
+def _later_calls(comm, collective, calls):
+    """``calls`` more calls of ``collective`` with new values each; every rank's results, as lists.
+
+    New arrays each call for the first half (the entries of new arrays), then the same arrays filled in
+    place (their plans), which are the paths the calls around number 1024 take.
+    """
+    got = []
+    rows, y_same, out_same = np.empty((comm.size, 8)), np.empty(8), np.empty(8)
+    rows_in = np.empty((comm.size, 8))
+    for k in range(calls):
+        same = k >= calls // 2
+        y = np.full(8, float(k + 1) * (comm.rank + 1))
+        if same:
+            y_same[:] = y
+            y = y_same
+        if collective == "reduce":
+            r = comm.reduce(y, "sum", 0, out=out_same if same and comm.rank == 0 else None)
+        elif collective == "gather":
+            r = comm.gather(y, 0, out=rows if comm.rank == 0 else None)
+        elif collective == "broadcast":
+            r = comm.broadcast(y, 0, out=y if same else None)
+        else:
+            parts = y[None] * np.arange(1, comm.size + 1)[:, None]
+            if same:
+                rows_in[:] = parts
+                parts = rows_in
+            r = comm.scatter(parts if comm.rank == 0 else None, 0, out=out_same if same else np.empty(8))
+        got.append(None if r is None else np.asarray(r)[..., 0].tolist())
+    return got
+
+
+def _expected_later(collective, size, rank, calls):
+    want = []
+    for k in range(calls):
+        v = float(k + 1)
+        if collective == "reduce":
+            want.append(v * size * (size + 1) / 2 if rank == 0 else None)
+        elif collective == "gather":
+            want.append([v * (r + 1) for r in range(size)] if rank == 0 else None)
+        elif collective == "broadcast":
+            want.append(v)
+        else:
+            want.append(v * (rank + 1))
+    return want
+
+
+@pytest.mark.parametrize("collective", ["reduce", "gather", "broadcast", "scatter"])
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_call_refused_on_one_rank_only_still_counts_there_so_later_calls_get_their_own_data(collective, size):
+    # Its peers finished the refused call and sent their part. Had the refusing rank not counted the call,
+    # its next call would have matched those messages and returned the refused call's data, and so on at
+    # every call after (one call late, silently). The calls run past the point where call numbers come round
+    # again (1024), where a message of the refused call left in the queue would be matched again.
+    calls = 1100
+
+    def body(comm):
+        refused = _refused_on_one_rank(comm, collective)
+        return refused, _later_calls(comm, collective, calls)
+
+    results = ck.run_local(body, size)
+    assert [refused for refused, _ in results] == [collective in ("reduce", "gather") and r == 0
+                                                   or collective in ("broadcast", "scatter") and r == size - 1
+                                                   for r in range(size)]
+    for rank, (_, got) in enumerate(results):
+        assert got == _expected_later(collective, size, rank, calls), (rank, collective)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_call_refused_between_calls_of_a_compiled_plan_still_counts_there(size):
+    # The calls around the refused one repeat on the same arrays, so they run the plan compiled for them and
+    # never the general path: the plan itself must drop what the others sent for the refused call.
+    calls = 1100
+
+    def body(comm):
+        rank = comm.rank
+        y, out = np.empty(8), np.empty(8)
+        for k in range(5):
+            y[:] = rank + 1
+            comm.reduce(y, "sum", 0, out=out if rank == 0 else None)
+        assert comm.last_plan("reduce") is not None
+        refused = _refused_on_one_rank(comm, "reduce")
+        got = []
+        for k in range(calls):
+            y[:] = float(k + 1) * (rank + 1)
+            comm.reduce(y, "sum", 0, out=out if rank == 0 else None)
+            got.append(out[0] if rank == 0 else None)
+        return refused, got
+
+    results = ck.run_local(body, size)
+    assert [refused for refused, _ in results] == [True] + [False] * (size - 1)
+    assert results[0][1] == [(k + 1) * size * (size + 1) / 2 for k in range(calls)]
+
+
+@requires_mpi
+@pytest.mark.mpi
+@pytest.mark.parametrize("size, timeout", [(2, "60"), (3, "")])
+def test_a_call_refused_on_one_rank_only_still_counts_there_under_mpiexec(size, timeout):
+    # The same under MPI, where a peer's message of the refused call waits in the library's queue: with a
+    # timeout (the timed plans) and without (the plans on the same arrays and on new ones).
+    import pathlib
+
+    code = f"""
+import sys
+sys.path.insert(0, {str(pathlib.Path(__file__).parent)!r})
+import commkit as ck
+from test_reliability import _expected_later, _later_calls, _refused_on_one_rank
+comm = ck.init()
+for collective in ("reduce", "gather", "broadcast", "scatter"):
+    receiver = 0 if collective in ("reduce", "gather") else comm.size - 1
+    assert _refused_on_one_rank(comm, collective) == (comm.rank == receiver), collective
+    got = _later_calls(comm, collective, 1100)
+    assert got == _expected_later(collective, comm.size, comm.rank, 1100), (comm.rank, collective)
+print("ok", comm.rank)
+"""
+    result = run_mpi(size, code, env={"COMMKIT_TIMEOUT": timeout}, timeout=180)
+    assert result.stdout.count("ok") == size, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_persistent_request_refused_on_one_rank_still_takes_its_number_there(size):
+    # Persistent requests pair across ranks by the order they were made in. Had the root's refused request
+    # taken no number, its next one would have paired with the others' first, and got that one's data.
+    def body(comm):
+        rank = comm.rank
+        buf = np.arange(9.0) + 100 * rank
+        try:
+            first = comm.reduce_init(buf[:8], "sum", 0, out=buf[1:9] if rank == 0 else None)
+        except ck.InvalidBuffer:
+            first = None
+        y, out = np.full(8, 1.0 + rank), np.empty(8)
+        second = comm.reduce_init(y, "sum", 0, out=out if rank == 0 else None)
+        if first is not None:
+            first.start()
+            first.wait()
+        second.start()
+        second.wait()
+        return first is None, out[0] if rank == 0 else None
+
+    assert ck.run_local(body, size, timeout=30) == [(True, size * (size + 1) / 2)] + [(False, None)] * (size - 1)
+
+
 def test_zero_size_and_scalar_arrays_work():
     def body(comm):
         empty = np.empty((0, 3), np.float32)

@@ -375,8 +375,12 @@ def test_bad_arguments_raise_whole_sentences_before_sending():
                 [2, 2, 2], out=np.empty(18, np.float32))
         _raises(ck.InvalidBuffer, r"allgatherv cannot run in place", comm.allgatherv, e[2 * r:2 * r + 2], [2, 2, 2],
                 out=e)
-        if r == 0:  # out is ignored off the root, so only the root finds the overlap
+        # out is ignored off the root, so only the root finds the overlap; every rank makes the call (a refused
+        # call counts as made), and the others' part of it completes.
+        if r == 0:
             _raises(ck.InvalidBuffer, r"gatherv cannot run in place", comm.gatherv, e[:2], 0, [2, 2, 2], out=e)
+        else:
+            comm.gatherv(e[:2], 0, [2, 2, 2], out=e)
         _raises(ck.InvalidArgument, r"root must be in range\(0, 3\), got 3", comm.gatherv, x, 3)
         _raises(ck.AlgorithmNotApplicable, r"unknown gatherv algorithm 'ring'.*'binomial'", comm.gatherv, x, 0,
                 algorithm="ring")
@@ -606,9 +610,13 @@ def test_persistent_vector_input_must_be_read_in_place():
                 [1.0, 2.0], 0, [2, 2])
         _raises(ck.InvalidBuffer, r"alltoallv_init's x must be a C-contiguous array", comm.alltoallv_init,
                 np.ones(8)[::2], [[2, 2], [2, 2]])
-        if r == 0:  # only the root's x is read
+        # Only the root's x is read; every rank makes the request (a refused one counts as made where it is
+        # refused, so that requests made later pair up), and the others' is freed unused.
+        if r == 0:
             _raises(ck.InvalidBuffer, r"scatterv_init's x must be a C-contiguous array", comm.scatterv_init,
                     np.ones(8)[::2], [2, 2])
+        else:
+            comm.scatterv_init(None, [2, 2], out=np.empty(2)).free()
         # Counts are still checked before anything is sent, as for the blocking forms.
         _raises(ck.InvalidArgument, r"counts must have 2 entries, one per rank; got 3", comm.allgatherv_init,
                 np.ones(2), [2, 2, 2])

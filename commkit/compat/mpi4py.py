@@ -325,15 +325,18 @@ _NOTHING = object()  # matches no argument: the empty state of a last-call cache
 
 
 def _announced(what: str | None):
-    """In check mode, a face call whose arguments fail on one rank fails on every rank.
+    """A face call whose arguments fail on one rank still counts as made there; in check mode it fails everywhere.
 
     The face checks arguments where mpi4py does, on each rank's own buffers, so
-    a bad one raises on that rank only. With the communicator in check mode
-    (``COMMKIT_DEBUG=check`` or ``wrap(comm, check=True)``) the error is
-    announced first (:meth:`commkit.Communicator.announce_errors`): the other
-    ranks' call raises :class:`commkit.errors.PeerFailed` naming the rank and its
-    error, and nobody waits. Persistent ``*_init`` calls are local and are not
-    announced. ``what`` None: the call's second argument names it (``_reduction``).
+    a bad one raises on that rank only (:meth:`commkit.Communicator.announce_errors`).
+    The call counts as made on that rank, as on the ranks that went on with it,
+    so nothing they sent it for the call is taken for a later call's data. With
+    the communicator in check mode (``COMMKIT_DEBUG=check`` or ``wrap(comm,
+    check=True)``) the error is announced first: the other ranks' call raises
+    :class:`commkit.errors.PeerFailed` naming the rank and its error, and nobody
+    waits. A persistent ``*_init`` is local: it is never announced, and one
+    that fails on one rank still takes its number among persistent requests.
+    ``what`` None: the call's second argument names it (``_reduction``).
 
     Whatever way the call ends, the fresh views of the buffers it staged go
     (see :class:`_Staged`).
@@ -343,9 +346,7 @@ def _announced(what: str | None):
         def run(self, *args):
             comm = self.comm
             try:
-                if not comm.check or isinstance(args[-1], _Init):
-                    return fn(self, *args)
-                with comm.announce_errors(what or args[1]):
+                with comm.announce_errors(what or args[1], persistent=isinstance(args[-1], _Init)):
                     return fn(self, *args)
             finally:
                 if self._attached:

@@ -313,6 +313,13 @@ class LocalWorld:
                 return
             self.posted[receive.dst].append(next(self._order), receive)
 
+    def discard(self, dst: int, ctx, src: int, tag: int) -> None:
+        """Take the oldest message to ``dst`` matching ``(ctx, src, tag)`` off its queue, unread (if one is there)."""
+        with self.lock:
+            queue = self.unexpected[dst].find(ctx, src, tag)
+            if queue is not None:
+                self.unexpected[dst].take(queue)
+
     def probe(self, dst: int, ctx, src: int, tag: int):
         with self.lock:
             queue = self.unexpected[dst].find(ctx, src, tag)
@@ -379,6 +386,10 @@ class LocalTransport:
     def probe(self, source: int, tag: int):
         src = source if source == ANY_SOURCE else self.ranks[source]
         return self.world.probe(self._world_rank, self.ctx, src, tag)
+
+    def discard(self, status) -> None:
+        """Drop the message :meth:`probe` found (``status``): data of a call this rank gave up."""
+        self.world.discard(self._world_rank, self.ctx, self.ranks[status.source], status.tag)
 
     # -- schedule steps --------------------------------------------------------
 

@@ -761,6 +761,10 @@ class MPITransport:
             return Status(status.Get_source(), status.Get_tag(), status.Get_count(BYTE))
         return None
 
+    def discard(self, status) -> None:
+        """Receive the message :meth:`probe` found (``status``) and drop it: data of a call this rank gave up."""
+        self.comm.Recv([bytearray(status.nbytes), BYTE], status.source, status.tag)
+
     # -- communicators -------------------------------------------------------------
 
     def dup(self) -> "MPITransport":
