@@ -762,10 +762,11 @@ class Comm(MPI.Intracomm):
                 _not_in_place(sendbuf, "Reduce", "sendbuf", "only at the root")
                 send = self._typed(sendbuf, "sendbuf", kop, blocking=mode is False)
                 return self._start("reduce", mode, None, send.array, kop[0], root)
-            send, recv = self._reduction_buffers("Reduce", sendbuf, recvbuf, kop, mode is False)
+            prep = _prep(mode)
+            x, recv = self._reduction_buffers("Reduce", sendbuf, recvbuf, kop, mode is False, prep)
         except _PassThrough as why:
             return self._pass("Reduce", mode, why, sendbuf, recvbuf, op, root)
-        return self._start("reduce", mode, recv.finish, send.array, kop[0], root, out=recv.array)
+        return self._start("reduce", mode, recv.finish, x, kop[0], root, out=recv.array, prep=prep)
 
     def Allreduce(self, sendbuf, recvbuf, op=MPI.SUM) -> None:
         """Reduce into every process's ``recvbuf``; ``sendbuf=MPI.IN_PLACE`` (or None) reduces ``recvbuf`` itself.
@@ -888,14 +889,14 @@ class Comm(MPI.Intracomm):
         return (entry is not None and (hot is None or hot.hot[index] is not (out if index else x))
                 and entry(x, out, None, None, op, root) is not GENERAL)
 
-    @staticmethod
-    def _short(sendbuf, recvbuf, op):
+    def _short(self, sendbuf, recvbuf, op):
         """``(x, op)`` for a reduction the short path takes, else None.
 
         The short path: mpi4py's own op object, and NumPy arrays of one shape,
-        dtype and C layout (``sendbuf`` may be ``MPI.IN_PLACE`` or None), which
-        the communicator takes as they are, so it replays the plan it compiled
-        for them.
+        dtype and C layout, apart in memory (``sendbuf`` may be ``MPI.IN_PLACE``,
+        None or ``recvbuf`` itself), which the communicator takes as they are,
+        so it replays the plan it compiled for them. Overlapping arrays take the
+        general path, which reads a copy of the send buffer.
         """
         fast = _FAST_OPS.get(id(op))
         if fast is None or type(recvbuf) is not _ndarray or recvbuf.dtype not in fast[1] \
@@ -904,7 +905,7 @@ class Comm(MPI.Intracomm):
         if sendbuf is _IN_PLACE or sendbuf is None:
             return recvbuf, fast[0]
         if (type(sendbuf) is _ndarray and sendbuf.dtype is recvbuf.dtype and sendbuf.shape == recvbuf.shape
-                and sendbuf.flags.c_contiguous):
+                and sendbuf.flags.c_contiguous and (sendbuf is recvbuf or self._arrays_apart(sendbuf, recvbuf))):
             return sendbuf, fast[0]
         return None
 
@@ -912,12 +913,13 @@ class Comm(MPI.Intracomm):
     def _reduction(self, collective, what, sendbuf, recvbuf, op, mode):
         try:
             kop = _op(op)
-            send, recv = self._reduction_buffers(what, sendbuf, recvbuf, kop, mode is False)
+            prep = _prep(mode)
+            x, recv = self._reduction_buffers(what, sendbuf, recvbuf, kop, mode is False, prep)
         except _PassThrough as why:
             return self._pass(what, mode, why, sendbuf, recvbuf, op)
         # Rank 0's result of an exclusive scan is undefined: leave its buffer alone.
         out = None if collective == "exscan" and self._rank == 0 else recv.array
-        return self._start(collective, mode, recv.finish, send.array, kop[0], out=out)
+        return self._start(collective, mode, recv.finish, x, kop[0], out=out, prep=prep)
 
     def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
         """Gather every process's ``sendbuf`` into ``root``'s ``recvbuf``, in rank order.
@@ -1773,7 +1775,8 @@ class Comm(MPI.Intracomm):
         if in_place:
             return recv, recv, fast[0]
         send = self._kept(sendbuf, 0, False, False)
-        if send is None or send.dtype is not recv.dtype or send.count != recv.count:
+        if send is None or send.dtype is not recv.dtype or send.count != recv.count or (
+                send is not recv and not self._apart(send, recv)):
             return None
         return send, recv, fast[0]
 
@@ -1817,14 +1820,24 @@ class Comm(MPI.Intracomm):
             raise _PassThrough(f"MPI does not define {op[0].name} for {msg.dtype}")
         return msg
 
-    def _reduction_buffers(self, what, sendbuf, recvbuf, op, blocking):
-        """The send and receive messages of a reduction at a rank that gets a result."""
+    def _reduction_buffers(self, what, sendbuf, recvbuf, op, blocking, prep):
+        """What a reduction at a rank that gets a result reads (an array) and its receive message.
+
+        A send buffer that overlaps the receive buffer is read from a copy
+        (for a persistent call, taken again at every start: ``prep``), as the
+        face's other collectives read theirs: the call then computes what the
+        program meant, where MPI itself aborts or refuses (MPICH: "Buffers must
+        not be aliased"). The same memory given twice is the in-place call.
+        """
         recv = self._typed(recvbuf, "recvbuf", op, writable=True, blocking=blocking)
         if _in_place(sendbuf):
-            return recv, recv
+            return recv.array, recv
         send = self._typed(sendbuf, "sendbuf", op, blocking=blocking)
         _match(what, send, recv)
-        return send, recv
+        x = send.array
+        if send is not recv and same_memory(x, recv.array):
+            x = _copy(x, prep)
+        return x, recv
 
     def _fill(self, key, buf, fill: bool = True):
         """The kept :class:`_Staged` message of ``key``, attached to ``buf`` for this call; None if it has none.
