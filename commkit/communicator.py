@@ -219,7 +219,7 @@ def _announced(collective: str | None):
     """
     def wrap(fn):
         def checked(self, *args, **kwargs):
-            if any(type(a) is str and a == "init" for a in args):
+            if _is_init(args):
                 return fn(self, *args, **kwargs)
             with _Announcing(self, collective or args[0]):
                 return fn(self, *args, **kwargs)
@@ -244,7 +244,7 @@ def _announced(collective: str | None):
             heads.append(head)
         forward = ", ".join(positional + keywords)
         self_ = params[0].name
-        ns["_local_errors"] = _LOCAL_ERRORS
+        ns["_local_errors"], ns["_is_init"] = _LOCAL_ERRORS, _is_init
         # Without check mode a call that fails its local checks still spends its call number (see
         # Communicator._spend_number); a try costs nothing until something raises.
         exec(f"def run({', '.join(heads)}):\n"
@@ -253,11 +253,16 @@ def _announced(collective: str | None):
              f"        try:\n"
              f"            return _fn({forward})\n"
              f"        except _local_errors:\n"
-             f"            {self_}._spend_number(seq, claims, ({', '.join(positional[1:])},))\n"
+             f"            {self_}._spend_number(seq, claims, _is_init(({', '.join(positional[1:])},)))\n"
              f"            raise\n"
              f"    return _checked({forward})\n", ns)
         return functools.wraps(fn)(ns["run"])
     return wrap
+
+
+def _is_init(args) -> bool:
+    """Whether an entry's arguments are those of a persistent ``*_init`` call (its mode, ``"init"``, among them)."""
+    return any(type(a) is str and a == "init" for a in args)
 
 
 class _Announcing:
@@ -277,12 +282,12 @@ class _Announcing:
         if kind is None or not issubclass(kind, _LOCAL_ERRORS) or comm._closed:
             return False
         if self.persistent:  # made locally: nothing to announce, only its number to take (see _spend_number)
-            comm._spend_number(self.seq, self.claims, ("init",))
+            comm._spend_number(self.seq, self.claims, True)
         elif comm._seq == self.seq:  # only a call that never started (its call number unused)
             if comm._check:
                 comm._announce_failure(self.collective, exc)
             else:
-                comm._spend_number(self.seq, self.claims, ())
+                comm._spend_number(self.seq, self.claims, False)
         return False
 
 
@@ -850,7 +855,7 @@ class Communicator(VectorCollectives):
             self._progress.settle(seq, self._seq_span, self.timeout)
         return seq
 
-    def _spend_number(self, seq: int, claims: int, args) -> None:
+    def _spend_number(self, seq: int, claims: int, persistent: bool) -> None:
         """A call that failed its local checks on this rank before taking call number ``seq``: take it now.
 
         Why. The other ranks made the call too, and where they need nothing from
@@ -870,11 +875,11 @@ class Communicator(VectorCollectives):
         taking its own (``claims`` were made before the call) takes it and gives
         it back, so that this rank's next request pairs with theirs, not with the
         one it failed to make. ``seq`` and ``claims``: the counts before the call;
-        ``args``: the call's arguments (one ``"init"`` among them for ``*_init``).
+        ``persistent``: whether it was a ``*_init`` call.
         """
         if self._closed:
             return
-        if any(type(a) is str and a == "init" for a in args):
+        if persistent:
             if self._persistent_channels.claims == claims:
                 self._persistent_channels.claim()[2]()
             return
@@ -1259,8 +1264,6 @@ class Communicator(VectorCollectives):
         # The per-call path: every line here runs on every collective, so it avoids
         # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        if self._stale:  # (before this call takes its number, whichever way it runs)
-            self._drop_stale(self._seq)
         plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
         if plan is None:
             plan = self._plan(call, algorithm, timeout)
@@ -1307,6 +1310,8 @@ class Communicator(VectorCollectives):
             )
         seq = self._seq
         self._seq = seq + 1
+        if self._stale:  # (a shape plan above drops them itself, as every path that takes a number does)
+            self._drop_stale(seq)
         if self._progress.requests and steps is not None:
             self._progress.settle(seq, self._seq_span, timeout)
         if log.isEnabledFor(logging.DEBUG):

@@ -1194,6 +1194,8 @@ class PersistentRequest(Request):
             comm._check_open()
         seq = comm._seq
         comm._seq = seq + 1
+        if comm._stale:  # (its own channel never carries them, but a start must not let their number come round)
+            comm._drop_stale(seq)
         self._seq = seq
         rec = self._rec = [seq, self._collective, self._algorithm, self._signature, _monotonic(), None, -1, None,
                            "running"]  # as FlightRecorder.start, without the call

@@ -402,6 +402,26 @@ def test_a_persistent_request_refused_on_one_rank_still_takes_its_number_there(s
     assert ck.run_local(body, size, timeout=30) == [(True, size * (size + 1) / 2)] + [(False, None)] * (size - 1)
 
 
+def test_a_call_refused_on_one_rank_stays_dropped_through_a_long_run_of_persistent_starts():
+    # Persistent starts take call numbers too: 1100 of them carry the numbers past the refused call's window,
+    # and its messages, had they stayed queued, would be matched by the reduce whose number comes round to it.
+    def body(comm):
+        refused = _refused_on_one_rank(comm, "reduce")
+        z, total = np.ones(1), np.empty(1)
+        req = comm.allreduce_init(z, "sum", out=total)
+        for _ in range(1100):
+            req.start()
+            req.wait()
+        req.free()
+        return refused, total[0], _later_calls(comm, "reduce", 1100)
+
+    results = ck.run_local(body, 2, timeout=60)
+    assert [r[0] for r in results] == [True, False]
+    assert [r[1] for r in results] == [2.0, 2.0]
+    for rank, (_, _, got) in enumerate(results):
+        assert got == _expected_later("reduce", 2, rank, 1100), rank
+
+
 def test_zero_size_and_scalar_arrays_work():
     def body(comm):
         empty = np.empty((0, 3), np.float32)
