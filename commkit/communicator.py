@@ -412,7 +412,7 @@ class Communicator(VectorCollectives):
         """
         self._plans.clear()
         self._forget_shapes()
-        self._fast.clear()
+        self._retire_fast()
         self._seen.clear()
         self._forget_hot()
         self._node_programs.clear()
@@ -427,6 +427,27 @@ class Communicator(VectorCollectives):
     def last_choice(self):
         """How the last collective's algorithm was chosen (:class:`commkit.selection.Choice`), with its reason."""
         return self._last[1]
+
+    def _retire_fast(self) -> None:
+        """Forget the plans of repeated calls, and retire each (:meth:`commkit.plan.Plan.retire`): one kept
+        elsewhere to run while ``plan.ready(x)`` holds is never run again."""
+        for plan in self._fast.values():
+            if plan is not None:
+                plan.retire()
+        self._fast.clear()
+
+    def plan_of(self, collective: str, x, out, *args):
+        """The compiled plan of a blocking ``collective`` call on exactly these arguments, or None.
+
+        ``args``: the rest of the call's arguments that make it another call,
+        in the method's order: the op (reductions), then the root (rooted
+        collectives); no algorithm. A wrapper that makes the same call again
+        and again (the mpi4py face) may keep the plan and run ``plan.run()``
+        directly while ``plan.ready(x)`` holds, as :meth:`last_plan` says.
+        """
+        plan = _known(self._fast, (collective, id(x), id(out), *args, None))
+        return plan if plan is not None and plan.hot is not None and plan.hot[0] is x and plan.hot[1] is out \
+            else None
 
     def last_plan(self, collective: str):
         """The compiled plan of the last blocking ``collective`` call made with the same arguments twice, or None.
@@ -533,7 +554,7 @@ class Communicator(VectorCollectives):
             return
         self._closed = _FREED
         self._plain = self._shapes_on = self._iforms_on = False
-        self._fast.clear()
+        self._retire_fast()
         self._forget_shapes()
         self._forget_hot()
         self._node_programs.clear()  # (they view the arena, which goes next)

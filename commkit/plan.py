@@ -1022,6 +1022,11 @@ class _Reposted:
         self.pending = None
 
 
+def _never(x) -> bool:
+    """A retired plan's ``ready``."""
+    return False
+
+
 def _readiness(plan):
     """``plan.ready(x)``: whether the plan may run for a call that passed its very arrays again.
 
@@ -1032,6 +1037,7 @@ def _readiness(plan):
     (and raises where the new state is wrong). Nor does it run while the
     communicator needs the general path (see ``Communicator._update_plain``) or
     a trace is recording. Written out for the plan's own arrays, as the plan is.
+    A plan its communicator forgot is never ready again (:meth:`Plan.retire`).
     """
     ns = {"_comm": plan.comm, "_trace": _trace_active, "_dtype": plan.dtype}
     terms = ["(x is None or x.dtype is _dtype)", "_comm._plain", "not _trace"]
@@ -1117,6 +1123,15 @@ class Plan:
             return None
         ns, body, sliced, marks, timed = self.parts
         return _assemble(self, dict(ns), list(body), list(sliced), marks, True, None, timed, entry)
+
+    def retire(self) -> None:
+        """Never ready again: its communicator forgot it (an algorithm edited since, or the communicator freed).
+
+        Whoever kept the plan to run it while ``ready(x)`` holds (the mpi4py
+        face) then makes the call the communicator's way, which selects and
+        compiles anew.
+        """
+        self.ready = _never
 
 
 

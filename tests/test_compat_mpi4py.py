@@ -1135,6 +1135,79 @@ def test_a_reduction_whose_buffers_overlap_reads_its_send_buffer_as_it_was(mpi):
     assert result.stdout.count("ok") == 3, result.stdout + result.stderr
 
 
+REPEATED_MOVES = r'''
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+from commkit.compat.mpi4py import wrap
+F = wrap(MPI.COMM_WORLD)
+rank, size = F.Get_rank(), F.Get_size()
+x, rows = np.zeros(3), np.zeros((size, 3))
+
+
+def call(collective, root):
+    if collective == "Bcast":
+        F.Bcast(x, root=root)
+    elif collective == "Gather":
+        F.Gather(x, rows if rank == root else None, root=root)
+    elif collective == "Scatter":
+        F.Scatter(rows if rank == root else None, x, root=root)
+    else:
+        F.Allgather(x, rows)
+
+
+def check(collective, root, k):
+    # Each rank's data new in place, as a loop's; every call's result is its own.
+    x[:] = 100 * k + rank
+    rows[:] = -1.0
+    if collective == "Scatter" and rank == root:
+        rows[:] = 100 * k + np.arange(size)[:, None]
+    call(collective, root)
+    if collective == "Bcast":
+        assert np.all(x == 100 * k + root), (collective, root, k, x)
+    elif collective == "Scatter":
+        assert np.all(x == 100 * k + rank), (collective, root, k, x)
+    elif collective == "Allgather" or rank == root:
+        assert rows[:, 0].tolist() == [100.0 * k + r for r in range(size)], (collective, root, k, rows)
+
+
+for collective in ("Bcast", "Gather", "Scatter", "Allgather"):
+    for root in range(size):
+        for k in range(5):
+            check(collective, root, k)
+        # The buffer a rank writes, made read-only there: that rank refuses the call, its peers may finish it.
+        # Made writeable again, the loop goes on with every call's own data (on the face's replayed plans).
+        writes = {"Bcast": rank != root, "Gather": rank == root, "Scatter": True, "Allgather": True}[collective]
+        written = rows if collective in ("Gather", "Allgather") else x
+        if writes:
+            written.flags.writeable = False
+            try:
+                call(collective, root)
+                raise AssertionError(f"{collective} wrote a read-only buffer at rank {rank}")
+            except ck.InvalidBuffer:
+                pass
+            written.flags.writeable = True
+        else:  # (the root of a Bcast, a Gather's senders: nothing written here, the call made as any other)
+            call(collective, root)
+        for k in range(5, 10):
+            check(collective, root, k)
+        F.comm.forget_plans()
+        for k in range(10, 13):
+            check(collective, root, k)
+print("ok")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_repeated_data_movement_calls_get_their_own_data_on_every_rank(mpi, nprocs):
+    """Bcast, Gather, Scatter, Allgather repeated on the same arrays at every root: the face's replayed plans give
+    each call its own data, a rank whose written buffer turned read-only refuses (its peers may finish the call),
+    and a communicator that forgot its plans is never run on an old one."""
+    result = mpi(nprocs, REPEATED_MOVES, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_program_runs_unchanged_but_for_one_line(mpi, example):
@@ -1290,6 +1363,66 @@ def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
         plan.run = compiled
     with pytest.raises(commkit.errors.InvalidArgument, match="allreduce"):
         comm.comm.last_plan("allreduse")
+
+
+def _counting_runs(plan):
+    """Count the runs of ``plan`` in the list returned (``plan.run`` restored by the caller from ``plan.run``)."""
+    runs, compiled = [], plan.run
+
+    def counted():
+        runs.append(1)
+        return compiled()
+    plan.run = counted
+    return runs, compiled
+
+
+@pytest.mark.parametrize("collective", ["Bcast", "Gather", "Scatter", "Allgather"])
+def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, collective):
+    """Bcast, Gather, Scatter and Allgather on the same plain arrays again run the communicator's plan for their
+    bytes; an array made read-only, a plan the communicator dropped, or a trace, takes the call's own path."""
+    import commkit
+
+    MPI, comm = face
+    x, rows = np.zeros(3), np.zeros((1, 3))
+    name = {"Bcast": "broadcast", "Gather": "gather", "Scatter": "scatter", "Allgather": "allgather"}[collective]
+    call = {"Bcast": lambda: comm.Bcast(x, root=0), "Gather": lambda: comm.Gather(x, rows, root=0),
+            "Scatter": lambda: comm.Scatter(rows, x, root=0), "Allgather": lambda: comm.Allgather(x, rows)}[collective]
+
+    def check(i):
+        # New data in place, as a loop's: the result is always this call's.
+        src, dst = {"Bcast": (x, x), "Scatter": (rows, x)}.get(collective, (x, rows))
+        dst[...] = -1
+        src[...] = i
+        call()
+        assert np.all(dst == i), (collective, i, dst)
+
+    for i in range(3):
+        check(i)
+    plan = comm.comm.last_plan(name)
+    assert plan is not None
+    runs, compiled = _counting_runs(plan)
+    try:
+        check(3)
+        assert len(runs) == 1
+        with commkit.trace() as t:
+            check(4)
+        assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
+        check(5)
+        assert len(runs) == 2
+        written = rows if collective in ("Gather", "Allgather") else x
+        written.flags.writeable = False  # the buffer the call writes: refused, as the first call would be
+        if collective != "Bcast":  # (the root of a Bcast only reads its buffer: a read-only one is fine)
+            with pytest.raises(commkit.InvalidBuffer):
+                call()
+            assert len(runs) == 2
+        written.flags.writeable = True
+        comm.comm.forget_plans()  # (what registering an edited algorithm does): never the old plan again
+        for i in range(6, 9):
+            check(i)
+        assert len(runs) == 2
+    finally:
+        plan.run = compiled
+    assert comm.comm.last_plan(name) not in (None, plan)
 
 
 def test_none_means_in_place_where_mpi4py_reads_it_so(face, debug_log):

@@ -216,6 +216,33 @@ def test_a_loop_back_on_an_earlier_call_takes_its_plan_by_identity_again(collect
     assert all(ck.run_local(body, 3))
 
 
+def test_plan_of_finds_a_calls_own_plan_and_a_forgotten_plan_is_never_ready_again():
+    """plan_of looks a plan up by the call's exact arguments (another op, root or array is another call's);
+    forget_plans retires every plan, so one kept outside the communicator stops running."""
+    def body(comm):
+        x, out = np.full(4, comm.rank + 1.0), np.empty(4)
+        for _ in range(2):
+            comm.allreduce(x, "sum", out=out)
+            comm.broadcast(x, 1, out=x)
+        plan, bplan = comm.plan_of("allreduce", x, out, "sum"), comm.plan_of("broadcast", x, x, 1)
+        assert plan is not None and plan is comm.last_plan("allreduce") and plan.ready(x)
+        assert bplan is not None and bplan is comm.last_plan("broadcast")
+        assert comm.plan_of("allreduce", x, out, "max") is None
+        assert comm.plan_of("allreduce", x, np.empty(4), "sum") is None
+        assert comm.plan_of("broadcast", x, x, 0) is None
+        x[:] = comm.rank + 1.0
+        plan.run()  # the kept plan, run directly, as the mpi4py face does: this call's data
+        assert out.tolist() == [sum(range(1, comm.size + 1))] * 4
+        comm.forget_plans()
+        assert not plan.ready(x) and not bplan.ready(x) and comm.plan_of("allreduce", x, out, "sum") is None
+        for _ in range(2):
+            comm.allreduce(x, "sum", out=out)
+        again = comm.plan_of("allreduce", x, out, "sum")
+        return again is not None and again is not plan and again.ready(x)
+
+    assert all(ck.run_local(body, 3))
+
+
 def test_wait_any_and_wait_all_over_any_mix_of_requests():
     def body(comm):
         peer_right, peer_left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size

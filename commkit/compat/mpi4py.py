@@ -408,6 +408,9 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
+        # The last Bcast, Gather, Scatter and Allgather of plain NumPy arrays (see _memo): a loop repeating
+        # one of them on its arrays runs the communicator's plan for them, while it may.
+        self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = (_NOTHING,) * 4 + (None,)
 
     def _connect(self) -> None:
         """Make the commkit communicator (collective: it duplicates the handle twice)."""
@@ -661,12 +664,18 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
+        h = self._hot_bcast
+        plan = h[4]
+        if plan is not None and h[0] is buf and h[2] is root and _still_plain(buf) and plan.ready(h[3]):
+            plan.run()
+            return
         if root.__class__ is int and 0 <= root < self._size:
             if _plain_array(buf) and not self.comm.check:  # a NumPy array, new or not
                 # Its bytes, in place, as the general path moves them (every rank's message alike, whatever
                 # form each rank gave its buffer in).
                 data = self._bytes_of(buf)
                 self._blocking["broadcast"](data, root, out=data)
+                self._hot_bcast = self._memo(h, "broadcast", buf, None, data, data, root)
                 return
             at_root = self._rank == root
             msg = self._kept(buf, 0, not at_root, fill=at_root)  # the short path: a buffer seen before
@@ -787,8 +796,9 @@ class Comm(MPI.Intracomm):
                 plan.run()
                 return
             self._allreduce(h[3], h[4], out=recvbuf)
-            if plan is None:  # the communicator compiles a plan the second time it sees these arrays
-                self._hot_allreduce = h[:5] + (self._plan_for("allreduce", h[3], recvbuf, h[4]),)
+            if plan is None or not plan.ready(h[3]):  # (the communicator compiles one the second time; retires it
+                # at forget_plans)
+                self._hot_allreduce = h[:5] + (self.comm.plan_of("allreduce", h[3], recvbuf, h[4]),)
             return
         fast = _FAST_OPS.get(id(op))
         if fast is not None and type(recvbuf) is _ndarray and recvbuf.dtype in fast[1]:
@@ -867,13 +877,26 @@ class Comm(MPI.Intracomm):
         """Persistent :meth:`Exscan` (as :meth:`Allreduce_init`; rank 0's ``recvbuf`` is left untouched)."""
         return self._reduction("exscan", "Exscan", sendbuf, recvbuf, op, _Init(info))
 
-    def _plan_for(self, collective, x, out, op):
-        """The communicator's plan for exactly this call (``x``, ``out``, ``op``, no algorithm), or None."""
-        plan = self.comm.last_plan(collective)
-        if plan is None or plan.hot is None:
-            return None
-        h = plan.hot
-        return plan if h[0] is x and h[1] is out and h[2] is op and h[3] is None else None
+    def _memo(self, h, collective, a, b, x, out, *root):
+        """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` as the communicator's
+        ``collective`` of ``x`` into ``out`` (their byte views; ``root`` where it has one), given the memo
+        ``h`` before it.
+
+        A memo is ``(a, b, root, x, plan)``: ``plan`` is None after the first
+        call on these arrays, then the communicator's plan for them (it
+        compiles one at the second; None while it keeps none, as with a
+        timeout). The method runs ``plan`` while ``a`` and ``b`` are the same
+        objects, still plain where this rank reads or writes them
+        (:func:`_still_plain`), and ``plan.ready(x)``: every check the
+        communicator's call would make (a plan it forgot is never ready again).
+        """
+        r = root[0] if root else None
+        if h[0] is a and h[1] is b and h[2] is r and h[3] is x:
+            plan = h[4]
+            if plan is None or not plan.ready(x):
+                return h[:4] + (self.comm.plan_of(collective, x, out, *root),)
+            return h
+        return (a, b, r, x, None)
 
     @staticmethod
     def _by_entry(entry, hot, index: int, x, out, op, root=None) -> bool:
@@ -936,14 +959,23 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        h = self._hot_gather
+        plan = h[4]
+        if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
+                and _still_plain(sendbuf) and (self._rank != root or _still_plain(recvbuf)) and plan.ready(h[3]):
+            plan.run()
+            return
         if root.__class__ is int and 0 <= root < self._size:
             if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
                 if self._rank != root:
                     if _plain_array(sendbuf):
-                        self._blocking["gather"](self._bytes_of(sendbuf), root)
+                        x = self._bytes_of(sendbuf)
+                        self._blocking["gather"](x, root)
+                        self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, x, None, root)
                         return
                 elif (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
                     self._blocking["gather"](views[0], root, out=views[1])
+                    self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, *views, root)
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1001,14 +1033,23 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        h = self._hot_scatter
+        plan = h[4]
+        if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
+                and _still_plain(recvbuf) and (self._rank != root or _still_plain(sendbuf)) and plan.ready(h[3]):
+            plan.run()
+            return
         if root.__class__ is int and 0 <= root < self._size:
             if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
                 if self._rank != root:
                     if _plain_array(recvbuf):
-                        self._blocking["scatter"](None, root, out=self._bytes_of(recvbuf))
+                        out = self._bytes_of(recvbuf)
+                        self._blocking["scatter"](None, root, out=out)
+                        self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, None, out, root)
                         return
                 elif (views := self._byte_blocks(recvbuf, sendbuf)) is not None:
                     self._blocking["scatter"](views[1], root, out=views[0])
+                    self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, views[1], views[0], root)
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1066,10 +1107,17 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
+        h = self._hot_allgather
+        plan = h[4]
+        if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
+                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+            plan.run()
+            return
         p = self._size
         if not self.comm.check and (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
             # NumPy arrays, new or not: their bytes, as the general path moves them.
             self._blocking["allgather"](views[0], out=views[1])
+            self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, *views)
             return
         # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
@@ -2041,6 +2089,17 @@ def _decode(rec):
 
 
 _BYTE = np.dtype(np.uint8)
+
+
+def _still_plain(array) -> bool:
+    """Whether a NumPy array that was plain (:func:`_plain_array`) at an earlier call still is, as its bytes go.
+
+    The same object keeps its class and its memory; a shape or element type set
+    in place since keeps its bytes, which are what the face moves; only its
+    flags can change what may be done with them.
+    """
+    flags = array.flags
+    return flags.writeable and flags.c_contiguous
 
 
 def _plain_array(buf) -> bool:
