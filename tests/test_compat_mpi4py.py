@@ -1359,6 +1359,15 @@ def test_a_repeated_allreduce_runs_its_plan_and_every_call_sees_new_data(face):
         assert len(runs) == 1
         comm.Allreduce(x, r, MPI.SUM)
         assert len(runs) == 2
+        comm.Allreduce(x, r, MPI.SUM)  # (the face keeps the plan again, and runs it itself)
+        comm.Allreduce(x, r, MPI.SUM)
+        assert len(runs) == 4 and comm._hot_allreduce[5] is plan
+        # A plan the communicator forgot (an algorithm edited since) is never run again, though the face kept it.
+        comm.comm.forget_plans()
+        for i in range(3):
+            x[:] = 20 + i
+            comm.Allreduce(x, r, MPI.SUM)
+            assert np.array_equal(r, x) and len(runs) == 4
     finally:
         plan.run = compiled
     with pytest.raises(commkit.errors.InvalidArgument, match="allreduce"):
