@@ -1208,6 +1208,70 @@ def test_repeated_data_movement_calls_get_their_own_data_on_every_rank(mpi, npro
     assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
 
 
+TYPED_SPECS = r'''
+import numpy as np
+from mpi4py import MPI
+from commkit.compat.mpi4py import wrap
+F = wrap(MPI.COMM_WORLD)
+rank, size = F.Get_rank(), F.Get_size()
+x, r = np.zeros(4), np.zeros(4)
+rows, rows2 = np.zeros((size, 4)), np.zeros((size, 4))
+for k in range(4):  # the same arrays in new [buf, T] lists each call, as programs write them
+    x[:] = 10 * k + rank + np.arange(4)
+    F.Allreduce([x, MPI.DOUBLE], [r, MPI.DOUBLE], op=MPI.SUM)
+    assert r.tolist() == (size * (10 * k + np.arange(4)) + sum(range(size))).tolist(), (k, r)
+    r[:] = -1
+    F.Reduce([x, MPI.DOUBLE], [r, MPI.DOUBLE], op=MPI.MAX, root=size - 1)
+    assert rank != size - 1 or r.tolist() == (10 * k + size - 1 + np.arange(4)).tolist(), (k, r)
+    F.Bcast([x, MPI.DOUBLE], root=k % size)
+    assert x.tolist() == (10 * k + k % size + np.arange(4)).tolist(), (k, x)
+    x[:] = 10 * k + rank
+    F.Allgather([x, MPI.DOUBLE], [rows, MPI.DOUBLE])
+    assert rows[:, 0].tolist() == [10.0 * k + q for q in range(size)], (k, rows)
+    F.Gather([x, MPI.DOUBLE], [rows2, MPI.DOUBLE] if rank == 0 else None, root=0)
+    assert rank != 0 or rows2[:, 0].tolist() == [10.0 * k + q for q in range(size)], (k, rows2)
+    F.Scatter([rows, MPI.DOUBLE] if rank == 1 % size else None, [x, MPI.DOUBLE], root=1 % size)
+    assert x.tolist() == [10.0 * k + rank] * 4, (k, x)
+    rows[:] = 100 * k + 10 * rank + np.arange(size)[:, None]
+    F.Alltoall([rows, MPI.DOUBLE], [rows2, MPI.DOUBLE])
+    assert rows2[:, 0].tolist() == [100.0 * k + 10 * q + rank for q in range(size)], (k, rows2)
+# A datatype other than the array's elements is not the array: its bytes are read as that type, as mpi4py does.
+ints = np.arange(4, dtype=np.int64) + rank
+out = np.zeros(4)
+F.Allreduce([ints.view(np.float64), MPI.INT64_T], [out, MPI.INT64_T], op=MPI.SUM)
+assert out.view(np.int64).tolist() == (size * np.arange(4) + sum(range(size))).tolist(), out.view(np.int64)
+print("ok")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_typed_specs_over_numpy_arrays_give_the_arrays_results(mpi, nprocs):
+    """[buf, T] with T the array's own element type is the array itself (the face takes the array's paths),
+    in every collective; another T reads the bytes as that type, as mpi4py does."""
+    result = mpi(nprocs, TYPED_SPECS, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
+def test_a_typed_spec_over_a_numpy_array_takes_the_arrays_own_path(face):
+    import commkit
+
+    MPI, comm = face
+    x, r = np.arange(4.0), np.zeros(4)
+    for _ in range(3):
+        comm.Allreduce([x, MPI.DOUBLE], [r, MPI.DOUBLE], op=MPI.SUM)
+        comm.Bcast([x, MPI.DOUBLE], root=0)
+    assert comm._hot_allreduce[0] is x and comm._hot_allreduce[1] is r and comm._hot_bcast[0] is x
+    assert r.tolist() == x.tolist()
+    from commkit.compat.mpi4py import _whole
+
+    for other in ([x, MPI.FLOAT], [x, 4, MPI.DOUBLE], [x.tolist(), MPI.DOUBLE], [x, "d"]):
+        assert _whole(other) is other  # another type, a count, not an array, a type code: the spec's own path
+    for spec in (x[::2], [x[::2], MPI.DOUBLE]):  # a strided view is refused alike, given alone or in a spec
+        with pytest.raises(commkit.InvalidBuffer, match="sendbuf must be contiguous"):
+            comm.Allreduce(spec, np.zeros(2), op=MPI.SUM)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_program_runs_unchanged_but_for_one_line(mpi, example):

@@ -664,6 +664,8 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
+        if buf.__class__ is list:  # [buf, T]: see _whole
+            buf = _whole(buf)
         h = self._hot_bcast
         plan = h[4]
         if plan is not None and h[0] is buf and h[2] is root and _still_plain(buf) and plan.ready(h[3]):
@@ -721,6 +723,10 @@ class Comm(MPI.Intracomm):
                 differ in datatype or count, or a count past the end of a buffer.
             InvalidArgument: ``root`` is not a rank.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         if root.__class__ is int and 0 <= root < self._size:
             fast = _FAST_OPS.get(id(op))
             if fast is not None:
@@ -789,6 +795,10 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, send and receive buffers that
                 differ in datatype or count, or a count past the end of a buffer.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         h = self._hot_allreduce
         if h[1] is recvbuf and h[0] is sendbuf and h[2] is op:
             plan = h[5]
@@ -959,6 +969,10 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         h = self._hot_gather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
@@ -1033,6 +1047,10 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         h = self._hot_scatter
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
@@ -1107,6 +1125,10 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         h = self._hot_allgather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
@@ -1173,6 +1195,10 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or send and receive blocks of
                 different sizes.
         """
+        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+            sendbuf = _whole(sendbuf)
+        if recvbuf.__class__ is list:
+            recvbuf = _whole(recvbuf)
         # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
         recv = self._kept(recvbuf, self._size, True, fill=in_place)
@@ -2089,6 +2115,17 @@ def _decode(rec):
 
 
 _BYTE = np.dtype(np.uint8)
+
+
+def _whole(spec):
+    """``buf`` for a spec ``[buf, T]`` over a NumPy array whose elements are of datatype ``T`` (mpi4py reads
+    that as all of ``buf``, as it reads ``buf`` alone), so that it takes the array's own paths; else ``spec``."""
+    if len(spec) == 2:
+        buf, datatype = spec
+        if buf.__class__ is _ndarray and datatype.__class__ is _MPI_DATATYPE \
+                and _DTYPES.get(datatype.handle) is buf.dtype:
+            return buf
+    return spec
 
 
 def _still_plain(array) -> bool:
