@@ -1142,7 +1142,7 @@ import commkit as ck
 from commkit.compat.mpi4py import wrap
 F = wrap(MPI.COMM_WORLD)
 rank, size = F.Get_rank(), F.Get_size()
-x, rows = np.zeros(3), np.zeros((size, 3))
+x, rows, sent = np.zeros(3), np.zeros((size, 3)), np.zeros((size, 3))
 
 
 def call(collective, root):
@@ -1152,14 +1152,17 @@ def call(collective, root):
         F.Gather(x, rows if rank == root else None, root=root)
     elif collective == "Scatter":
         F.Scatter(rows if rank == root else None, x, root=root)
-    else:
+    elif collective == "Allgather":
         F.Allgather(x, rows)
+    else:
+        F.Alltoall(sent, rows)
 
 
 def check(collective, root, k):
     # Each rank's data new in place, as a loop's; every call's result is its own.
     x[:] = 100 * k + rank
     rows[:] = -1.0
+    sent[:] = 100 * k + 10 * rank + np.arange(size)[:, None]  # (an Alltoall's: block j goes to rank j)
     if collective == "Scatter" and rank == root:
         rows[:] = 100 * k + np.arange(size)[:, None]
     call(collective, root)
@@ -1167,18 +1170,20 @@ def check(collective, root, k):
         assert np.all(x == 100 * k + root), (collective, root, k, x)
     elif collective == "Scatter":
         assert np.all(x == 100 * k + rank), (collective, root, k, x)
+    elif collective == "Alltoall":
+        assert rows[:, 0].tolist() == [100.0 * k + 10 * r + rank for r in range(size)], (collective, k, rows)
     elif collective == "Allgather" or rank == root:
         assert rows[:, 0].tolist() == [100.0 * k + r for r in range(size)], (collective, root, k, rows)
 
 
-for collective in ("Bcast", "Gather", "Scatter", "Allgather"):
+for collective in ("Bcast", "Gather", "Scatter", "Allgather", "Alltoall"):
     for root in range(size):
         for k in range(5):
             check(collective, root, k)
         # The buffer a rank writes, made read-only there: that rank refuses the call, its peers may finish it.
         # Made writeable again, the loop goes on with every call's own data (on the face's replayed plans).
-        writes = {"Bcast": rank != root, "Gather": rank == root, "Scatter": True, "Allgather": True}[collective]
-        written = rows if collective in ("Gather", "Allgather") else x
+        writes = {"Bcast": rank != root, "Gather": rank == root}.get(collective, True)
+        written = rows if collective in ("Gather", "Allgather", "Alltoall") else x
         if writes:
             written.flags.writeable = False
             try:
@@ -1201,7 +1206,7 @@ print("ok")
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_repeated_data_movement_calls_get_their_own_data_on_every_rank(mpi, nprocs):
-    """Bcast, Gather, Scatter, Allgather repeated on the same arrays at every root: the face's replayed plans give
+    """Bcast, Gather, Scatter, Allgather, Alltoall repeated on the same arrays at every root: the face's plans give
     each call its own data, a rank whose written buffer turned read-only refuses (its peers may finish the call),
     and a communicator that forgot its plans is never run on an old one."""
     result = mpi(nprocs, REPEATED_MOVES, timeout=120, env={"COMMKIT_TIMEOUT": ""})
@@ -1449,17 +1454,20 @@ def _counting_runs(plan):
     return runs, compiled
 
 
-@pytest.mark.parametrize("collective", ["Bcast", "Gather", "Scatter", "Allgather"])
+@pytest.mark.parametrize("collective", ["Bcast", "Gather", "Scatter", "Allgather", "Alltoall"])
 def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, collective):
-    """Bcast, Gather, Scatter and Allgather on the same plain arrays again run the communicator's plan for their
-    bytes; an array made read-only, a plan the communicator dropped, or a trace, takes the call's own path."""
+    """Bcast, Gather, Scatter, Allgather and Alltoall on the same plain arrays again run the communicator's plan
+    for their bytes; an array made read-only, a plan the communicator dropped, or a trace, takes the call's own
+    path."""
     import commkit
 
     MPI, comm = face
     x, rows = np.zeros(3), np.zeros((1, 3))
-    name = {"Bcast": "broadcast", "Gather": "gather", "Scatter": "scatter", "Allgather": "allgather"}[collective]
+    name = {"Bcast": "broadcast", "Gather": "gather", "Scatter": "scatter", "Allgather": "allgather",
+            "Alltoall": "alltoall"}[collective]
     call = {"Bcast": lambda: comm.Bcast(x, root=0), "Gather": lambda: comm.Gather(x, rows, root=0),
-            "Scatter": lambda: comm.Scatter(rows, x, root=0), "Allgather": lambda: comm.Allgather(x, rows)}[collective]
+            "Scatter": lambda: comm.Scatter(rows, x, root=0), "Allgather": lambda: comm.Allgather(x, rows),
+            "Alltoall": lambda: comm.Alltoall(x, rows)}[collective]
 
     def check(i):
         # New data in place, as a loop's: the result is always this call's.
@@ -1469,7 +1477,7 @@ def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, col
         call()
         assert np.all(dst == i), (collective, i, dst)
 
-    for i in range(3):
+    for i in range(5):  # (new arrays: the communicator runs its entry for their shape, then compiles their plan)
         check(i)
     plan = comm.comm.last_plan(name)
     assert plan is not None
@@ -1482,7 +1490,7 @@ def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, col
         assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
         check(5)
         assert len(runs) == 2
-        written = rows if collective in ("Gather", "Allgather") else x
+        written = rows if collective in ("Gather", "Allgather", "Alltoall") else x
         written.flags.writeable = False  # the buffer the call writes: refused, as the first call would be
         if collective != "Bcast":  # (the root of a Bcast only reads its buffer: a read-only one is fine)
             with pytest.raises(commkit.InvalidBuffer):

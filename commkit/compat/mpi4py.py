@@ -408,9 +408,10 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
-        # The last Bcast, Gather, Scatter and Allgather of plain NumPy arrays (see _memo): a loop repeating
+        # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays (see _memo): a loop repeating
         # one of them on its arrays runs the communicator's plan for them, while it may.
-        self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = (_NOTHING,) * 4 + (None,)
+        self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
+            (_NOTHING,) * 4 + (None,)
 
     def _connect(self) -> None:
         """Make the commkit communicator (collective: it duplicates the handle twice)."""
@@ -1199,6 +1200,17 @@ class Comm(MPI.Intracomm):
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
+        h = self._hot_alltoall
+        plan = h[4]
+        if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
+                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+            plan.run()
+            return
+        if not self.comm.check and (views := self._byte_blocks(sendbuf, recvbuf, rows=True)) is not None:
+            # NumPy arrays, new or not: their bytes as rows, one per rank, as the general path moves them.
+            self._blocking["alltoall"](views[0], out=views[1])
+            self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, *views)
+            return
         # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
         recv = self._kept(recvbuf, self._size, True, fill=in_place)
@@ -1781,9 +1793,10 @@ class Comm(MPI.Intracomm):
             raise
         attached.clear()
 
-    def _byte_blocks(self, block, blocks):
+    def _byte_blocks(self, block, blocks, rows: bool = False):
         """The byte views (:meth:`_bytes_of`) of ``block`` (one rank's) and ``blocks`` (every rank's, as rows),
-        where they take the direct path of NumPy arrays; else None.
+        where they take the direct path of NumPy arrays; else None. ``rows``: ``block`` holds a block for
+        every rank as well (an all-to-all's send buffer), and is viewed as rows too.
 
         Both plain (:func:`_plain_array`, written out: this runs at every call),
         ``blocks`` the size of ``size`` blocks, and apart in memory; anything
@@ -1794,12 +1807,13 @@ class Comm(MPI.Intracomm):
         flags, rows_flags, dtype, rows_dtype = block.flags, blocks.flags, block.dtype, blocks.dtype
         if not (flags.c_contiguous and flags.writeable and rows_flags.c_contiguous and rows_flags.writeable
                 and dtype.kind in "biufc" and rows_dtype.kind in "biufc" and dtype.isnative and rows_dtype.isnative
-                and blocks.nbytes == self._size * block.nbytes
+                and (blocks.nbytes == block.nbytes and not block.nbytes % self._size if rows
+                     else blocks.nbytes == self._size * block.nbytes)
                 # (_arrays_apart's first test, written out: 0.1 us of the call it saves, at every call)
                 and (block.base is None and blocks.base is None and block is not blocks
                      or self._arrays_apart(block, blocks))):
             return None
-        return self._bytes_of(block), self._bytes_of(blocks, self._size)
+        return self._bytes_of(block, self._size if rows else 0), self._bytes_of(blocks, self._size)
 
     def _arrays_apart(self, send, recv) -> bool:
         """Whether NumPy arrays ``send`` and ``recv`` lie apart in memory (the direct paths' check, 0.27 us).
