@@ -1277,6 +1277,48 @@ def test_a_typed_spec_over_a_numpy_array_takes_the_arrays_own_path(face):
             comm.Allreduce(spec, np.zeros(2), op=MPI.SUM)
 
 
+REPEATED_REDUCE = r'''
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+from commkit.compat.mpi4py import wrap
+F = wrap(MPI.COMM_WORLD)
+rank, size = F.Get_rank(), F.Get_size()
+x, r = np.zeros(3), np.zeros(3)
+for root in range(size):
+    for k in range(12):
+        x[:] = 100 * k + rank
+        r[:] = -1.0
+        if k == 6 and rank == root:  # the root's output read-only: refused there alone, the others send theirs
+            r.flags.writeable = False
+            try:
+                F.Reduce(x, r, op=MPI.SUM, root=root)
+                raise AssertionError("Reduce wrote a read-only buffer")
+            except ck.InvalidBuffer:
+                pass
+            r.flags.writeable = True
+            continue
+        elif k == 6:
+            F.Reduce(x, r, op=MPI.SUM, root=root)
+            continue
+        if k == 9:
+            F.comm.forget_plans()
+        F.Reduce(x, r, op=MPI.SUM, root=root)
+        want = [100.0 * k * size + sum(range(size))] * 3 if rank == root else [-1.0] * 3
+        assert r.tolist() == want, (root, k, r)
+print("ok")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_repeated_reduces_get_their_own_data_on_every_rank(mpi, nprocs):
+    """Reduce repeated on the same arrays at every root (the face's kept plans): each call's own sum, a root
+    whose output turned read-only refusing alone, and a communicator that forgot its plans."""
+    result = mpi(nprocs, REPEATED_REDUCE, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_program_runs_unchanged_but_for_one_line(mpi, example):
@@ -1504,6 +1546,51 @@ def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, col
     finally:
         plan.run = compiled
     assert comm.comm.last_plan(name) not in (None, plan)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_repeated_reduce_runs_its_plan_only_while_it_may(face, in_place):
+    """Reduce on the same arrays again runs the communicator's plan for them, as Allreduce does; another op,
+    an output made read-only, a trace or a forgotten plan takes the call's own path."""
+    import commkit
+
+    MPI, comm = face
+    x, r = np.zeros(4), np.zeros(4)
+
+    def call(i, op=MPI.SUM):
+        x[:] = i
+        if in_place:
+            r[:] = i
+        comm.Reduce(MPI.IN_PLACE if in_place else x, r, op=op, root=0)
+        assert r.tolist() == [i] * 4, (i, r)
+
+    for i in range(5):
+        call(i)
+    plan = comm.comm.last_plan("reduce")
+    assert plan is not None and comm._hot_reduce[5] is plan
+    runs, compiled = _counting_runs(plan)
+    try:
+        call(5)
+        assert len(runs) == 1
+        with commkit.trace() as t:
+            call(6)
+        assert len(runs) == 1 and [e["collective"] for e in t.events] == ["reduce"]
+        call(7, MPI.MAX)  # another op: another call
+        assert len(runs) == 1
+        r.flags.writeable = False
+        with pytest.raises(commkit.InvalidBuffer):
+            comm.Reduce(MPI.IN_PLACE if in_place else x, r, op=MPI.SUM, root=0)
+        r.flags.writeable = True
+        call(8)
+        call(9)
+        assert comm._hot_reduce[5] is plan and len(runs) >= 2
+        seen = len(runs)
+        comm.comm.forget_plans()
+        for i in range(10, 13):
+            call(i)
+        assert len(runs) == seen
+    finally:
+        plan.run = compiled
 
 
 def test_none_means_in_place_where_mpi4py_reads_it_so(face, debug_log):

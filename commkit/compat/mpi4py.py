@@ -408,6 +408,7 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
+        self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays (see _memo): a loop repeating
         # one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
@@ -728,6 +729,12 @@ class Comm(MPI.Intracomm):
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
+        h = self._hot_reduce
+        if h[0] is sendbuf and h[1] is recvbuf and h[2] is op and h[3] is root:
+            plan = h[5]
+            if plan is not None and plan.ready(h[4]):  # (as Allreduce's: the plan's checks are the call's)
+                plan.run()
+                return
         if root.__class__ is int and 0 <= root < self._size:
             fast = _FAST_OPS.get(id(op))
             if fast is not None:
@@ -744,6 +751,7 @@ class Comm(MPI.Intracomm):
                 short = self._short(sendbuf, recvbuf, op)
                 if short is not None:
                     self._blocking["reduce"](short[0], short[1], root, out=recvbuf)
+                    self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, recvbuf)
                     return
                 kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
                 if kept is not None:
@@ -754,6 +762,7 @@ class Comm(MPI.Intracomm):
                 short = self._short(_IN_PLACE, sendbuf, op)
                 if short is not None:
                     self._blocking["reduce"](short[0], short[1], root)
+                    self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, None)
                     return
                 kept = self._kept_send(sendbuf, op)
                 if kept is not None:
@@ -887,6 +896,17 @@ class Comm(MPI.Intracomm):
     def Exscan_init(self, sendbuf, recvbuf, op=MPI.SUM, info=MPI.INFO_NULL) -> Prequest:
         """Persistent :meth:`Exscan` (as :meth:`Allreduce_init`; rank 0's ``recvbuf`` is left untouched)."""
         return self._reduction("exscan", "Exscan", sendbuf, recvbuf, op, _Init(info))
+
+    def _reduce_memo(self, h, sendbuf, recvbuf, op, root, short, out):
+        """Reduce's memo after a short-path call (``short``: what :meth:`_short` made of it, ``out`` the
+        communicator's), given the memo ``h`` before it: ``(sendbuf, recvbuf, op, root, x, plan)``, as
+        :meth:`_memo` keeps for the data-movement calls (the op is part of the call here)."""
+        if h[0] is sendbuf and h[1] is recvbuf and h[2] is op and h[3] is root:
+            plan = h[5]
+            if plan is None or not plan.ready(short[0]):
+                return h[:5] + (self.comm.plan_of("reduce", short[0], out, short[1], root),)
+            return h
+        return (sendbuf, recvbuf, op, root, short[0], None)
 
     def _memo(self, h, collective, a, b, x, out, *root):
         """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` as the communicator's
