@@ -707,6 +707,66 @@ def machine_line(raw) -> str:
             f"{git_revision(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) or 'an unknown revision'}")
 
 
+def copy_bandwidth(raw, nbytes=32 << 20, repeats=5) -> float:
+    """GB/s of one rank's ``np.copyto`` of ``nbytes`` while every rank copies at once: the slowest rank's, median.
+
+    Collective: every rank of ``raw`` calls it.
+    """
+    from mpi4py import MPI
+
+    src = np.ones(nbytes // 8)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # (the pages touched first)
+    rates = []
+    for _ in range(repeats):
+        raw.Barrier()
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        rates.append(nbytes / raw.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 1e9)
+    return float(np.median(rates))
+
+
+def calibration(raw, calls=2000, repeats=5) -> dict:
+    """The machine's state in three numbers, so that a reader can tell a ratio the machine moved from one the code did.
+
+    The same code on the same VM has run at half its speed for days: the raw
+    8 B allreduce went from 2.2 to 5.4 us, Python slowed more than MPI, and
+    every commkit / raw ratio rose with it. A table that prints these beside
+    itself (before and after the run) says which state it was measured in.
+
+    Collective (every rank of ``raw`` calls it; about 0.1 s). Returns
+    ``allreduce_us`` (the raw 8 B ``Allreduce`` on ``raw``, median of
+    ``repeats`` runs of ``calls``, the slowest rank's), ``python_us`` (one
+    ``sum(range(1000))``, the best of ``repeats``, the slowest rank's: the
+    interpreter's speed) and ``copy_gbs`` (:func:`copy_bandwidth` of 8 MiB).
+    """
+    from mpi4py import MPI
+
+    x, y = np.ones(1), np.empty(1)
+    allreduce, python = [], []
+    for _ in range(repeats):
+        raw.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            raw.Allreduce(x, y)
+        allreduce.append(raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX))
+        t0 = time.perf_counter()
+        for _ in range(100):
+            sum(range(1000))
+        python.append((time.perf_counter() - t0) / 100)
+    return {"allreduce_us": float(np.median(allreduce)) * 1e6,
+            "python_us": raw.allreduce(min(python), op=MPI.MAX) * 1e6,
+            "copy_gbs": copy_bandwidth(raw, 8 << 20)}
+
+
+def calibration_line(before: dict, after: dict | None = None) -> str:
+    """:func:`calibration` as one line for a table's header: before the run and, where given, after it."""
+    def one(c):
+        return (f"raw 8 B Allreduce {c['allreduce_us']:.2f} us, sum(range(1000)) {c['python_us']:.1f} us, "
+                f"8 MiB copy {c['copy_gbs']:.1f} GB/s a rank")
+    return "machine state " + (f"before the run: {one(before)}; after it: {one(after)}" if after else one(before))
+
+
 def load_line(samples) -> str:
     """The 1-minute load averages sampled during a run: min, median, max."""
     if not samples:

@@ -37,8 +37,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # the checkout's commkit
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # the benchmark helpers
 
 import commkit as ck  # noqa: E402
+from _tasks import calibration, calibration_line  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "alltoall", "reduce_scatter", "barrier")
@@ -132,6 +135,7 @@ def main(argv=None) -> int:
     c = ck.init()
     raw = MPI.COMM_WORLD.Dup()
     load0 = os.getloadavg()[0]
+    state = calibration(raw)
     rows = []
     for collective in args.collectives.split(","):
         for nbytes in [int(s) for s in args.sizes.split(",")]:
@@ -156,6 +160,7 @@ def main(argv=None) -> int:
             spread = float((auto.max() - auto.min()) / np.median(auto))
             rows.append((collective, nbytes if collective != "barrier" else 0, med, spread))
     load1 = os.getloadavg()[0]
+    state = calibration_line(state, calibration(raw))
     if c.rank != 0:
         return 0
     lines = [
@@ -163,6 +168,8 @@ def main(argv=None) -> int:
         f"{MPI.Get_library_version().splitlines()[0].strip()}, mpi4py {__import__('mpi4py').__version__}, "
         f"numpy {np.__version__}; {args.sweeps} sweeps x {args.calls} calls per variant; "
         f"load average {load0:.2f} -> {load1:.2f}",
+        "",
+        state[0].upper() + state[1:] + ".",
         "",
         "Command: `mpiexec -n %d python benchmarks/call_cost.py %s`" % (c.size, " ".join(argv or sys.argv[1:])),
         "",

@@ -50,8 +50,11 @@ from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)  # the checkout's commkit, also when it is not installed
+for path in (HERE, ROOT):  # the checkout's commkit (also when it is not installed) and the benchmark helpers
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from _tasks import calibration, calibration_line  # noqa: E402
 
 from commkit.compat.mpi4py import wrap  # noqa: E402
 
@@ -210,6 +213,7 @@ def main(argv=None):
     raw, face = world.Dup(), wrap(world)
     rank, p = world.Get_rank(), world.Get_size()
     load = os.getloadavg()[0]
+    state = calibration(world)
     forms = [f for f in FORMS if f in args.forms.split(";")]
     rows = []
     for nbytes in (int(s) for s in args.sizes.split(",")):
@@ -233,12 +237,14 @@ def main(argv=None):
     variants = {"raw": lambda: raw.allreduce(3.5), "face": lambda: face.allreduce(3.5)}
     medians, ratios = _time(world, variants, args.sweeps, args.calls)
     rows.append(("allreduce(3.5)", 8, medians, ratios))
+    state = calibration_line(state, calibration(world))
     if rank == 0:
         library = MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")[:40]
         print(f"# {p} ranks, {library}; {args.sweeps} sweeps x {args.calls} calls; load average {load:.2f} -> "
               f"{os.getloadavg()[0]:.2f}")
         print(f"# command: mpiexec -n {p} python benchmarks/face_forms.py --sizes {args.sizes} "
               f"--sweeps {args.sweeps} --calls {args.calls}")
+        print(f"# {state}")
         print("| call | bytes | raw (us) | face (us) | commkit (us) | face / raw | commkit / raw |")
         print("|---|---|---|---|---|---|---|")
         for name, nbytes, m, r in rows:

@@ -34,8 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # the checkout's commkit, also when it is not installed
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # the benchmark helpers
 
 import commkit as ck  # noqa: E402
+from _tasks import calibration, calibration_line  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -49,7 +52,9 @@ def main(argv=None) -> int:
     comm = ck.init()
     raw = MPI.COMM_WORLD.Dup()
     alg = args.algorithm
+    state = calibration_line(calibration(raw))
     if comm.rank == 0:
+        print(f"# {state}")
         print(f"# float32 sum allreduce ({alg}), {comm.size} ranks, {args.sweeps} sweeps x {args.calls} calls, "
               f"best sweep, CPU us per call on rank 0; load average {os.getloadavg()[0]:.2f}")
         print(f"{'bytes':>6}  {'raw mpi4py':>10}  {'raw, new out':>12}  {'plan':>8}  {'no out':>8}  "

@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     comm = ck.init("mpi")
     raw = MPI.COMM_WORLD.Dup()
     loads = [os.getloadavg()[0]]
+    state = _tasks.calibration(raw)
     started = time.time()
     rows, wrong = [], 0
     try:
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
             rows.append((nbytes, samples))
             wrong += not right
         loads.append(os.getloadavg()[0])
-        machine = _tasks.machine_line(raw)
+        machine = f"{_tasks.machine_line(raw)}; {_tasks.calibration_line(state, _tasks.calibration(raw))}"
     finally:
         raw.Free()
     if comm.rank == 0:

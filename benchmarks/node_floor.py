@@ -49,13 +49,15 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
-import numpy as np
-from mpi4py import MPI
+import numpy as np  # noqa: E402
+from _tasks import copy_bandwidth  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 
-import commkit as ck
+import commkit as ck  # noqa: E402
 
 SIZES = (64 << 10, 1 << 20, 4 << 20, 32 << 20)
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "alltoall",
@@ -247,25 +249,6 @@ def variants(comm, raw, n, rng):
     comm.alltoall(a2ash, out=a2ash_out, algorithm="shm")
     np.testing.assert_array_equal(a2ash_out, a2a_out)
     return table, floor
-
-
-def copy_bandwidth(raw, nbytes=32 << 20, repeats=5) -> float:
-    """GB/s of one rank's ``np.copyto`` of ``nbytes`` while every rank copies at once: the slowest rank's, median.
-
-    Printed beside the table, at its start and end, so that a reader can tell a
-    ratio that moved because the machine's memory did (another job, another
-    VM) from one that moved because a collective did.
-    """
-    src = np.ones(nbytes // 8)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # (the pages touched first)
-    rates = []
-    for _ in range(repeats):
-        raw.Barrier()
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        rates.append(nbytes / raw.allreduce(time.perf_counter() - t0, op=MPI.MAX) / 1e9)
-    return statistics.median(rates)
 
 
 def time_sweep(raw, fns, calls, order):

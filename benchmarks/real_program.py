@@ -436,6 +436,7 @@ def main(argv=None) -> int:
     raw = MPI.COMM_WORLD.Dup()
     face = wrap(MPI.COMM_WORLD)
     loads = [os.getloadavg()[0]]
+    state = _tasks.calibration(raw)
     started = time.time()
     rows, wrong = [], 0
     try:
@@ -446,7 +447,7 @@ def main(argv=None) -> int:
                 wrong += bad
         wrong = raw.allreduce(wrong, op=MPI.SUM)
         loads.append(os.getloadavg()[0])
-        machine = _tasks.machine_line(raw)
+        machine = f"{_tasks.machine_line(raw)}; {_tasks.calibration_line(state, _tasks.calibration(raw))}"
     finally:
         face.comm.free()  # the face wraps COMM_WORLD itself: free only its own contexts
         raw.Free()

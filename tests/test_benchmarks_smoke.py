@@ -99,6 +99,7 @@ def test_quick_new_arrays_table_says_which_allocator_settings_it_ran_with(mpi, t
     md = tmp_path / "new.md"
     out = _run([NEW_ARRAYS, "--quick", "--markdown", str(md)])
     assert "Wrong results: 0." in out and "Allocator: glibc's defaults." in out
+    assert "machine state before the run: raw 8 B Allreduce " in out and "; after it: " in out
     assert "| bytes | raw new | commkit new | commkit same | new / same |" in out
     assert "| 64 KiB |" in out and "| 256 KiB |" in out
     assert md.read_text() in out + "\n"

@@ -10,6 +10,7 @@ is checked on made-up times instead.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,9 @@ def test_quick_run_under_mpiexec_prints_both_tables_with_right_results(mpi, tmp_
     assert out.startswith("## A real program: new arrays every call")
     assert "Command: `mpiexec -n 2 python benchmarks/real_program.py --quick" in out
     assert "Wrong results: 0." in out and "load average" in out
+    # The machine's state beside the table, before and after the run (see _tasks.calibration).
+    assert re.search(r"machine state before the run: raw 8 B Allreduce [0-9.]+ us, sum\(range\(1000\)\) [0-9.]+ us, "
+                     r"8 MiB copy [0-9.]+ GB/s a rank; after it: raw 8 B Allreduce", out), out
     assert TIME_HEADER in out and RATIO_HEADER in out
     assert "| target (allreduce) | | ≤ 1.3 | ≤ 1.3 | ≤ 1.5 | ≤ 1.3 | ≤ 1.4 |" in out
     for collective in COLLECTIVES:
