@@ -5,8 +5,8 @@ directory and checks that the page, the figures and the raw results are written,
 parse, and hold no wrong result; and ``memory_floor.py --quick`` and
 ``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
 and that the floor leaves no shared segment behind; and ``node_floor.py
---quick`` under a 2-rank job; and ``new_arrays.py --quick``, with and without
-glibc's settings. Benchmarks are never timed
+--quick`` and ``poll_first.py`` (a few calls) under 2-rank jobs; and ``new_arrays.py --quick``, with and
+without glibc's settings. Benchmarks are never timed
 unit tests: nothing here asserts on speed.
 """
 
@@ -27,6 +27,7 @@ FLOOR = os.path.join(ROOT, "benchmarks", "memory_floor.py")
 INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
 NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
 NEW_ARRAYS = os.path.join(ROOT, "benchmarks", "new_arrays.py")
+POLL_FIRST = os.path.join(ROOT, "benchmarks", "poll_first.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -82,6 +83,26 @@ def test_quick_node_floor_prints_its_table_beside_the_memory_bandwidth(mpi):
     out = mpi(2, code, timeout=300).stdout
     assert "memory: a 32 MiB np.copyto on every rank at once ran at" in out, out
     assert "allreduce 64Ki: shm / floor = " in out and "barrier" in out, out
+
+
+@pytest.mark.mpi
+def test_poll_first_times_both_transfer_forms_beside_the_raw_call(mpi):
+    code = f"""
+    import runpy
+    import sys
+
+    sys.argv = [{POLL_FIRST!r}, "--sweeps", "2", "--calls", "20", "--collectives", "allreduce,broadcast"]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+    """
+    out = mpi(2, code, timeout=120).stdout
+    assert "| collective | bytes | raw (us) | polled (us) | blocking (us) | polled / blocking" in out, out
+    for row in ("| allreduce | 8 |", "| allreduce | 1024 |", "| broadcast | 8 |", "| broadcast | 1024 |"):
+        assert row in out, out
+    assert "The shipped rule for this library: a plan " in out and "machine state before the run" in out, out
+    assert "Polled faster in " in out and " of 4 rows." in out, out
 
 
 @pytest.mark.mpi
