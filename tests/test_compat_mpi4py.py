@@ -1213,6 +1213,103 @@ def test_repeated_data_movement_calls_get_their_own_data_on_every_rank(mpi, npro
     assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
 
 
+REPEATED_IN_PLACE = r'''
+import numpy as np
+from mpi4py import MPI
+import commkit as ck
+from commkit.compat.mpi4py import wrap
+F = wrap(MPI.COMM_WORLD)
+rank, size = F.Get_rank(), F.Get_size()
+x, rows = np.zeros(3), np.zeros((size, 3))
+
+
+def call(collective, root, mark):
+    # mark: MPI.IN_PLACE or None (mpi4py reads None as IN_PLACE there), where this rank may give it
+    if collective == "Gather":
+        F.Gather(mark if rank == root else x, rows if rank == root else None, root=root)
+    elif collective == "Scatter":
+        F.Scatter(rows if rank == root else None, mark if rank == root else x, root=root)
+    elif collective == "Allgather":
+        F.Allgather(mark, rows)
+    else:
+        F.Alltoall(mark, rows)
+
+
+def check(collective, root, k, mark):
+    # Each rank's data new in place, as a loop's, its own block in rows included: every call's result is its own.
+    x[:] = 100 * k + rank
+    if collective == "Alltoall":
+        rows[:] = 100 * k + 10 * rank + np.arange(size)[:, None]  # block j goes to rank j
+    elif collective == "Scatter":
+        rows[:] = 100 * k + np.arange(size)[:, None] if rank == root else -1.0
+    else:
+        rows[:] = -1.0
+        rows[rank] = 100 * k + rank  # (an in-place gather's own block already sits in rows)
+    call(collective, root, mark)
+    if collective == "Scatter":
+        got = rows[rank] if rank == root else x
+        assert np.all(got == 100 * k + rank), (collective, root, k, got)
+        assert rank != root or rows[:, 0].tolist() == [100.0 * k + q for q in range(size)], (k, rows)  # untouched
+    elif collective == "Alltoall":
+        assert rows[:, 0].tolist() == [100.0 * k + 10 * q + rank for q in range(size)], (collective, k, rows)
+    elif collective == "Allgather" or rank == root:
+        assert rows[:, 0].tolist() == [100.0 * k + q for q in range(size)], (collective, root, k, rows)
+
+
+for collective in ("Gather", "Scatter", "Allgather", "Alltoall"):
+    for root in range(size):
+        for k in range(4):
+            check(collective, root, k, MPI.IN_PLACE)
+        for k in range(4, 7):
+            check(collective, root, k, None)
+        for k in range(7, 9):  # the same arrays given apart, then in place again: each call its own way
+            if collective in ("Allgather", "Alltoall") or rank == root:
+                x[:] = 100 * k + rank
+                other = np.zeros((size, 3))
+                if collective == "Gather":
+                    F.Gather(x, other, root=root)
+                elif collective == "Scatter":
+                    F.Scatter(rows, other[0], root=root)
+                elif collective == "Allgather":
+                    F.Allgather(x, other)
+                else:
+                    F.Alltoall(rows, other)
+            else:
+                call(collective, root, MPI.IN_PLACE)
+            check(collective, root, k, MPI.IN_PLACE)
+        # The buffer a rank writes, made read-only there: that rank refuses the call, its peers may finish it.
+        writes = collective != "Scatter" or rank != root
+        written = rows if collective != "Scatter" else x
+        if writes and (collective != "Gather" or rank == root):
+            written.flags.writeable = False
+            try:
+                call(collective, root, MPI.IN_PLACE)
+                raise AssertionError(f"{collective} wrote a read-only buffer at rank {rank}")
+            except ck.InvalidBuffer:
+                pass
+            written.flags.writeable = True
+        else:
+            call(collective, root, MPI.IN_PLACE)
+        for k in range(9, 12):
+            check(collective, root, k, MPI.IN_PLACE)
+        F.comm.forget_plans()
+        for k in range(12, 14):
+            check(collective, root, k, MPI.IN_PLACE)
+print("ok")
+'''
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_repeated_in_place_calls_get_their_own_data_on_every_rank(mpi, nprocs):
+    """Gather, Scatter, Allgather and Alltoall with MPI.IN_PLACE (or None) repeated on the same arrays at every
+    root: each call reads this call's own block (the face's replayed plans copy it again each call), switching to
+    separate buffers and back takes each call its own way, a rank whose written buffer turned read-only refuses,
+    and a communicator that forgot its plans is never run on an old one."""
+    result = mpi(nprocs, REPEATED_IN_PLACE, timeout=120, env={"COMMKIT_TIMEOUT": ""})
+    assert result.stdout.count("ok") == nprocs, result.stdout + result.stderr
+
+
 TYPED_SPECS = r'''
 import numpy as np
 from mpi4py import MPI
@@ -1240,6 +1337,34 @@ for k in range(4):  # the same arrays in new [buf, T] lists each call, as progra
     rows[:] = 100 * k + 10 * rank + np.arange(size)[:, None]
     F.Alltoall([rows, MPI.DOUBLE], [rows2, MPI.DOUBLE])
     assert rows2[:, 0].tolist() == [100.0 * k + 10 * q + rank for q in range(size)], (k, rows2)
+for k in range(4):  # [buf, n, T] with n all of the array (per process where the count is): the array again
+    x[:] = 10 * k + rank + np.arange(4)
+    F.Allreduce([x, 4, MPI.DOUBLE], [r, 4, MPI.DOUBLE], op=MPI.SUM)
+    assert r.tolist() == (size * (10 * k + np.arange(4)) + sum(range(size))).tolist(), (k, r)
+    F.Bcast([x, 4, MPI.DOUBLE], root=k % size)
+    assert x.tolist() == (10 * k + k % size + np.arange(4)).tolist(), (k, x)
+    x[:] = 10 * k + rank
+    F.Allgather([x, 4, MPI.DOUBLE], [rows, 4, MPI.DOUBLE])
+    assert rows[:, 0].tolist() == [10.0 * k + q for q in range(size)], (k, rows)
+    F.Gather([x, 4, MPI.DOUBLE], [rows2, 4, MPI.DOUBLE] if rank == 0 else None, root=0)
+    assert rank != 0 or rows2[:, 0].tolist() == [10.0 * k + q for q in range(size)], (k, rows2)
+    F.Scatter([rows, 4, MPI.DOUBLE] if rank == 1 % size else None, [x, 4, MPI.DOUBLE], root=1 % size)
+    assert x.tolist() == [10.0 * k + rank] * 4, (k, x)
+    rows[:] = 100 * k + 10 * rank + np.arange(size)[:, None]
+    F.Alltoall([rows, 4, MPI.DOUBLE], [rows2, 4, MPI.DOUBLE])
+    assert rows2[:, 0].tolist() == [100.0 * k + 10 * q + rank for q in range(size)], (k, rows2)
+    # A count short of the array moves that many elements, as mpi4py reads it; the rest stays as it was.
+    x[:] = 10 * k + rank + np.arange(4)
+    r[:] = -1
+    F.Allreduce([x, 3, MPI.DOUBLE], [r, 3, MPI.DOUBLE], op=MPI.SUM)
+    assert r.tolist() == (size * (10 * k + np.arange(3)) + sum(range(size))).tolist() + [-1], (k, r)
+    F.Bcast([x, 2, MPI.DOUBLE], root=0)
+    assert x.tolist() == (10 * k + np.arange(2)).tolist() + (10 * k + rank + np.arange(2, 4)).tolist(), (k, x)
+    rows2[:] = -1
+    rows[:] = 10 * k + rank
+    F.Allgather([rows, 2, MPI.DOUBLE], [rows2, 2, MPI.DOUBLE])  # (each rank's first two; rows2 has room for all)
+    assert rows2.reshape(-1)[:2 * size].tolist() == sum(([10.0 * k + q] * 2 for q in range(size)), []), (k, rows2)
+    assert np.all(rows2.reshape(-1)[2 * size:] == -1), (k, rows2)
 # A datatype other than the array's elements is not the array: its bytes are read as that type, as mpi4py does.
 ints = np.arange(4, dtype=np.int64) + rank
 out = np.zeros(4)
@@ -1270,8 +1395,16 @@ def test_a_typed_spec_over_a_numpy_array_takes_the_arrays_own_path(face):
     assert r.tolist() == x.tolist()
     from commkit.compat.mpi4py import _whole
 
-    for other in ([x, MPI.FLOAT], [x, 4, MPI.DOUBLE], [x.tolist(), MPI.DOUBLE], [x, "d"]):
-        assert _whole(other) is other  # another type, a count, not an array, a type code: the spec's own path
+    for other in ([x, MPI.FLOAT], [x, 3, MPI.DOUBLE], [x, 4, MPI.FLOAT], [x.tolist(), MPI.DOUBLE], [x, "d"],
+                  [x, 4.0, MPI.DOUBLE], [x, (4, 0), MPI.DOUBLE], [x, 2, MPI.DOUBLE]):
+        # another type, a count short of the array, not an array, a type code, a count mpi4py reads otherwise:
+        # the spec's own path
+        assert _whole(other) is other and _whole(other, 1) is other
+    assert _whole([x, 4, MPI.DOUBLE]) is x and _whole([x, 2, MPI.DOUBLE], 2) is x  # all of it (2 blocks of 2)
+    assert _whole([x, 4, MPI.DOUBLE], 2) is not x  # 2 blocks of 4: more than the array holds, for mpi4py to refuse
+    for _ in range(3):
+        comm.Allreduce([x, 4, MPI.DOUBLE], [r, 4, MPI.DOUBLE], op=MPI.SUM)
+    assert comm._hot_allreduce[0] is x and comm._hot_allreduce[1] is r
     for spec in (x[::2], [x[::2], MPI.DOUBLE]):  # a strided view is refused alike, given alone or in a spec
         with pytest.raises(commkit.InvalidBuffer, match="sendbuf must be contiguous"):
             comm.Allreduce(spec, np.zeros(2), op=MPI.SUM)
@@ -1541,6 +1674,55 @@ def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, col
         written.flags.writeable = True
         comm.comm.forget_plans()  # (what registering an edited algorithm does): never the old plan again
         for i in range(6, 9):
+            check(i)
+        assert len(runs) == 2
+    finally:
+        plan.run = compiled
+    assert comm.comm.last_plan(name) not in (None, plan)
+
+
+@pytest.mark.parametrize("collective", ["Gather", "Scatter", "Allgather", "Alltoall"])
+def test_a_repeated_in_place_call_runs_its_plan_only_while_it_may(face, collective):
+    """Gather, Scatter, Allgather and Alltoall with MPI.IN_PLACE on the same array again run the communicator's
+    plan, reading this call's own block; a read-only array, a trace or a forgotten plan takes the call's own
+    path."""
+    import commkit
+
+    MPI, comm = face
+    rows = np.zeros((1, 3))
+    name = {"Gather": "gather", "Scatter": "scatter", "Allgather": "allgather", "Alltoall": "alltoall"}[collective]
+    call = {"Gather": lambda: comm.Gather(MPI.IN_PLACE, rows, root=0),
+            "Scatter": lambda: comm.Scatter(rows, MPI.IN_PLACE, root=0),
+            "Allgather": lambda: comm.Allgather(MPI.IN_PLACE, rows),
+            "Alltoall": lambda: comm.Alltoall(MPI.IN_PLACE, rows)}[collective]
+
+    def check(i):
+        rows[...] = i  # the own block new in place, as a loop's: the result is this call's
+        call()
+        assert np.all(rows == i), (collective, i, rows)
+
+    for i in range(5):
+        check(i)
+    plan = comm.comm.last_plan(name)
+    memo = getattr(comm, "_hot_" + name)  # the face keeps the call and the plan, and runs it itself
+    assert memo[0 if collective != "Scatter" else 1] is MPI.IN_PLACE and memo[4] is plan and plan is not None
+    runs, compiled = _counting_runs(plan)
+    try:
+        check(5)
+        assert len(runs) == 1
+        with commkit.trace() as t:
+            check(6)
+        assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
+        check(7)
+        assert len(runs) == 2
+        if collective != "Scatter":  # (an in-place Scatter's root only reads: a read-only array is fine)
+            rows.flags.writeable = False
+            with pytest.raises(commkit.InvalidBuffer):
+                call()
+            assert len(runs) == 2
+            rows.flags.writeable = True
+        comm.comm.forget_plans()
+        for i in range(8, 11):
             check(i)
         assert len(runs) == 2
     finally:

@@ -409,10 +409,10 @@ class Comm(MPI.Intracomm):
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
-        # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays (see _memo): a loop repeating
-        # one of them on its arrays runs the communicator's plan for them, while it may.
+        # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
+        # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
-            (_NOTHING,) * 4 + (None,)
+            (_NOTHING,) * 4 + (None, None)
 
     def _connect(self) -> None:
         """Make the commkit communicator (collective: it duplicates the handle twice)."""
@@ -666,7 +666,7 @@ class Comm(MPI.Intracomm):
                 read-only on a receiving rank.
             InvalidArgument: ``root`` is not a rank.
         """
-        if buf.__class__ is list:  # [buf, T]: see _whole
+        if buf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
             buf = _whole(buf)
         h = self._hot_bcast
         plan = h[4]
@@ -725,7 +725,7 @@ class Comm(MPI.Intracomm):
                 differ in datatype or count, or a count past the end of a buffer.
             InvalidArgument: ``root`` is not a rank.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
@@ -805,7 +805,7 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, send and receive buffers that
                 differ in datatype or count, or a count past the end of a buffer.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
@@ -908,26 +908,43 @@ class Comm(MPI.Intracomm):
             return h
         return (sendbuf, recvbuf, op, root, short[0], None)
 
-    def _memo(self, h, collective, a, b, x, out, *root):
-        """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` as the communicator's
-        ``collective`` of ``x`` into ``out`` (their byte views; ``root`` where it has one), given the memo
-        ``h`` before it.
+    def _memo(self, h, collective, a, b, x, out, *root, fill=None):
+        """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` (or ``MPI.IN_PLACE`` and one) as
+        the communicator's ``collective`` of ``x`` into ``out`` (their byte views; ``root`` where it has
+        one), given the memo ``h`` before it.
 
-        A memo is ``(a, b, root, x, plan)``: ``plan`` is None after the first
-        call on these arrays, then the communicator's plan for them (it
+        A memo is ``(a, b, root, x, plan, fill)``: ``plan`` is None after the
+        first call on these arrays, then the communicator's plan for them (it
         compiles one at the second; None while it keeps none, as with a
-        timeout). The method runs ``plan`` while ``a`` and ``b`` are the same
-        objects, still plain where this rank reads or writes them
-        (:func:`_still_plain`), and ``plan.ready(x)``: every check the
-        communicator's call would make (a plan it forgot is never ready again).
+        timeout); ``fill`` is None, or for an in-place call ``(x, own)``: ``x``
+        the copy of its own blocks that the call reads (see :meth:`_own_copy`),
+        taken again from ``own`` before each run. The method runs ``plan``
+        while ``a`` and ``b`` are the same objects, still plain where this rank
+        reads or writes them (:func:`_still_plain`), and ``plan.ready(x)``:
+        every check the communicator's call would make (a plan it forgot is
+        never ready again).
         """
         r = root[0] if root else None
         if h[0] is a and h[1] is b and h[2] is r and h[3] is x:
             plan = h[4]
             if plan is None or not plan.ready(x):
-                return h[:4] + (self.comm.plan_of(collective, x, out, *root),)
+                return h[:4] + (self.comm.plan_of(collective, x, out, *root), fill)
             return h
-        return (a, b, r, x, None)
+        return (a, b, r, x, None, fill)
+
+    @staticmethod
+    def _own_copy(h, a, b, root, own):
+        """``(x, own)``: the copy ``x`` of ``own`` (this rank's blocks in ``b``, a byte view) that an in-place
+        call with ``a`` (``MPI.IN_PLACE`` or None) reads, filled now; the memo ``h``'s copy again where it was
+        made for the same call, so that the communicator sees the same input and replays its plan.
+
+        A copy, as the general path reads one: the algorithm writes ``b`` while it reads the blocks.
+        """
+        fill = h[5]
+        if fill is None or h[0] is not a or h[1] is not b or h[2] is not root or fill[0].shape != own.shape:
+            return own.copy(), own
+        fill[0][...] = own
+        return fill[0], own
 
     @staticmethod
     def _by_entry(entry, hot, index: int, x, out, op, root=None) -> bool:
@@ -990,14 +1007,16 @@ class Comm(MPI.Intracomm):
                 not fill one block of ``recvbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
-            recvbuf = _whole(recvbuf)
+            recvbuf = _whole(recvbuf, self._size)
         h = self._hot_gather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
                 and _still_plain(sendbuf) and (self._rank != root or _still_plain(recvbuf)) and plan.ready(h[3]):
+            if h[5] is not None:  # in place: the root's own block, read from a copy
+                h[3][...] = h[5][1]
             plan.run()
             return
         if root.__class__ is int and 0 <= root < self._size:
@@ -1011,6 +1030,13 @@ class Comm(MPI.Intracomm):
                 elif (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
                     self._blocking["gather"](views[0], root, out=views[1])
                     self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, *views, root)
+                    return
+                elif (sendbuf is _IN_PLACE or sendbuf is None) and _plain_array(recvbuf) \
+                        and not recvbuf.nbytes % self._size:  # the root's block already sits in recvbuf
+                    rows = self._bytes_of(recvbuf, self._size)
+                    fill = self._own_copy(h, sendbuf, recvbuf, root, rows[root])
+                    self._blocking["gather"](fill[0], root, out=rows)
+                    self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, fill[0], rows, root, fill=fill)
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1068,8 +1094,8 @@ class Comm(MPI.Intracomm):
                 does not match one block of ``sendbuf``.
             InvalidArgument: ``root`` is not a rank.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
-            sendbuf = _whole(sendbuf)
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
+            sendbuf = _whole(sendbuf, self._size)
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
         h = self._hot_scatter
@@ -1089,6 +1115,12 @@ class Comm(MPI.Intracomm):
                 elif (views := self._byte_blocks(recvbuf, sendbuf)) is not None:
                     self._blocking["scatter"](views[1], root, out=views[0])
                     self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, views[1], views[0], root)
+                    return
+                elif (recvbuf is _IN_PLACE or recvbuf is None) and _plain_array(sendbuf) \
+                        and not sendbuf.nbytes % self._size:  # the root's block stays where it is, in sendbuf
+                    x = self._bytes_of(sendbuf, self._size)
+                    self._blocking["scatter"](x, root)
+                    self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, x, None, root)
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1146,24 +1178,32 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or a block that does not fill
                 one block of ``recvbuf``.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
             sendbuf = _whole(sendbuf)
         if recvbuf.__class__ is list:
-            recvbuf = _whole(recvbuf)
+            recvbuf = _whole(recvbuf, self._size)
         h = self._hot_allgather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
                 and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+            if h[5] is not None:  # in place: this rank's own block, read from a copy
+                h[3][...] = h[5][1]
             plan.run()
             return
         p = self._size
-        if not self.comm.check and (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
-            # NumPy arrays, new or not: their bytes, as the general path moves them.
-            self._blocking["allgather"](views[0], out=views[1])
-            self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, *views)
-            return
-        # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
+        if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
+            if (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
+                self._blocking["allgather"](views[0], out=views[1])
+                self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, *views)
+                return
+            if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % p:
+                rows = self._bytes_of(recvbuf, p)
+                fill = self._own_copy(h, sendbuf, recvbuf, None, rows[self._rank])
+                self._blocking["allgather"](fill[0], out=rows)
+                self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, fill[0], rows, fill=fill)
+                return
+        # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
         recv = self._kept(recvbuf, p, True, fill=in_place)
         if in_place:
             if recv is not None:
@@ -1216,23 +1256,31 @@ class Comm(MPI.Intracomm):
             InvalidBuffer: a spec mpi4py would refuse, or send and receive blocks of
                 different sizes.
         """
-        if sendbuf.__class__ is list:  # [buf, T]: see _whole
-            sendbuf = _whole(sendbuf)
+        if sendbuf.__class__ is list:  # [buf, T] or [buf, n, T]: see _whole
+            sendbuf = _whole(sendbuf, self._size)
         if recvbuf.__class__ is list:
-            recvbuf = _whole(recvbuf)
+            recvbuf = _whole(recvbuf, self._size)
         h = self._hot_alltoall
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
                 and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+            if h[5] is not None:  # in place: the blocks this rank sends, read from a copy
+                h[3][...] = h[5][1]
             plan.run()
             return
-        if not self.comm.check and (views := self._byte_blocks(sendbuf, recvbuf, rows=True)) is not None:
-            # NumPy arrays, new or not: their bytes as rows, one per rank, as the general path moves them.
-            self._blocking["alltoall"](views[0], out=views[1])
-            self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, *views)
-            return
-        # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
         in_place = sendbuf is _IN_PLACE or sendbuf is None
+        if not self.comm.check:  # NumPy arrays, new or not: their bytes as rows, one per rank
+            if (views := self._byte_blocks(sendbuf, recvbuf, rows=True)) is not None:
+                self._blocking["alltoall"](views[0], out=views[1])
+                self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, *views)
+                return
+            if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % self._size:
+                rows = self._bytes_of(recvbuf, self._size)
+                fill = self._own_copy(h, sendbuf, recvbuf, None, rows)
+                self._blocking["alltoall"](fill[0], out=rows)
+                self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, fill[0], rows, fill=fill)
+                return
+        # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
         recv = self._kept(recvbuf, self._size, True, fill=in_place)
         if in_place:
             if recv is not None:
@@ -2151,14 +2199,22 @@ def _decode(rec):
 _BYTE = np.dtype(np.uint8)
 
 
-def _whole(spec):
-    """``buf`` for a spec ``[buf, T]`` over a NumPy array whose elements are of datatype ``T`` (mpi4py reads
-    that as all of ``buf``, as it reads ``buf`` alone), so that it takes the array's own paths; else ``spec``."""
-    if len(spec) == 2:
+def _whole(spec, blocks: int = 1):
+    """``buf`` for a spec ``[buf, T]`` or ``[buf, n, T]`` over a NumPy array whose elements are of datatype ``T``
+    and, with ``n``, whose ``n`` elements a block (``blocks`` of them: a gathered or scattered buffer's count is per
+    process) are all of it: mpi4py reads either as all of ``buf``, as it reads ``buf`` alone, so the spec takes the
+    array's own paths (its replayed plan included); else ``spec``."""
+    n = len(spec)
+    if n == 2:
         buf, datatype = spec
-        if buf.__class__ is _ndarray and datatype.__class__ is _MPI_DATATYPE \
-                and _DTYPES.get(datatype.handle) is buf.dtype:
-            return buf
+        count = None
+    elif n == 3:
+        buf, count, datatype = spec
+    else:
+        return spec
+    if buf.__class__ is _ndarray and datatype.__class__ is _MPI_DATATYPE and _DTYPES.get(datatype.handle) is buf.dtype \
+            and (count is None or count.__class__ is int and count * blocks == buf.size):
+        return buf
     return spec
 
 
@@ -2167,8 +2223,11 @@ def _still_plain(array) -> bool:
 
     The same object keeps its class and its memory; a shape or element type set
     in place since keeps its bytes, which are what the face moves; only its
-    flags can change what may be done with them.
+    flags can change what may be done with them. ``MPI.IN_PLACE`` and None
+    (an in-place call's memo holds one of them) stay what they were.
     """
+    if array is _IN_PLACE or array is None:
+        return True
     flags = array.flags
     return flags.writeable and flags.c_contiguous
 
