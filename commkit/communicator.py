@@ -1693,10 +1693,20 @@ class Communicator(VectorCollectives):
             return GENERAL
         blocking_untimed = timeout is None and not nonblocking
         if blocking_untimed:
-            last, last_out = self._fresh_last[collective]
-            # (no last out: the last call had none, or an entry did not record it for a new x)
-            if last is not None and last() is x and (last_out is None or last_out() is out):
-                return GENERAL
+            last_pair = self._fresh_last[collective]
+            last, last_out = last_pair
+            # The same x as the last call here: the general path, so that a loop on the same arrays gets its own
+            # plan. No last out means the last call had none, or an entry did not record it for a new x: this
+            # call's out is recorded now, so that a loop giving a new out each call with the same x
+            # (comm.allreduce(x, out=np.empty_like(x))) takes the shape's plan from its next call on, where it
+            # took the general path at every call.
+            if last is not None and last() is x:
+                if last_out is None:
+                    if form == 1:
+                        last_pair[1] = _weakref(out)
+                    return GENERAL
+                if last_out() is out:
+                    return GENERAL
         given_out = out
         result = scratch = None
         lead = x  # the array whose kinds the shape's entry checks (see plan.Entry)
