@@ -447,7 +447,8 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     if not nonblocking:
         # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
         # With an out of its own, the last out is known only where the x before was this x too (see the
-        # guard): the same x after an unknown out takes the general path, which records both.
+        # guard): the same x after an unknown out takes the general path, and Communicator._fresh records
+        # that out, so the same x with yet another out runs here from the next call on.
         if form == 1:
             head += ["    _w, _wo = _e_last",
                      "    _again = _w is not None and _w() is _x",
