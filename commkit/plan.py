@@ -444,7 +444,10 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
                  "    _b_out = _out" if len(entry.result_shape) == 1 else "    _b_out = _out.reshape(-1)"]
     else:
         head += ["    _result = _out"]
-    if not nonblocking:
+    # A timed call has no plan of its own arrays (Communicator._fresh): it runs here on the same arrays too,
+    # and records nothing.
+    timed_blocking = entry.timeout is not None and not nonblocking
+    if not nonblocking and not timed_blocking:
         # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
         # With an out of its own, the last out is known only where the x before was this x too (see the
         # guard): the same x after an unknown out takes the general path, and Communicator._fresh records
@@ -465,14 +468,15 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     if entry.timeout is not None:
         ns["_timeout"] = entry.timeout
     guard = ["    if not _acquire(False):",
-             "        return _GENERAL  # (the general path raises ConcurrentCall)",
-             # weakly: the communicator keeps no caller's array alive; a new x's out is not recorded
-             # (a weak reference costs about 0.05x the raw call), as only the same x again asks for it
-             "    _e_last[0] = _weak(_x)" if form == 0 else
-             "    _e_last[:] = _weak(_x), _weak(_out) if _again else None" if form == 1 and not nonblocking else
-             "    _e_last[:] = _weak(_x), _weak(_out)"]
-    if form == 0:
-        guard.append("    _e_last[1] = None")
+             "        return _GENERAL  # (the general path raises ConcurrentCall)"]
+    if not timed_blocking:
+        # weakly: the communicator keeps no caller's array alive; a new x's out is not recorded
+        # (a weak reference costs about 0.05x the raw call), as only the same x again asks for it
+        guard.append("    _e_last[0] = _weak(_x)" if form == 0 else
+                     "    _e_last[:] = _weak(_x), _weak(_out) if _again else None" if form == 1 and not nonblocking else
+                     "    _e_last[:] = _weak(_x), _weak(_out)")
+        if form == 0:
+            guard.append("    _e_last[1] = None")
     return head, guard
 
 

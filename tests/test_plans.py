@@ -748,6 +748,37 @@ def test_a_new_array_given_to_two_collectives_in_turn_runs_each_ones_entry(with_
         assert fresh == [], f"{len(fresh)} of 16 calls on new arrays missed their entry: {fresh}"
 
 
+@pytest.mark.parametrize("form", ["out", "no out", "in place"])
+def test_a_timed_call_on_the_same_arrays_again_stays_on_its_timed_entry(form):
+    """A timed call has no plan of its own arrays, so its timed entry runs it on the same arrays again as on new
+    ones: a loop of ``comm.allreduce(x, out=out, timeout=60)`` went through ``Communicator._fresh`` at every call
+    (the entry handed the same arrays back for a same-array plan that a timed call never gets). Each call still
+    gets its own result, and an untimed loop on the same arrays still gets its own plan."""
+    def body(comm):
+        r, p = comm.rank, comm.size
+        x = np.zeros(4)
+        out = x if form == "in place" else np.empty(4) if form == "out" else None
+        fresh = stop_counting = None
+        for k in range(10):
+            if k == 4:  # (the timed shape's entry is made by its third call)
+                fresh, stop_counting = _counting_fresh(comm)
+            x[...] = r + k
+            got = comm.allreduce(x, out=out, timeout=60.0)
+            assert out is None or got is out
+            assert got.tolist() == [sum(range(p)) + p * k] * 4, (k, got)
+        stop_counting()
+        for k in range(4):  # untimed, the same arrays: the general path compiles their plan, which then runs
+            x[...] = r + k
+            got = comm.allreduce(x, out=out)
+            assert got.tolist() == [sum(range(p)) + p * k] * 4, (k, got)
+        plan = comm.last_plan("allreduce")
+        return fresh, plan is not None and plan.hot[0] is x
+
+    for fresh, planned in ck.run_local(body, 2):
+        assert fresh == [], f"{len(fresh)} of 6 timed calls on the same arrays missed their entry: {fresh}"
+        assert planned
+
+
 def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_checked_path():
     """The entry of a known shape (Plan.entry) takes new arrays of that shape and nothing else.
 
