@@ -50,6 +50,22 @@ def _run(argv, timeout=120, env=None):
     return result.stdout
 
 
+def _as_main(mpi, argv, timeout):
+    """Run a script that runs under mpiexec (it starts no job of its own) as each of 2 ranks' main program,
+    with arguments ``argv[1:]``; its stdout."""
+    code = f"""
+    import runpy
+    import sys
+
+    sys.argv = {list(argv)!r}
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+    """
+    return mpi(2, code, timeout=timeout).stdout
+
+
 def _floor_segments():
     return {name for name in os.listdir("/dev/shm") if name.startswith("commkit-floor-")} \
         if os.path.isdir("/dev/shm") else set()
@@ -69,35 +85,14 @@ def test_quick_memory_floor_prints_its_table_and_leaves_no_segment(mpi, tmp_path
 
 @pytest.mark.mpi
 def test_quick_node_floor_prints_its_table_beside_the_memory_bandwidth(mpi):
-    # node_floor.py runs under mpiexec (it starts no job of its own): run it as each rank's main program.
-    code = f"""
-    import runpy
-    import sys
-
-    sys.argv = [{NODE_FLOOR!r}, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"]
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as exc:
-        assert not exc.code, exc.code
-    """
-    out = mpi(2, code, timeout=300).stdout
+    out = _as_main(mpi, [NODE_FLOOR, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"], 300)
     assert "memory: a 32 MiB np.copyto on every rank at once ran at" in out, out
     assert "allreduce 64Ki: shm / floor = " in out and "barrier" in out, out
 
 
 @pytest.mark.mpi
 def test_poll_first_times_both_transfer_forms_beside_the_raw_call(mpi):
-    code = f"""
-    import runpy
-    import sys
-
-    sys.argv = [{POLL_FIRST!r}, "--sweeps", "2", "--calls", "20", "--collectives", "allreduce,broadcast"]
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as exc:
-        assert not exc.code, exc.code
-    """
-    out = mpi(2, code, timeout=120).stdout
+    out = _as_main(mpi, [POLL_FIRST, "--sweeps", "2", "--calls", "20", "--collectives", "allreduce,broadcast"], 120)
     assert "| collective | bytes | raw (us) | polled (us) | blocking (us) | polled / blocking" in out, out
     for row in ("| allreduce | 8 |", "| allreduce | 1024 |", "| broadcast | 8 |", "| broadcast | 1024 |"):
         assert row in out, out

@@ -1629,13 +1629,42 @@ def _counting_runs(plan):
     return runs, compiled
 
 
+def _runs_its_plan_only_while_it_may(comm, name, plan, check, call, written):
+    """The face runs ``plan`` (the communicator's, for a repeated ``call``; ``check(i)`` makes it with new data and
+    checks its result) itself, but not under a trace, not where ``written`` (the array the call writes; None
+    where it writes none) is read-only, which is refused as a first call would be, and never again once the
+    communicator forgot its plans."""
+    import commkit
+
+    runs, compiled = _counting_runs(plan)
+    try:
+        check(5)
+        assert len(runs) == 1
+        with commkit.trace() as t:
+            check(6)
+        assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
+        check(7)
+        assert len(runs) == 2
+        if written is not None:
+            written.flags.writeable = False
+            with pytest.raises(commkit.InvalidBuffer):
+                call()
+            assert len(runs) == 2
+            written.flags.writeable = True
+        comm.comm.forget_plans()  # (what registering an edited algorithm does): never the old plan again
+        for i in range(8, 11):
+            check(i)
+        assert len(runs) == 2
+    finally:
+        plan.run = compiled
+    assert comm.comm.last_plan(name) not in (None, plan)
+
+
 @pytest.mark.parametrize("collective", ["Bcast", "Gather", "Scatter", "Allgather", "Alltoall"])
 def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, collective):
     """Bcast, Gather, Scatter, Allgather and Alltoall on the same plain arrays again run the communicator's plan
     for their bytes; an array made read-only, a plan the communicator dropped, or a trace, takes the call's own
     path."""
-    import commkit
-
     MPI, comm = face
     x, rows = np.zeros(3), np.zeros((1, 3))
     name = {"Bcast": "broadcast", "Gather": "gather", "Scatter": "scatter", "Allgather": "allgather",
@@ -1656,29 +1685,9 @@ def test_a_repeated_data_movement_call_runs_its_plan_only_while_it_may(face, col
         check(i)
     plan = comm.comm.last_plan(name)
     assert plan is not None
-    runs, compiled = _counting_runs(plan)
-    try:
-        check(3)
-        assert len(runs) == 1
-        with commkit.trace() as t:
-            check(4)
-        assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
-        check(5)
-        assert len(runs) == 2
-        written = rows if collective in ("Gather", "Allgather", "Alltoall") else x
-        written.flags.writeable = False  # the buffer the call writes: refused, as the first call would be
-        if collective != "Bcast":  # (the root of a Bcast only reads its buffer: a read-only one is fine)
-            with pytest.raises(commkit.InvalidBuffer):
-                call()
-            assert len(runs) == 2
-        written.flags.writeable = True
-        comm.comm.forget_plans()  # (what registering an edited algorithm does): never the old plan again
-        for i in range(6, 9):
-            check(i)
-        assert len(runs) == 2
-    finally:
-        plan.run = compiled
-    assert comm.comm.last_plan(name) not in (None, plan)
+    # (the root of a Bcast only reads its buffer: a read-only one is fine)
+    written = None if collective == "Bcast" else rows if collective in ("Gather", "Allgather", "Alltoall") else x
+    _runs_its_plan_only_while_it_may(comm, name, plan, check, call, written)
 
 
 @pytest.mark.parametrize("collective", ["Gather", "Scatter", "Allgather", "Alltoall"])
@@ -1686,8 +1695,6 @@ def test_a_repeated_in_place_call_runs_its_plan_only_while_it_may(face, collecti
     """Gather, Scatter, Allgather and Alltoall with MPI.IN_PLACE on the same array again run the communicator's
     plan, reading this call's own block; a read-only array, a trace or a forgotten plan takes the call's own
     path."""
-    import commkit
-
     MPI, comm = face
     rows = np.zeros((1, 3))
     name = {"Gather": "gather", "Scatter": "scatter", "Allgather": "allgather", "Alltoall": "alltoall"}[collective]
@@ -1706,28 +1713,8 @@ def test_a_repeated_in_place_call_runs_its_plan_only_while_it_may(face, collecti
     plan = comm.comm.last_plan(name)
     memo = getattr(comm, "_hot_" + name)  # the face keeps the call and the plan, and runs it itself
     assert memo[0 if collective != "Scatter" else 1] is MPI.IN_PLACE and memo[4] is plan and plan is not None
-    runs, compiled = _counting_runs(plan)
-    try:
-        check(5)
-        assert len(runs) == 1
-        with commkit.trace() as t:
-            check(6)
-        assert len(runs) == 1 and [e["collective"] for e in t.events] == [name]
-        check(7)
-        assert len(runs) == 2
-        if collective != "Scatter":  # (an in-place Scatter's root only reads: a read-only array is fine)
-            rows.flags.writeable = False
-            with pytest.raises(commkit.InvalidBuffer):
-                call()
-            assert len(runs) == 2
-            rows.flags.writeable = True
-        comm.comm.forget_plans()
-        for i in range(8, 11):
-            check(i)
-        assert len(runs) == 2
-    finally:
-        plan.run = compiled
-    assert comm.comm.last_plan(name) not in (None, plan)
+    # (an in-place Scatter's root only reads: a read-only array is fine)
+    _runs_its_plan_only_while_it_may(comm, name, plan, check, call, None if collective == "Scatter" else rows)
 
 
 @pytest.mark.parametrize("in_place", [False, True])
