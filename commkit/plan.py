@@ -115,7 +115,11 @@ def _reduce_op(step, bufs, slots=None):
                           _view(bufs, step.src, slots))
     fn = step.op.fn
     a, b = (operand, src) if step.operand_first else (src, operand)
-    if not step.op.out_of_place(into.dtype):
+    # A one-element fold into one of its operands: NumPy runs a ufunc whose out overlaps an input of one
+    # element through its general iterator (1.2 us against 0.5 here), so the result is made apart and
+    # copied in, which costs less (the same operands, so the same bits).
+    aliased = into.size == 1 and (np.may_share_memory(into, a) or np.may_share_memory(into, b))
+    if not step.op.out_of_place(into.dtype) and not aliased:
         def run(tag, fn=fn, a=a, b=b, out=into):
             fn(a, b, out=out)
         return inline(run, "{0}({1}, {2}, out={3})", (fn, a, b, into))
