@@ -451,7 +451,7 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     # A timed call has no plan of its own arrays (Communicator._fresh): it runs here on the same arrays too,
     # and records nothing.
     timed_blocking = entry.timeout is not None and not nonblocking
-    if not nonblocking and not timed_blocking:
+    if entry.timeout is None and not nonblocking:
         # The same arrays as the last call here: the general path, which gives a loop on them its own plan.
         # With an out of its own, the last out is known only where the x before was this x too (see the
         # guard): the same x after an unknown out takes the general path, and Communicator._fresh records

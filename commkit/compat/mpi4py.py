@@ -917,7 +917,7 @@ class Comm(MPI.Intracomm):
         first call on these arrays, then the communicator's plan for them (it
         compiles one at the second; None while it keeps none, as with a
         timeout); ``fill`` is None, or for an in-place call ``(x, own)``: ``x``
-        the copy of its own blocks that the call reads (see :meth:`_own_copy`),
+        the copy of its own blocks that the call reads (see :meth:`_in_place_memo`),
         taken again from ``own`` before each run. The method runs ``plan``
         while ``a`` and ``b`` are the same objects, still plain where this rank
         reads or writes them (:func:`_still_plain`), and ``plan.ready(x)``:
@@ -932,19 +932,26 @@ class Comm(MPI.Intracomm):
             return h
         return (a, b, r, x, None, fill)
 
-    @staticmethod
-    def _own_copy(h, a, b, root, own):
-        """``(x, own)``: the copy ``x`` of ``own`` (this rank's blocks in ``b``, a byte view) that an in-place
-        call with ``a`` (``MPI.IN_PLACE`` or None) reads, filled now; the memo ``h``'s copy again where it was
-        made for the same call, so that the communicator sees the same input and replays its plan.
+    def _in_place_memo(self, h, collective, a, b, block, *root):
+        """Run an in-place ``collective`` (``a`` is ``MPI.IN_PLACE`` or None) into the plain NumPy array ``b``
+        and return its memo (see :meth:`_memo`), given the memo ``h`` before it.
 
-        A copy, as the general path reads one: the algorithm writes ``b`` while it reads the blocks.
+        The call reads a copy of this rank's own blocks in ``b`` (row ``block`` of its byte rows, or all of
+        them where ``block`` is None), as the general path reads one: the algorithm writes ``b`` while it
+        reads them. The copy is the memo's again where it was made for the same call, so that the
+        communicator sees the same input and replays its plan; the memo's ``fill`` takes it again from
+        ``b`` before each run.
         """
+        rows = self._bytes_of(b, self._size)
+        own = rows if block is None else rows[block]
         fill = h[5]
-        if fill is None or h[0] is not a or h[1] is not b or h[2] is not root or fill[0].shape != own.shape:
-            return own.copy(), own
-        fill[0][...] = own
-        return fill[0], own
+        if fill is None or h[0] is not a or h[1] is not b or h[2] is not (root[0] if root else None) \
+                or fill[0].shape != own.shape:
+            fill = own.copy(), own
+        else:
+            fill[0][...] = own
+        self._blocking[collective](fill[0], *root, out=rows)
+        return self._memo(h, collective, a, b, fill[0], rows, *root, fill=fill)
 
     @staticmethod
     def _by_entry(entry, hot, index: int, x, out, op, root=None) -> bool:
@@ -1033,10 +1040,7 @@ class Comm(MPI.Intracomm):
                     return
                 elif (sendbuf is _IN_PLACE or sendbuf is None) and _plain_array(recvbuf) \
                         and not recvbuf.nbytes % self._size:  # the root's block already sits in recvbuf
-                    rows = self._bytes_of(recvbuf, self._size)
-                    fill = self._own_copy(h, sendbuf, recvbuf, root, rows[root])
-                    self._blocking["gather"](fill[0], root, out=rows)
-                    self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, fill[0], rows, root, fill=fill)
+                    self._hot_gather = self._in_place_memo(h, "gather", sendbuf, recvbuf, root, root)
                     return
             # The short path: buffers seen before.
             if self._rank != root:
@@ -1198,10 +1202,7 @@ class Comm(MPI.Intracomm):
                 self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, *views)
                 return
             if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % p:
-                rows = self._bytes_of(recvbuf, p)
-                fill = self._own_copy(h, sendbuf, recvbuf, None, rows[self._rank])
-                self._blocking["allgather"](fill[0], out=rows)
-                self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, fill[0], rows, fill=fill)
+                self._hot_allgather = self._in_place_memo(h, "allgather", sendbuf, recvbuf, self._rank)
                 return
         # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
         recv = self._kept(recvbuf, p, True, fill=in_place)
@@ -1275,10 +1276,7 @@ class Comm(MPI.Intracomm):
                 self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, *views)
                 return
             if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % self._size:
-                rows = self._bytes_of(recvbuf, self._size)
-                fill = self._own_copy(h, sendbuf, recvbuf, None, rows)
-                self._blocking["alltoall"](fill[0], out=rows)
-                self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, fill[0], rows, fill=fill)
+                self._hot_alltoall = self._in_place_memo(h, "alltoall", sendbuf, recvbuf, None)
                 return
         # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
         recv = self._kept(recvbuf, self._size, True, fill=in_place)
