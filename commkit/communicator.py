@@ -340,6 +340,7 @@ class Communicator(VectorCollectives):
             setattr(self, "_new_i" + collective, None)  # and of its i-form's
         self._iforms_on = False
         self._entries: dict = {}  # collective -> whether its installed entry is timed (see _drop_entries)
+        self._parked: dict = {}  # collective -> (entry, timed): taken out of the way until its state comes back
         self._last = (None, None)  # (algorithm, selection choice) of the last collective: one store per call
         self._seq = 0
         # Call number -> the first number past its window (see _spend_number). Plans hold this dict itself
@@ -383,7 +384,18 @@ class Communicator(VectorCollectives):
         self._plain = self._shapes_on and self._timeout is None
         self._iforms_on = self._plans_on and not self._check and not self._closed  # (read by i-form entries)
         if not self._plain and self._entries:
-            self._drop_entries(untimed_only=self._shapes_on)
+            # (an i-form's entry stays: it checks _iforms_on itself, and a request left outstanding -- an
+            # i-form that did not complete at its start -- is no reason for the next i-form to lose its entry)
+            self._drop_entries(untimed_only=self._shapes_on, iforms=not self._iforms_on, park=True)
+        if self._parked and self._shapes_on:
+            # The state an entry was taken out for has ended (the requests were waited for, the default
+            # timeout set back): it goes back where _fresh would put it at the next call, without that call.
+            plain = self._plain
+            for collective, (entry, timed) in list(self._parked.items()):
+                if timed != plain:
+                    setattr(self, "_new_" + collective, entry)
+                    self._entries[collective] = timed
+                    del self._parked[collective]
 
     @property
     def plans(self) -> bool:
@@ -1303,7 +1315,8 @@ class Communicator(VectorCollectives):
                 if shaped is None or shaped is _SEEN_ONCE:
                     shaped = self._shape_plan(call, plan, key, shaped, timed)
                 if shaped:
-                    if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later calls: _fresh
+                    if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result):
+                        # later calls: _fresh (off a reduce's root, "in place" reads x alone and writes scratch)
                         self._by_shape[call.fresh] = [shaped, steps is None, None]  # (2: its entry, see _fresh)
                         self._fresh_hot.pop(call.collective, None)  # (its last entry may be of this key)
                     if log.isEnabledFor(logging.DEBUG):
@@ -1367,8 +1380,8 @@ class Communicator(VectorCollectives):
                               recorder=recorder, rec=rec, on_timeout=self._collective_timed_out)
             if not nonblocking:
                 return run.wait()
-            if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE):  # later i-forms: _fresh
-                # (3: the shape's entry, made by _fresh at its next call)
+            if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result):
+                # later i-forms: _fresh (3: the shape's entry, made by _fresh at its next call)
                 self._by_shape_i[call.fresh] = [plan, self._nonblocking_steps(call, plan),
                                                 self._pool(call, plan), None]
                 self._fresh_hot_i.pop(call.collective, None)
@@ -1606,22 +1619,32 @@ class Communicator(VectorCollectives):
             last[:] = (None, None)
         self._drop_entries()
 
-    def _drop_entries(self, untimed_only: bool = False) -> None:
+    def _drop_entries(self, untimed_only: bool = False, iforms: bool = True, park: bool = False) -> None:
         """Take the collectives' entries on new arrays out of their public methods' way (see _fresh).
 
         An untimed entry is installed only while the communicator is plain
         (``_plain``: no default timeout, check mode, outstanding request, and
         usable), a timed one while all but the default timeout holds
         (``_shapes_on``); each is dropped as soon as its condition ends, so an
-        entry need not check it itself, and ``_fresh`` installs it again at the
-        next such call. ``untimed_only``: drop the untimed ones alone.
+        entry need not check it itself. ``untimed_only``: drop the untimed ones alone;
+        ``iforms``: the i-forms' entries too, which check for themselves that i-forms may
+        run compiled (outstanding requests do not stop them), so only a change of that
+        drops them. With ``park`` (a change of state, ``_update_plain``) each dropped entry
+        is kept aside and goes back when its state does (an untimed one when the
+        communicator is plain again, a timed one when only the timeout keeps it from
+        being plain); without (plans forgotten, a broken or freed communicator) nothing
+        is, and ``_fresh`` installs an entry again at the next such call.
         """
-        entries = self._entries
+        entries, parked = self._entries, self._parked
+        if not park:
+            parked.clear()
         for collective, timed in list(entries.items()):
             if not (untimed_only and timed):
+                if park:
+                    parked[collective] = (getattr(self, "_new_" + collective), timed)
                 setattr(self, "_new_" + collective, None)
                 del entries[collective]
-        if not untimed_only:  # (an i-form's entry checks for itself whether it may run; see _fresh)
+        if iforms and not untimed_only:
             for collective in _FRESH_ENTRIES:
                 setattr(self, "_new_i" + collective, None)
 
@@ -1719,8 +1742,13 @@ class Communicator(VectorCollectives):
             out = result = given_out = x
             x = scratch = self._scratch_buffer(np, x.dtype, 0, nonblocking, role="scatter-in")
         elif root is not None and root != self.rank:  # no result here: the schedule's "out" is scratch
-            if out is not None:
-                return GENERAL  # (the general path checks it)
+            # An out given here is left alone, as the general path leaves it: one the root could take passes
+            # (the general path checks a reduce's so; a gather's it ignores), anything else goes there.
+            if form == 1 and not (type(out) is np.ndarray and out.dtype == x.dtype and out.shape == shape
+                                  and (flags := out.flags).c_contiguous and flags.writeable):
+                return GENERAL
+            if form == _IN_PLACE and not x.flags.writeable:
+                return GENERAL
             # (a gather's other ranks write no out: the general path gives them an empty one)
             out = scratch = self._scratch_buffer(np, x.dtype, x.size if collective == "reduce" else 0, nonblocking,
                                                  role="reduce-out")
@@ -1735,14 +1763,14 @@ class Communicator(VectorCollectives):
                   # share it (the entries write the first case out: they are the hotter path)
                   and (owners_apart(x, x.base, out, out.base) or not np.may_share_memory(x, out))):
             return GENERAL
-        if given_out is not None:
+        if given_out is not None and scratch is None:
             result = out
         if not self._entry.acquire(False):
             return GENERAL
         try:
             src, dst = x if x.ndim == 1 else x.reshape(-1), out if out.ndim == 1 else out.reshape(-1)
             if nonblocking:
-                if form == _IN_PLACE and not entry[0][3]:  # a schedule that reads its input after writing out
+                if form == _IN_PLACE and scratch is None and not entry[0][3]:  # reads its input after writing out
                     src = src.copy()
                 request = self._fresh_request(collective, entry, src, dst, result, timeout)
                 if entry[3] is None and entry[1] is not None:  # the shape's entry: its next i-form comes to it

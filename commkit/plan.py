@@ -429,10 +429,13 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     if entry.receiving:  # x is the block this rank fills (a scatter off its root): nothing to read
         head += ["    _result = _x", f"    _b_out = {flat_in}"]
         flat_in = "_e_scratch"
-    elif form == 0 and entry.scratch is not None and nonblocking:  # no result here: scratch of its own
-        head += ["    _result = None", f"    _b_out = _empty({entry.scratch.size}, _e_dtype)"]
-    elif form == 0 and entry.scratch is not None:  # no result on this rank: the run writes scratch
-        head += ["    _result = None", "    _b_out = _e_scratch"]
+    elif entry.scratch is not None:  # no result on this rank: the run writes scratch (an i-form's own)
+        if form == 1:  # an out given here is left alone; one the root could not take goes to the general path
+            head += ["    if not (type(_out) is _ndarray and _out.dtype is _e_dtype and _out.shape == _e_rshape",
+                     "            and (_fo := _out.flags).c_contiguous and _fo.writeable):",
+                     "        return _GENERAL"]
+        head += ["    _result = None",
+                 f"    _b_out = _empty({entry.scratch.size}, _e_dtype)" if nonblocking else "    _b_out = _e_scratch"]
     elif form == 0:
         head.append("    _result = _empty(_e_rshape, _e_dtype)")
         head.append("    _b_out = _result" if len(entry.result_shape) == 1 else "    _b_out = _result.reshape(-1)")
@@ -467,7 +470,7 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
                      f"    if _w is not None and _w() is _x and {last_out}:",
                      "        return _GENERAL"]
     head.append(f"    _b_in = {flat_in}")
-    if form == 2:
+    if form == 2 and entry.scratch is None:
         head.append("    _b_out = _b_in")
     if entry.timeout is not None:
         ns["_timeout"] = entry.timeout
@@ -871,7 +874,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     coll, alg = repr(spec.collective), repr(name)
     timeout = repr(entry.timeout) if entry.timeout is not None else "None"
     ns["_timeout"] = entry.timeout
-    if entry.form == 2 and not inplace_safe:  # a schedule that reads its input after writing out
+    if entry.form == 2 and entry.scratch is None and not inplace_safe:  # reads its input after writing out
         head.append("    _b_in = _b_in.copy()")
     start = [f"_tmp = _empty({scratch_n}, _e_dtype)" if scratch_n else "_tmp = _EMPTY",
              "_gen = _compiled(_b_in, _b_out, _tmp, tag, rec)"]

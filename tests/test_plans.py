@@ -8,6 +8,7 @@ fail), swap arrays, reinterpret dtypes, and mix plans with the general path.
 from __future__ import annotations
 
 import re
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import commkit as ck
 
+from call_forms import counting_fresh, counting_general_path
 from conftest import requires_mpi, run_mpi
 
 COLLECTIVE_INITS = ["allreduce", "reduce", "scan", "exscan", "broadcast", "gather", "scatter", "allgather",
@@ -533,17 +535,6 @@ def test_a_shape_plan_is_refused_when_an_op_could_hold_a_view_of_its_own(monkeyp
 # -- new arrays of a shape already run: checked in the method, run by the shape plan (Communicator._fresh) ----
 
 
-def _counting_general_path(comm):
-    """Count the calls that reach the general path (``_reduction``, ``_broadcast``) on this communicator."""
-    seen = []
-    for entry in ("_reduction", "_broadcast", "_allgather", "_alltoall", "_gather", "_scatter", "_reduce_scatter"):
-        def counted(*args, _general=getattr(comm, entry), **kwargs):
-            seen.append(args[0])
-            return _general(*args, **kwargs)
-        setattr(comm, entry, counted)
-    return seen
-
-
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 @pytest.mark.parametrize("name", ["allreduce", "scan", "broadcast"])
 def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, size):
@@ -552,7 +543,7 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
              ("float64", (3,), "sum", "x", None), ("int16", (2, 2), "min", "x", 30.0)]  # "x": in place
 
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for dtype, shape, op, with_out, timeout in forms:
             for k in range(6):
@@ -593,7 +584,7 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_and_stay_right(name, 
 @pytest.mark.parametrize("name", ["allgather", "alltoall"])
 def test_new_arrays_of_a_known_shape_skip_the_general_path_for_the_exchanges_too(name, size):
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for dtype, with_out, timeout in (("float64", False, None), ("int16", True, None), ("int64", True, 30.0)):
             for k in range(5):
@@ -621,7 +612,7 @@ def test_new_arrays_of_a_known_shape_skip_the_general_path_for_the_exchanges_too
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 def test_i_forms_on_new_arrays_of_a_known_shape_skip_the_general_path_and_overlap(size):
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for k in range(4):
             xs = [np.arange(6.0) + 10 * comm.rank + k + j for j in range(3)]
@@ -652,7 +643,7 @@ def test_i_forms_on_new_arrays_of_a_known_shape_skip_the_general_path_and_overla
 @pytest.mark.parametrize("algorithm", [None, "ring", "recursive_doubling"])
 def test_i_forms_in_place_on_new_arrays_skip_the_general_path(algorithm):
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for k in range(4):
             y = np.arange(5.0) * (comm.rank + 1) + k
@@ -713,19 +704,6 @@ def test_new_arrays_that_a_first_call_would_refuse_are_refused_on_the_fast_path_
         assert listed == [3.0] * 6
 
 
-def _counting_fresh(comm):
-    """Count the calls that reach ``Communicator._fresh`` (those no entry took); call the result's second item
-    to stop counting."""
-    calls = []
-    real_fresh = comm._fresh
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real_fresh(*args, **kwargs)
-    comm._fresh = counted
-    return calls, lambda: setattr(comm, "_fresh", real_fresh)
-
-
 @pytest.mark.parametrize("with_out", [False, True])
 def test_a_new_array_given_to_two_collectives_in_turn_runs_each_ones_entry(with_out):
     """Each collective remembers its own last arrays on new arrays: the same x given to another one next is no
@@ -735,7 +713,7 @@ def test_a_new_array_given_to_two_collectives_in_turn_runs_each_ones_entry(with_
         fresh, stop_counting = None, None
         for k in range(12):
             if k == 4:  # (each shape's entry is made by its third call)
-                fresh, stop_counting = _counting_fresh(comm)
+                fresh, stop_counting = counting_fresh(comm)
             x = np.full(4, r + k, np.float64)
             a = comm.allreduce(x, out=np.empty(4) if with_out else None)
             b = comm.reduce(x, root=0, out=np.empty(4) if with_out and r == 0 else None)
@@ -785,7 +763,7 @@ def test_a_timed_call_on_the_same_arrays_again_stays_on_its_timed_entry(form):
         fresh = stop_counting = None
         for k in range(10):
             if k == 4:  # (the timed shape's entry is made by its third call)
-                fresh, stop_counting = _counting_fresh(comm)
+                fresh, stop_counting = counting_fresh(comm)
             x[...] = r + k
             got = comm.allreduce(x, out=out, timeout=60.0)
             assert out is None or got is out
@@ -817,7 +795,7 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
             comm.allreduce(np.full(4, r + k, np.float64))
         entry = comm._new_allreduce
         assert entry is not None
-        fresh, stop_counting = _counting_fresh(comm)
+        fresh, stop_counting = counting_fresh(comm)
         total = sum(range(p))
         for k in range(5):  # new arrays of the shape: the entry alone
             assert comm.allreduce(np.full(4, r + k, np.float64)).tolist() == [total + p * k] * 4
@@ -859,11 +837,15 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
         dropped.append(comm._new_allreduce)
         got["default timeout"] = comm.allreduce(np.full(4, r, np.float64)).tolist()
         comm.timeout = None
+        got["back after the timeout"] = comm._new_allreduce is entry  # (put back: see _update_plain)
+        if r == 0:
+            time.sleep(0.02)  # the other ranks' requests cannot complete at their start
         request = comm.iallreduce(np.full(4, r, np.float64))
-        dropped.append(comm._new_allreduce)
+        out_then = bool(comm._progress.requests)
+        dropped.append(comm._new_allreduce if out_then else None)
+        got["request out"] = out_then
         got["with a request out"] = comm.allreduce(np.full(4, r, np.float64)).tolist(), request.wait().tolist()
-        comm.allreduce(np.full(4, r, np.float64))
-        got["back"] = comm._new_allreduce is entry
+        got["back"] = comm._new_allreduce is entry  # (put back once no request is out)
         # Debug logging (one logger for every rank's thread: rank 0 turns it on and off): the general
         # path runs the call and logs it.
         records = []
@@ -892,9 +874,11 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
             got["freed"] = True
         return got, dropped
 
+    outstanding = []
     for p in (2, 3):
         total = float(sum(range(p)))
         for got, dropped in ck.run_local(body, p):
+            outstanding.append(got["request out"])
             assert dropped == [None, None, None]
             assert got["dtype"] == np.float32
             assert got["shape"] == [total] * 5
@@ -905,9 +889,10 @@ def test_a_shape_entry_runs_new_arrays_alone_and_hands_every_other_call_to_the_c
             assert got["read-only out"] is True
             assert got["concurrent"] is True
             assert got["with a request out"] == ([total] * 4, [total] * 4)
-            assert got["back"] is True
+            assert got["back"] is True and got["back after the timeout"] is True
             assert got["logged"] >= p  # (each rank's call)
             assert got["freed"] is True
+    assert any(outstanding)  # (a request its start completed is not outstanding: nothing to drop for it)
 
 
 def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
@@ -916,7 +901,7 @@ def test_a_timed_shape_entry_keeps_its_timeout_and_still_gives_up():
     def body(comm):
         r, p = comm.rank, comm.size
         total = sum(range(p))
-        calls, stop_counting = _counting_fresh(comm)
+        calls, stop_counting = counting_fresh(comm)
         got = {}
         for k in range(8):
             assert comm.allreduce(np.full(3, r + k, np.float64), timeout=30).tolist() == [total + p * k] * 3
@@ -972,7 +957,7 @@ def test_an_i_form_entry_starts_new_arrays_alone_and_keeps_every_rule_of_the_req
         for k in range(3):
             assert comm.iallreduce(np.full(4, r + k, np.float64)).wait().tolist() == [total + p * k] * 4
         assert comm._new_iallreduce is not None
-        calls, stop_counting = _counting_fresh(comm)
+        calls, stop_counting = counting_fresh(comm)
         got = {}
         # Started together, waited for in the other order; the last rank starts late, so the others' starts
         # leave their runs in flight.
@@ -1363,7 +1348,7 @@ def test_new_arrays_whose_kinds_change_every_call_stay_right(name):
              ("float64", (4,), "sum", None, 30.0), ("int64", (4,), "min", "out", 30.0)]
 
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for k in range(5):
             for dtype, shape, op, with_out, timeout in forms:
@@ -1423,7 +1408,7 @@ def test_reduce_on_new_arrays_of_a_known_shape_skips_the_general_path_and_stays_
              (size // 2, "float32", "sum", "x", 30.0), (0, "int64", "prod", None, 30.0)]
 
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         for root, dtype, op, with_out, timeout in forms:
             for k in range(5):
@@ -1479,7 +1464,7 @@ def _rooted_calls(comm, forms, one):
     """Each form of ``forms`` (:func:`_rooted_forms`) five times, blocking and as an i-form:
     ``one(comm, root, dtype, shape, with_out, timeout, k, nonblocking)`` makes the call and checks what it can
     alone, returning what to keep. Returns the kept values, and the calls that took the general path."""
-    general = _counting_general_path(comm)
+    general = counting_general_path(comm)
     got = [one(comm, root, dtype, shape, with_out, timeout, k, nonblocking)
            for root, dtype, shape, with_out, timeout in forms for k in range(5) for nonblocking in (False, True)]
     return got, general
@@ -1501,7 +1486,7 @@ def test_the_same_input_with_a_new_out_each_call_leaves_the_general_path(name, s
     state). The second call now records its ``out``, and from the third on the shape's plan runs them, each with
     its own result; the same ``x`` with the same ``out`` still gets its own plan."""
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         rows = (comm.size,) if name == "alltoall" else ()
         x = np.arange(comm.size * 3 if rows else 3, dtype=np.float64).reshape(rows + (-1,) if rows else (3,))
         call = getattr(comm, name)
@@ -1598,7 +1583,7 @@ def test_reduce_scatter_on_new_arrays_of_a_known_shape_skips_the_general_path_an
              ("int64", (1, 2), "prod", None, 30.0)]
 
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         got = []
         p = comm.size
         for dtype, block, op, with_out, timeout in forms:
@@ -1644,7 +1629,7 @@ def test_a_receiving_ranks_broadcast_into_out_alone_takes_the_fast_paths():
     in-place call on ``buf``: new buffers take the shape's entry, the same one its plan; a read-only ``out``
     or a root without ``x`` still raise the general path's errors."""
     def body(comm):
-        general = _counting_general_path(comm)
+        general = counting_general_path(comm)
         r, p = comm.rank, comm.size
         got = []
         for k in range(8):
