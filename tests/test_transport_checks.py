@@ -333,6 +333,14 @@ for name, (exchange, receive) in PATHS.items():
                 assert "larger than the receive buffer of 20 bytes" in str(error), (name, str(error))
         world.Barrier()
 
+# Every bound transfer with peers is written inline into a plan, whatever the rule: an op that is not keeps
+# its call shape off the shape plans, and its calls on new arrays off the fast paths (a naive broadcast's root
+# and every step with several peers, on Open MPI, took the general path at every call).
+for sends, recvs in (([(0, s8)], [(0, np.zeros(4, np.uint8))]), ([(0, s8), (1, s8)], []),
+                     ([], [(0, np.zeros(4, np.uint8)), (1, np.zeros(4, np.uint8))]),
+                     ([(0, s8), (1, s8)], [(0, np.zeros(4, np.uint8)), (1, np.zeros(4, np.uint8))])):
+    assert getattr(t.bind_transfer(sends, recvs), "inline", None) is not None, (len(sends), len(recvs))
+
 # A user's point-to-point receive keeps MPI's semantics: the message may be shorter.
 c = ck.init()
 data = np.random.default_rng(8).standard_normal(4)

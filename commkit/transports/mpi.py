@@ -10,7 +10,9 @@ own collectives with the proper datatype and op.
 Blocking transfers with no timeout use ``Sendrecv``/``Send``/``Recv``/
 ``Waitall`` directly, except a compiled plan's on MPICH (``POLL_FIRST``): it
 posts its requests and tests them a few times before it blocks, since MPICH's
-blocking wait costs more than a small message takes to arrive. With a timeout
+blocking wait costs more than a small message takes to arrive. A compiled
+plan's transfer with several peers posts and tests them so on every library
+(there is no one blocking call for it). With a timeout
 the executor must be able to give up, so
 requests are polled with ``Testall`` (a few tests before the clock is read,
 then spinning briefly, then backing off to
@@ -620,13 +622,20 @@ class MPITransport:
                 status.Get_count() == expected or refuse(status)
             return inline(run, "{0}({1}, {2}, tag, {3}); {3}.Get_count() == {4} or {5}({3})",
                           (recv, rspec, source, status, expected, refuse), (MPI.Exception, translate))
+        if sends or recvs:
+            # Several peers (a naive broadcast's root, a gather's, an alltoall): there is no blocking call for
+            # that, so posted and finished, as transfer() does it, but written inline. An op that is not
+            # inline keeps its call shape off the shape plans (plan._generate), and its calls on new arrays
+            # off the fast paths: every such call on Open MPI took the general path.
+            return self._bind_polled(sends, recvs, translate)
 
         def run(tag):
             self.transfer(sends, recvs, tag, None)
         return run
 
     def _bind_polled(self, sends, recvs, translate, timed=False):
-        """``bind_transfer`` where the transport polls first: ``Irecv``/``Isend`` posted, then :func:`_polled`'s finish.
+        """``bind_transfer`` where the transport polls first, or the transfer has several peers: ``Irecv``/``Isend``
+        posted, then :func:`_polled`'s finish.
 
         ``timed``: the op gives up after the run's ``_timeout`` (written inline
         only, as :meth:`bind_timed_transfer` says).
