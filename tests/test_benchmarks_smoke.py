@@ -5,7 +5,7 @@ directory and checks that the page, the figures and the raw results are written,
 parse, and hold no wrong result; and ``memory_floor.py --quick`` and
 ``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
 and that the floor leaves no shared segment behind; and ``node_floor.py
---quick`` and ``poll_first.py`` (a few calls) under 2-rank jobs; and ``new_arrays.py --quick``, with and
+--quick``, ``poll_first.py`` and ``overlap_loop.py`` (a few calls) under 2-rank jobs; and ``new_arrays.py --quick``, with and
 without glibc's settings. Benchmarks are never timed
 unit tests: nothing here asserts on speed.
 """
@@ -28,6 +28,7 @@ INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
 NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
 NEW_ARRAYS = os.path.join(ROOT, "benchmarks", "new_arrays.py")
 POLL_FIRST = os.path.join(ROOT, "benchmarks", "poll_first.py")
+OVERLAP_LOOP = os.path.join(ROOT, "benchmarks", "overlap_loop.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -98,6 +99,13 @@ def test_poll_first_times_both_transfer_forms_beside_the_raw_call(mpi):
         assert row in out, out
     assert "The shipped rule for this library: a plan " in out and "machine state before the run" in out, out
     assert "Polled faster in " in out and " of 4 rows." in out, out
+
+
+@pytest.mark.mpi
+def test_overlap_loop_times_a_training_steps_loop_beside_mpi4pys(mpi):
+    out = _as_main(mpi, [OVERLAP_LOOP, "--sweeps", "2", "--steps", "20", "--sizes", "8,64K"], 120)
+    assert "| gradient bytes | raw step (us) | commkit step (us) | commkit / raw" in out, out
+    assert "| 8 |" in out and "| 64K |" in out and "machine state before the run" in out, out
 
 
 @pytest.mark.mpi
