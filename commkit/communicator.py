@@ -47,7 +47,8 @@ from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
-                   compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native)
+                   compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native,
+                   write_out)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
                        check_in, check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
@@ -86,9 +87,25 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
 
 # The collectives whose public method tries the entry of its last call shape on new arrays first
 # (``_new_<collective>``, a generated function: plan.Plan.entry); _fresh makes them.
-_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "broadcast", "allgather", "gather", "scatter", "alltoall",
+_FRESH_ENTRIES = ("allreduce", "reduce", "scan", "exscan", "broadcast", "allgather", "gather", "scatter", "alltoall",
                   "reduce_scatter")
-_FRESH = frozenset(("allreduce", "scan", "reduce"))  # the reductions _reduction registers with _fresh
+_FRESH = frozenset(("allreduce", "scan", "exscan", "reduce"))  # the reductions _reduction registers with _fresh
+
+
+def _then_write(run, value):
+    """An i-form's compiled generator function (``run(in, out, ...)``) that writes ``value`` over ``out`` last.
+
+    Rank 0's exscan (see ``Communicator._exscan_identity``): its steps leave its result to be written after
+    them. ``run`` itself where ``value`` is None, and None where ``run`` is.
+    """
+    if run is None or value is None:
+        return run
+
+    def written(src, dst, *rest):
+        yield from run(src, dst, *rest)
+        dst[...] = value
+    written.source = run.source + "\n# then: out[...] = the op's identity (rank 0's exscan result)"
+    return written
 
 # Algorithms that read "in" only before they first write "out", so in-place calls
 # (out aliases the input) need no defensive copy of the input. Broadcast is safe for
@@ -1382,9 +1399,11 @@ class Communicator(VectorCollectives):
                 return run.wait()
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result):
                 # later i-forms: _fresh (3: the shape's entry, made by _fresh at its next call)
-                self._by_shape_i[call.fresh] = [plan, self._nonblocking_steps(call, plan),
-                                                self._pool(call, plan), None]
-                self._fresh_hot_i.pop(call.collective, None)
+                compiled = self._nonblocking_steps(call, plan)
+                # (rank 0's exscan result is written by the compiled forms alone, see _exscan_identity)
+                if compiled is not None or call.collective != "exscan" or self.rank != 0:
+                    self._by_shape_i[call.fresh] = [plan, compiled, self._pool(call, plan), None]
+                    self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
         recorder.active = rec
         on = self._plans_on and not self._check and tracer is None  # (the switch that turns plans off, this too)
@@ -1470,7 +1489,7 @@ class Communicator(VectorCollectives):
         if keep:  # (x, out): written out, as this runs on every call that has no plan yet
             x, out = keep
             fresh = out is None and call.has_result
-            if fresh and (call.xp is not np or call.result is None or call.collective == "exscan"):
+            if fresh and (call.xp is not np or call.result is None or self._bare_exscan(call)):
                 return
             nbytes = (0 if x is None else x.nbytes) + (0 if out is None else out.nbytes)
         else:  # barrier
@@ -1538,7 +1557,11 @@ class Communicator(VectorCollectives):
                 def run(tag, coll=self._coll):
                     coll.native(call.collective, send, recv, op=call.op, root=call.root, counts=counts,
                                 inplace=inplace)
-            return [(TRANSFER, run, None, (), 0)], prologue, taken
+            ops = [(TRANSFER, run, None, (), 0)]
+            identity = self._exscan_identity(call) if persistent_tag is None else None
+            if identity is not None:  # (MPI leaves rank 0's exscan result undefined)
+                ops.append(write_out({"out": call.dst}, identity, taken))
+            return ops, prologue, taken
         if "in" in slots and call.src is not None:  # a shape plan: no array of this call is bound
             src = stand_in(len(call.src), call.dtype)
             bufs = {"in": src, "out": src if call.aliased else stand_in(len(call.dst), call.dtype)}
@@ -1548,7 +1571,30 @@ class Communicator(VectorCollectives):
         taken = Slots(bufs, slots) if slots else None
         # A node schedule compiles into a plan on these arrays, once the arena it views is made.
         arena = made_arena(self._coll) if chan is None and persistent_tag is None else None
-        return compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, arena), prologue, taken
+        ops = compile_ops(steps, bufs, chan or self._coll, persistent_tag, taken, timed, arena)
+        identity = self._exscan_identity(call) if persistent_tag is None and chan is None else None
+        if ops is not None and identity is not None:
+            ops.append(write_out(bufs, identity, taken))
+        return ops, prologue, taken
+
+    def _exscan_identity(self, call: Call):
+        """Rank 0's exscan result, flat (the op's identity), that its compiled forms write last; else None.
+
+        No step of an exscan schedule (nor MPI's ``MPI_Exscan``) writes rank 0's
+        result: the interpreter's :meth:`_finish` fills it after the run, and a
+        compiled form ends with this write instead (:func:`commkit.plan.write_out`),
+        so that a plan, a shape plan, its entry and an i-form all return what the
+        general path returns. An op without an identity gives rank 0 None, which
+        only the general path returns (:meth:`_bare_exscan`).
+        """
+        if call.collective != "exscan" or not call.has_result or self.rank != 0 or call.dst is None:
+            return None
+        identity = call.op.identity_array((len(call.dst),), call.dtype)
+        return None if identity is None else call.xp.asarray(identity)
+
+    def _bare_exscan(self, call: Call) -> bool:
+        """Whether ``call`` is rank 0's exscan with an op that has no identity: its result is None, general path only."""
+        return call.collective == "exscan" and self.rank == 0 and call.op.identity is None
 
     def _own_buffers(self, call: Call, inplace_safe: bool):
         """``({"in": ..., "out": ...}, prologue)``: the arrays a run of ``call`` reads and writes.
@@ -1585,8 +1631,8 @@ class Communicator(VectorCollectives):
             allocate = (call.result.shape, call.dtype, call.keep[0])
         else:
             result = call.result if call.has_result else None
-            if call.collective == "exscan" and call.has_result:
-                finish = lambda: self._finish(call)  # noqa: E731 - rank 0's result needs work after the run
+            if call.has_result and self._bare_exscan(call):
+                finish = lambda: self._finish(call)  # noqa: E731 - rank 0's result is None (see _exscan_identity)
         return Plan(self, ops, plan[5], call.collective, plan[4], plan[0], plan[6], call.dtype, keep, result,
                     finish, prologue, taken, allocate, timed)
 
@@ -1820,7 +1866,8 @@ class Communicator(VectorCollectives):
         src = stand_in(len(call.src), call.dtype)
         dst = src if call.aliased and inplace_safe else stand_in(len(call.dst), call.dtype)
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
-        return nonblocking_steps(steps, bufs, self._coll, call.collective, name)
+        return _then_write(nonblocking_steps(steps, bufs, self._coll, call.collective, name),
+                           self._exscan_identity(call))
 
     def _pool(self, call: Call, plan):
         """The persistent transfers of ``call``'s i-form shape (:class:`commkit.plan.PersistentPool`), or None.
@@ -1840,7 +1887,7 @@ class Communicator(VectorCollectives):
         # Stand-ins of their own for "in" and "out", never one array: a slot's are two.
         bufs = {"in": stand_in(len(call.src), call.dtype), "out": stand_in(len(call.dst), call.dtype),
                 "tmp": stand_in(scratch_n, call.dtype)}
-        run = persistent_steps(steps, bufs, call.collective, name)
+        run = _then_write(persistent_steps(steps, bufs, call.collective, name), self._exscan_identity(call))
         if run is None:
             return None
         return PersistentPool(run, steps, self._coll, sizes, call.dtype, tagbase, self._layout, self._pool_budget)
@@ -2120,7 +2167,7 @@ class Communicator(VectorCollectives):
         call.result = out
         if key is not None and x is given and (out is given_out or given_out is None or not has_result):
             call.key, call.keep = key, (given, given_out)
-        if collective in _FRESH and x is given and nonblocking != "init":
+        if collective in _FRESH and x is given and nonblocking != "init" and not self._bare_exscan(call):
             call.fresh = _fresh_key(collective, (given_op, root) if rooted else given_op, algorithm, x,
                                     _out_form(given, given_out), self._timeout if timeout is None else timeout)
         return self._run(call, algorithm, timeout, nonblocking)
@@ -2289,15 +2336,31 @@ class Communicator(VectorCollectives):
                     and self._plain and plan.dtype is x.dtype and not _trace_active and x.shape == plan.shape_x
                     and (out is None or out.flags.writeable and out.shape == plan.shape_out)):
                 return plan.run()
+        fn = self._new_exscan  # the last shape's entry on new arrays (see _fresh)
+        if fn is not None:
+            result = fn(x, out, algorithm, timeout, op, None)
+            if result is not GENERAL:
+                return result
         key = ('exscan', id(x), id(out), op, algorithm)
         plan = _known(self._fast, key) if timeout is None else None
         if plan is not None and plan.ready(x):
             self._hot_exscan = plan  # a loop repeating this call takes the identity check next time
             return plan.run()
+        result = self._fresh("exscan", x, out, op, algorithm, timeout)
+        if result is not GENERAL:
+            return result
         return self._reduction("exscan", x, op, out, algorithm, timeout, False, key=key)
 
     def iexscan(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> Request:
         """Nonblocking :meth:`exscan`."""
+        fn = self._new_iexscan  # the last shape's i-form entry on new arrays (see _fresh)
+        if fn is not None:
+            request = fn(x, out, algorithm, timeout, op, None)
+            if request is not GENERAL:
+                return request
+        request = self._fresh("exscan", x, out, op, algorithm, timeout, nonblocking=True)
+        if request is not GENERAL:
+            return request
         return self._reduction("exscan", x, op, out, algorithm, timeout, True)
 
     def exscan_init(self, x, op="sum", *, out=None, algorithm=None, timeout=None) -> PersistentRequest:

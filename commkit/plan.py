@@ -135,6 +135,18 @@ def _copy_op(dst, src):
     return inline(run, "{0}[...] = {1}", (dst, src))
 
 
+def write_out(bufs: dict, value, slots: Slots | None = None) -> tuple:
+    """An op, as :func:`compile_ops` lists them, writing ``value`` over the whole of ``bufs["out"]``.
+
+    For a result no step of the schedule computes: rank 0's exscan result, the
+    op's identity. Placed after the schedule's ops, it is one more inline line of
+    a plan (``_b_out[...] = _c0`` in a shape plan), so that every compiled form
+    of the call writes the result the interpreter's finish writes.
+    """
+    dst = _view(bufs, ("out", 0, len(bufs["out"])), slots)
+    return (COPY, _copy_op(dst, value), None, (), 0)
+
+
 def _generic_transfer(chan, sends, recvs):
     def run(tag):
         chan.transfer(sends, recvs, tag, None)

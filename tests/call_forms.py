@@ -34,12 +34,6 @@ BEFORE, AFTER, SETTLED = 3, 8, 4
 COLLECTIVES = ("allreduce", "reduce", "scan", "broadcast", "gather", "scatter", "allgather", "alltoall",
                "reduce_scatter", "exscan")
 
-#: Collectives with no fresh-array path (exscan: rank 0's result is made after the run): only their forms on
-#: kept arrays, which run a plan found by identity, must settle; the others take the general path each call.
-KEPT_ONLY = frozenset(("exscan",))
-KEPT_FORMS = frozenset(("same arrays", "in place, same array", "persistent", "shm, same arrays",
-                        "native, same arrays"))
-
 
 def counting_general_path(comm):
     """Count the calls that reach the general path (``_reduction``, ``_broadcast``, ...) on this communicator."""
@@ -195,10 +189,8 @@ class Forms:
 def rotate(comm, collective, mpi=False):
     """Every form of ``collective`` after every other (each ordered pair, ``BEFORE`` then ``AFTER`` calls) on
     ``comm``. Returns the settled calls that took a slow path, as ``(first form, second form, call, general
-    calls, _fresh calls)`` (of a collective in ``KEPT_ONLY``, only its forms on kept arrays count); a wrong
-    result raises, naming the pair and the call."""
+    calls, _fresh calls); a wrong result raises, naming the pair and the call."""
     forms = Forms(comm, collective, mpi)
-    settling = {name for name in forms.forms if collective not in KEPT_ONLY or name in KEPT_FORMS}
     general = counting_general_path(comm)
     fresh, stop = counting_fresh(comm)
     slow = []
@@ -215,7 +207,7 @@ def rotate(comm, collective, mpi=False):
                     forms.forms[second](seed)
                 except AssertionError as exc:
                     raise AssertionError(f"{collective}, {first!r} then {second!r}, call {n}: {exc}") from exc
-                if n >= SETTLED and second in settling and (len(general) > g or len(fresh) > f):
+                if n >= SETTLED and (len(general) > g or len(fresh) > f):
                     slow.append((first, second, n, general[g:], fresh[f:]))
     finally:
         stop()

@@ -218,3 +218,41 @@ def test_an_out_given_off_the_root_on_new_arrays_takes_the_fast_path_and_is_left
                 assert result is True, (rank, k)
         if rank != 1 and collective == "reduce" and not in_place:
             assert refused and "shape (4,)" in refused, refused
+
+
+@pytest.mark.parametrize("op", ["prod", "max", "user op without identity"])
+def test_rank_0s_exscan_on_new_arrays_is_the_ops_identity_in_every_form(op):
+    """No exscan step writes rank 0's result: the general path fills in the op's identity after the run, and
+    every compiled form on new arrays (the shape plan, its entry, a timed one, an i-form's generator) ends
+    with the same write. An op without an identity gives rank 0 None, which only the general path returns, so
+    its calls there never compile. The outs start at -7, so an unwritten result shows (a sum's identity 0
+    could be what a new array holds anyway)."""
+    given = ck.Op(np.add, name="plus", identity=None) if op.startswith("user") else op
+    identity = {"prod": 1, "max": np.iinfo(np.int64).min}.get(op)
+
+    def body(comm):
+        general = call_forms.counting_general_path(comm)
+        results = []
+        for form in ("new x", "new x, new out", "in place", "timed", "i-form"):
+            for k in range(6):
+                x = np.full(3, k + 2 + comm.rank, np.int64)
+                out = x if form == "in place" else np.full(3, -7, np.int64) if form == "new x, new out" else None
+                if form == "i-form":
+                    result = comm.iexscan(x, given, out=out).wait()
+                else:
+                    result = comm.exscan(x, given, out=out, timeout=30.0 if form == "timed" else None)
+                results.append((form, k, None if result is None else result.tolist(), len(general)))
+        return results
+
+    for rank, results in enumerate(ck.run_local(body, 3)):
+        for form, k, result, _ in results:
+            values = [k + 2 + r for r in range(rank)]
+            want = ([identity] * 3 if identity is not None else None) if rank == 0 else [
+                int(np.prod(values)) if op == "prod" else max(values) if op == "max" else sum(values)] * 3
+            assert result == want, (rank, form, k, result, want)
+        if rank == 0 and identity is None:
+            continue  # every call takes the general path
+        # each form's later calls take no general path (the first ones compile)
+        settled = [calls for form, k, _, calls in results if k >= 3]
+        by_form = [settled[i:i + 3] for i in range(0, len(settled), 3)]
+        assert all(calls[0] == calls[-1] for calls in by_form), (rank, results)
