@@ -10,7 +10,6 @@ Quick tour::
 
 from __future__ import annotations
 
-from . import cost
 from ._launch import launch, launcher
 from ._world import init, local_world, run_local
 from .communicator import Communicator, PointToPointRequest
@@ -40,6 +39,15 @@ from .watchdog import dump_flight_records
 from .transports.base import ANY_SOURCE, ANY_TAG, Status
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # commkit.cost runs the simulator, which a program that only communicates never needs: it is imported at
+    # its first use (ck.cost...), so that every rank a job starts imports commkit in about half the time.
+    if name == "cost":
+        import importlib  # (not "from . import cost": that asks this module for the name first, and so this function)
+        return importlib.import_module(".cost", __name__)
+    raise AttributeError(f"module 'commkit' has no attribute {name!r}")
 
 __all__ = [
     "cost", "init", "run_local", "local_world", "launch", "launcher", "Mesh", "MeshLayout", "mesh_layout", "Communicator", "Request", "PointToPointRequest", "ScheduleRequest",

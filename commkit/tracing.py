@@ -54,7 +54,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import _events, plot
+from . import _events
 from ._events import Message, Recorder, current, events_of, messages
 from ._states import buffer_states
 from ._units import format_seconds
@@ -197,10 +197,12 @@ class Tracer(Recorder):
 
     def timeline(self, **kwargs):
         """:func:`commkit.plot.timeline` of these events (needs matplotlib)."""
+        from . import plot  # (at first use: drawing is not what a traced run is for)
         return plot.timeline(self.events, **kwargs)
 
     def diagram(self, **kwargs):
         """:func:`commkit.plot.diagram` of these events (needs matplotlib)."""
+        from . import plot
         return plot.diagram(self.events, **kwargs)
 
     def __len__(self) -> int:

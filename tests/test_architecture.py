@@ -33,6 +33,8 @@ from __future__ import annotations
 import ast
 import functools
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -444,3 +446,15 @@ def test_no_private_names_read_across_modules():
                      "counts as outside the package:\n  " + "\n  ".join(new))
     stale = sorted(f"{r} reads {full}" for r, full in KNOWN_PRIVATE_ACCESS if (r, full) not in found)
     assert not stale, f"these KNOWN_PRIVATE_ACCESS entries were fixed: remove them: {stale}"
+
+
+def test_importing_commkit_leaves_the_simulator_and_drawing_for_their_first_use():
+    """Every rank a job starts imports commkit: the simulator (commkit.cost, commkit.sim) and drawing
+    (commkit.plot) load when a program first uses them, and ``ck.cost`` still reaches the module."""
+    code = ("import sys, commkit as ck\n"
+            "print(sorted(m for m in ('commkit.cost', 'commkit.sim', 'commkit.plot', 'matplotlib') if m in sys.modules))\n"
+            "print(ck.cost.ALPHA > 0, 'commkit.sim' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=REPO_DIR)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["[]", "True True"], result.stdout
