@@ -72,6 +72,7 @@ __all__ = [
     "peer",
     "counter_value",
     "check_overlap",
+    "overlaps_safely",
     "partition",
     "partition_sizes",
     "execute",
@@ -164,21 +165,35 @@ def check_overlap(step: Transfer) -> list:
     A local step may not write a range the transfer sends or receives, nor read
     a range it receives into: both would race with the data on the wire.
     """
+    return [f"{local!r} writes {mine} while the transfer moves {theirs}" if writes else
+            f"{local!r} reads {mine} while the transfer receives into {theirs}"
+            for local, writes, mine, theirs in _races(step)]
+
+
+def overlaps_safely(step: Transfer) -> bool:
+    """Whether no overlapped local step of ``step`` races with it (:func:`check_overlap` says how one does).
+
+    What a schedule generator asks of each step it makes: it stops at the first
+    race and describes none (a pipelined ring asks it of every segment).
+    """
+    return next(_races(step), None) is None
+
+
+def _races(step: Transfer):
+    """``(local step, writes, its range, the transfer's range)`` for each race, as they are found."""
     moved = [buf for _, buf in step.sends]
     landing = [buf for _, buf in step.recvs]
-    conflicts = []
     for local in step.overlap:
         writes = [local.into] if local.kind == REDUCE else [local.dst]
         reads = [local.operand, local.src] if local.kind == REDUCE else [local.src]
         for w in writes:
             for t in moved + landing:
                 if _ranges_meet(w, t):
-                    conflicts.append(f"{local!r} writes {w} while the transfer moves {t}")
+                    yield local, True, w, t
         for r in reads:
             for t in landing:
                 if _ranges_meet(r, t):
-                    conflicts.append(f"{local!r} reads {r} while the transfer receives into {t}")
-    return conflicts
+                    yield local, False, r, t
 
 
 def writes_input(steps):

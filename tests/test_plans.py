@@ -339,7 +339,7 @@ def test_overlapped_local_steps_never_race_with_their_transfer(p):
 
 
 def test_check_overlap_finds_a_race():
-    from commkit.schedule import Copy, Exchange, Reduce, check_overlap
+    from commkit.schedule import Copy, Exchange, Reduce, check_overlap, overlaps_safely
     from commkit.ops import SUM
 
     racy = Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4),
@@ -347,7 +347,13 @@ def test_check_overlap_finds_a_race():
     problems = check_overlap(racy)
     assert len(problems) == 2
     assert "writes ('out', 2, 6)" in problems[0] and "reads ('tmp', 3, 4)" in problems[1]
-    assert not check_overlap(Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4), overlap=(Copy(("out", 4, 8), ("in", 4, 8)),)))
+    safe = Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4), overlap=(Copy(("out", 4, 8), ("in", 4, 8)),))
+    assert not check_overlap(safe)
+    # each race alone, and none: the yes-or-no a generator asks agrees with the list
+    reads_only = Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4), overlap=(Reduce(("out", 8, 9), ("tmp", 3, 4), SUM),))
+    writes_only = Exchange(1, ("out", 0, 4), 1, ("tmp", 0, 4), overlap=(Copy(("out", 2, 6), ("in", 2, 6)),))
+    assert [overlaps_safely(s) for s in (racy, reads_only, writes_only, safe)] == [False, False, False, True]
+    assert [len(check_overlap(s)) for s in (reads_only, writes_only)] == [1, 1]
 
 
 def test_broadcast_root_sends_from_its_input_and_copies_meanwhile():

@@ -33,7 +33,7 @@ import math
 import os
 
 from ..errors import InvalidArgument
-from ..schedule import Copy, Exchange, Recv, Reduce, Send, check_overlap, partition, partition_sizes
+from ..schedule import Copy, Exchange, Recv, Reduce, Send, overlaps_safely, partition, partition_sizes
 from . import algorithm
 from ._blocks import block_offsets
 from .ring import two_widest_blocks
@@ -108,7 +108,7 @@ def segment_step(send_to, send, recv_from, recv, local):
         step = Recv(recv_from, recv, overlap=overlap)
     else:
         return None, local
-    if overlap and check_overlap(step):
+    if overlap and not overlaps_safely(step):
         # Unsafe to overlap (e.g. one segment per block: the reduced block is sent next): run it first.
         return type(step)(*_plain_args(step)), local
     return step, None
