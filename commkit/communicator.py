@@ -47,7 +47,7 @@ from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
-                   compile_ops, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native,
+                   compile_ops, native_nonblocking_entry, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native,
                    write_out)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
@@ -90,6 +90,21 @@ def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
 _FRESH_ENTRIES = ("allreduce", "reduce", "scan", "exscan", "broadcast", "allgather", "gather", "scatter", "alltoall",
                   "reduce_scatter")
 _FRESH = frozenset(("allreduce", "scan", "exscan", "reduce"))  # the reductions _reduction registers with _fresh
+
+
+class _NativeStart:
+    """What a native i-form's entry calls: ``Communicator._fresh_native`` for one shape, through a proxy.
+
+    The entry lives on the communicator (``_new_i<collective>``), so it holds the communicator weakly.
+    """
+
+    __slots__ = ("comm", "collective", "plan", "spec")
+
+    def __init__(self, comm, collective, plan, spec):
+        self.comm, self.collective, self.plan, self.spec = comm, collective, plan, spec
+
+    def __call__(self, src, dst, result, timeout):
+        return self.comm._fresh_native(self.collective, self.plan, self.spec, src, dst, result, timeout)
 
 
 def _then_write(run, value):
@@ -1375,6 +1390,16 @@ class Communicator(VectorCollectives):
         recorder = self._recorder
         rec = recorder.start(seq, call.collective, name, signature)
         if steps is None:
+            starter = getattr(self._coll, "native_starter", None)
+            if (nonblocking is True and call.fresh is not None and starter is not None and call.xp is np
+                    and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result)):
+                # later i-forms: _fresh starts the library's call itself (4: what _fresh_native passes it)
+                inplace = call.aliased and call.collective in ("allreduce", "scan", "exscan", "reduce")
+                start = starter(call.collective, call.dtype, op=call.op, root=call.root, inplace=inplace,
+                                counts=call.arg if call.collective == "reduce_scatter" else None)
+                if start is not None:
+                    self._by_shape_i[call.fresh] = [plan, None, None, None, (call.op, call.root, start)]
+                    self._fresh_hot_i.pop(call.collective, None)
             return self._run_native(call, nonblocking, timeout, CallInfo(*info), rec)
         src = call.src
         if call.aliased:
@@ -1824,6 +1849,12 @@ class Communicator(VectorCollectives):
                                   _weakref, self._fresh_last[collective], timeout, given_timeout, self._timeout,
                                   receiving=receiving)
                     entry[3] = nonblocking_entry(kinds, IEntry(collective, *entry[:3], weakref.proxy(self), _EMPTY))
+                elif entry[3] is None and entry[0][1] is None:  # the library's own: its i-form's entry
+                    kinds = Entry(lead.dtype, lead.shape, op, root, algorithm, form, shape, scratch, log, GENERAL,
+                                  _weakref, self._fresh_last[collective], timeout, given_timeout, self._timeout,
+                                  receiving=receiving)
+                    start = _NativeStart(weakref.proxy(self), collective, entry[0], entry[4])
+                    entry[3] = native_nonblocking_entry(kinds, start)
                 setattr(self, "_new_i" + collective, entry[3])
                 return request
             shaped, native, made = entry
@@ -1897,8 +1928,10 @@ class Communicator(VectorCollectives):
         progress = self._progress
         if progress.held >= self._max_in_flight:
             return GENERAL  # the general path raises, naming the limit
-        plan, compiled, pool, _ = entry
+        plan, compiled, pool = entry[:3]
         _, steps, scratch_n, _, name, tagbase, signature = plan
+        if steps is None:
+            return self._fresh_native(collective, plan, entry[4], src, dst, result, timeout)
         seq = self._seq
         self._seq = seq + 1
         if self._stale:
@@ -1929,6 +1962,62 @@ class Communicator(VectorCollectives):
                           self._collective_timed_out, result,
                           None if compiled is None else compiled(src, dst, tmp, tag, rec))
         return ScheduleRequest(run, progress)
+
+    def _fresh_native(self, collective, plan, spec, src, dst, result, timeout):
+        """An i-form of the library's own collective (``native``) on arrays ``_fresh`` checked: its call, a thin request.
+
+        What the general path's ``_run_native`` does for a nonblocking call,
+        with the library's arguments read off the checked arrays instead of
+        built from a call object: ``src`` is ``dst`` in place, off a reduce's or
+        gather's root there is nothing to receive, off a scatter's nothing to
+        send, and a broadcast root copies its input into its output first.
+        """
+        op, root, start = spec  # (see _run_locked)
+        choice, _, _, _, name, _, signature = plan
+        send, recv, inplace = src, dst, src is dst
+        me = self.rank
+        if collective == "broadcast":
+            if me == root and not inplace:
+                dst[...] = src
+            send, inplace = None, False
+        elif (collective == "reduce" or collective == "gather") and me != root:
+            recv = None
+        elif collective == "scatter" and me != root:
+            send = None
+        seq = self._seq
+        self._seq = seq + 1
+        if self._stale:
+            self._drop_stale(seq)
+        recorder = self._recorder
+        rec = recorder.start(seq, collective, name, signature)
+        self._last = (name, choice)
+        recorder.active = rec
+        try:
+            pending = start(send, recv)  # (the transport's call for this shape, looked up once)
+        except BaseException:
+            recorder.finish(rec, "failed")
+            raise
+        finally:
+            recorder.active = None
+        if collective == "exscan" and me == 0:
+            identity = op.identity_array(dst.shape, dst.dtype)  # (an op without one never registers: _bare_exscan)
+
+            def finish():
+                dst[...] = identity
+                return result
+        else:
+            def finish():
+                return result
+        try:
+            settles = getattr(pending, "settles", None)  # (tested a few times: a small call whose peers are there
+            settled = settles is not None and settles()  # completes now)
+        except BaseException:
+            recorder.finish(rec, "failed")
+            raise
+        if settled:  # nothing left to drive: no request joins the outstanding ones
+            recorder.finish(rec)
+            return _NativeDone(finish())
+        return _NativeRequest(pending, finish, timeout, CallInfo(collective, name, seq, me, None), self, rec)
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
@@ -2939,6 +3028,22 @@ class _NativeRequest(Request):
     @property
     def done(self) -> bool:
         return self._done
+
+
+class _NativeDone(Request):
+    """A nonblocking native collective that completed at its start (``Communicator._fresh_native``): its result."""
+
+    __slots__ = ("_result",)
+    _done = True
+
+    def __init__(self, result):
+        self._result = result
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None):
+        return self._result
 
 
 _FREED = "this communicator was freed; create a new one with dup() or split() before freeing."

@@ -51,7 +51,7 @@ from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, CompletedReque
                        ScheduleRun, native_timeout_error, timeout_error, transfer_error, wire_bytes)
 
 __all__ = ["SEEN", "Entry", "IEntry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest",
-           "Slots", "compile_ops", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
+           "Slots", "compile_ops", "native_nonblocking_entry", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
            "timed_native"]
 
 
@@ -938,6 +938,36 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "        _release()",
     ])
     exec(compile(source, f"<commkit i-form entry: {spec.collective} {name}>", "exec"), ns)
+    run = ns["run"]
+    run.source = source
+    return run
+
+
+def native_nonblocking_entry(entry: Entry, start):
+    """The library's i-form (``native``) on new arrays of a known shape: ``run(x, out, algorithm, timeout, a, b)``.
+
+    The checks of :class:`Entry` (and that i-forms may run compiled), the
+    guard, then ``start(in, out, result, timeout)``, which starts the
+    library's nonblocking collective on the flat arrays and returns its thin
+    request (the communicator's ``_fresh_native``): no schedule to compile,
+    so nothing else is written out. Anything else returns ``entry.general``
+    before anything is sent. Its text is ``run.source``.
+    """
+    ns = {"_start": start, "_timeout": entry.timeout}
+    comm = start.comm
+    ns.update(_comm=comm, _acquire=comm._entry.acquire, _release=comm._entry.release)
+    head, guard = _entry_head(entry, ns, nonblocking=True)
+    source = "\n".join([
+        "def run(_x, _out, _alg, _to, _a, _b):",
+        *head,
+        *guard[:2],
+        "    try:",
+        *("    " + line for line in guard[2:]),
+        "        return _start(_b_in, _b_out, _result, _timeout)",
+        "    finally:",
+        "        _release()",
+    ])
+    exec(compile(source, "<commkit i-form entry: native>", "exec"), ns)
     run = ns["run"]
     run.source = source
     return run

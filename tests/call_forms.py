@@ -111,6 +111,7 @@ class Forms:
         if mpi:
             self.forms["native, same arrays"] = lambda k: self.call(k, x="kept", out="kept", algorithm="native")
             self.forms["native, new x"] = lambda k: self.call(k, algorithm="native")
+            self.forms["native i-form, new x"] = lambda k: self.call(k, algorithm="native", nonblocking=True)
 
     def _want(self, case, rank=None):
         rank = self.comm.rank if rank is None else rank

@@ -405,6 +405,10 @@ class _PersistentTransfer(_Pending):
                 req.Free()
 
 
+# The library's nonblocking collective of each collective that takes no counts (see MPITransport.native_starter).
+_NONBLOCKING = {"allreduce": "Iallreduce", "scan": "Iscan", "exscan": "Iexscan", "reduce": "Ireduce",
+                "broadcast": "Ibcast", "gather": "Igather", "scatter": "Iscatter", "allgather": "Iallgather",
+                "alltoall": "Ialltoall", "reduce_scatter": "Ireduce_scatter"}
 _OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "max": MPI.MAX, "min": MPI.MIN, "land": MPI.LAND,
         "lor": MPI.LOR, "lxor": MPI.LXOR, "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}
 # Which dtype kinds MPI defines each op for (MPI-4.1 section 6.9.2): arithmetic on
@@ -886,6 +890,49 @@ class MPITransport:
         def run(tag):
             fn(*args)
         return inline(run, "{0}(" + ", ".join(f"{{{i + 1}}}" for i in range(len(args))) + ")", (fn, *args))
+
+    def native_starter(self, collective: str, dtype, *, op=None, root: int = 0, counts=None, inplace: bool = False):
+        """The library's nonblocking collective for one call shape, as ``start(sendbuf, recvbuf) -> pending``.
+
+        What :meth:`native` does with ``nonblocking=True`` on host arrays of
+        ``dtype``, its method, datatype and op looked up once: a nonblocking
+        call on new arrays of a known shape then pays the library's call and
+        the request around it. ``sendbuf`` is None where the library ignores it
+        (a broadcast, a scatter off its root), as is ``recvbuf`` (a reduce or
+        gather off its root); ``inplace`` passes ``MPI.IN_PLACE`` as the send
+        buffer; ``counts`` are a reduce_scatter's. None for the vector collectives.
+        """
+        name = _NONBLOCKING.get(collective)
+        if name is None:
+            return None
+        fn, pending, in_place = getattr(self.comm, name), _Pending, MPI.IN_PLACE
+        datatype = _mpi_type(np.dtype(dtype)) if op is not None else BYTE
+        if op is not None:
+            mpi_op = _OPS[op.name]
+            if collective == "reduce_scatter":
+                counts = list(counts)
+
+                def start(send, recv):
+                    return pending([fn(in_place if inplace else [send, datatype], [recv, datatype], counts, mpi_op)],
+                                   [-1])
+            elif collective == "reduce":
+                def start(send, recv):
+                    return pending([fn(in_place if inplace else [send, datatype],
+                                       None if recv is None else [recv, datatype], mpi_op, root)], [-1])
+            else:
+                def start(send, recv):
+                    return pending([fn(in_place if inplace else [send, datatype], [recv, datatype], mpi_op)], [-1])
+        elif collective == "broadcast":
+            def start(send, recv):
+                return pending([fn([recv, datatype], root)], [-1])
+        elif collective in ("gather", "scatter"):
+            def start(send, recv):
+                return pending([fn(None if send is None else [send, datatype], None if recv is None else [recv, datatype],
+                                   root)], [-1])
+        else:
+            def start(send, recv):
+                return pending([fn([send, datatype], [recv, datatype])], [-1])
+        return start
 
     def native_init(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
                     inplace: bool = False):
