@@ -5,7 +5,7 @@ directory and checks that the page, the figures and the raw results are written,
 parse, and hold no wrong result; and ``memory_floor.py --quick`` and
 ``inplace.py --quick``, which start their own 2-rank jobs, checking their tables
 and that the floor leaves no shared segment behind; and ``node_floor.py
---quick``, ``poll_first.py`` and ``overlap_loop.py`` (a few calls) under 2-rank jobs; and ``new_arrays.py --quick``, with and
+--quick``, ``poll_first.py``, ``overlap_loop.py`` and ``nonblocking_forms.py`` (a few calls) under 2-rank jobs; and ``new_arrays.py --quick``, with and
 without glibc's settings. Benchmarks are never timed
 unit tests: nothing here asserts on speed.
 """
@@ -29,6 +29,7 @@ NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
 NEW_ARRAYS = os.path.join(ROOT, "benchmarks", "new_arrays.py")
 POLL_FIRST = os.path.join(ROOT, "benchmarks", "poll_first.py")
 OVERLAP_LOOP = os.path.join(ROOT, "benchmarks", "overlap_loop.py")
+NONBLOCKING_FORMS = os.path.join(ROOT, "benchmarks", "nonblocking_forms.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 # Set by an outer mpiexec or commkit command; the script must start its own jobs.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
@@ -106,6 +107,13 @@ def test_overlap_loop_times_a_training_steps_loop_beside_mpi4pys(mpi):
     out = _as_main(mpi, [OVERLAP_LOOP, "--sweeps", "2", "--steps", "20", "--sizes", "8,64K"], 120)
     assert "| gradient bytes | raw step (us) | commkit step (us) | commkit / raw" in out, out
     assert "| 8 |" in out and "| 64K |" in out and "machine state before the run" in out, out
+
+
+@pytest.mark.mpi
+def test_nonblocking_forms_times_commkits_i_forms_beside_mpi4pys(mpi):
+    out = _as_main(mpi, [NONBLOCKING_FORMS, "--sweeps", "2", "--calls", "20", "--sizes", "8,1K"], 120)
+    assert "| bytes | raw i (us) | commkit i (us) | commkit i native (us) |" in out, out
+    assert "| 8 |" in out and "| 1K |" in out and "machine state before the run" in out, out
 
 
 @pytest.mark.mpi
