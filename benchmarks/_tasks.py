@@ -767,6 +767,45 @@ def calibration_line(before: dict, after: dict | None = None) -> str:
     return "machine state " + (f"before the run: {one(before)}; after it: {one(after)}" if after else one(before))
 
 
+def timing_job(script: str):
+    """``(raw, comm)`` for a script that times calls between ranks, or None (said why) outside such a job.
+
+    ``raw`` is a ``Dup`` of COMM_WORLD (the mpi4py side), ``comm`` commkit's
+    communicator over MPI; a ``COMMKIT_TIMEOUT`` in the environment is
+    pointed out, as it makes every commkit call a timed one.
+    """
+    from mpi4py import MPI
+
+    import commkit as ck
+
+    raw = MPI.COMM_WORLD.Dup()
+    if raw.Get_size() < 2:
+        print(f"{script} times calls between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+        return None
+    comm = ck.init("mpi")
+    if comm.timeout is not None:
+        print(f"note: COMMKIT_TIMEOUT={comm.timeout:g} makes every commkit call a timed one", file=sys.stderr)
+    return raw, comm
+
+
+class RunState:
+    """The load and the machine's state (:func:`calibration`) when a timed run starts; :meth:`end` when it ends.
+
+    Collective, as :func:`calibration` is: every rank makes it and calls ``end``.
+    """
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.load = os.getloadavg()[0]
+        self.before = calibration(raw)
+
+    def end(self) -> str:
+        """The header line: the machine, the load before and after, and the machine's state before and after."""
+        after = calibration(self.raw)
+        return (f"{machine_line(self.raw)}; load average {self.load:.2f} -> {os.getloadavg()[0]:.2f}; "
+                f"{calibration_line(self.before, after)}.")
+
+
 def load_line(samples) -> str:
     """The 1-minute load averages sampled during a run: min, median, max."""
     if not samples:

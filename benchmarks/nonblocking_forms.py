@@ -39,10 +39,9 @@ for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
         sys.path.insert(0, path)
 
 import numpy as np  # noqa: E402
-from _tasks import calibration, calibration_line, machine_line  # noqa: E402
+from _tasks import RunState, timing_job  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
-import commkit as ck  # noqa: E402
 from commkit.bench import format_size, parse_sizes  # noqa: E402
 
 COLUMNS = ("raw i", "commkit i", "commkit i native", "raw", "commkit")
@@ -105,24 +104,19 @@ def main(argv=None) -> int:
     parser.add_argument("--sweeps", type=int, default=11, help="sweeps (default 11)")
     parser.add_argument("--calls", type=int, default=1000, help="calls of each column per sweep (default 1000)")
     args = parser.parse_args(argv)
-    raw = MPI.COMM_WORLD.Dup()
-    if raw.Get_size() < 2:
-        print("nonblocking_forms.py times calls between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+    job = timing_job("nonblocking_forms.py")
+    if job is None:
         return 2
-    comm = ck.init("mpi")
-    if comm.timeout is not None:
-        print(f"note: COMMKIT_TIMEOUT={comm.timeout:g} makes every commkit call a timed one", file=sys.stderr)
-    load = [os.getloadavg()[0]]
-    state = calibration(raw)
+    raw, comm = job
+    run = RunState(raw)
     rows = [(format_size(size), _time(raw, _columns(comm, raw, size), args.sweeps, args.calls))
             for size in parse_sizes(args.sizes)]
-    state = calibration_line(state, calibration(raw))
-    load.append(os.getloadavg()[0])
+    header = run.end()
     if raw.Get_rank() == 0:
         print(f"Command: `mpiexec -n {raw.Get_size()} python benchmarks/nonblocking_forms.py --sizes {args.sizes} "
               f"--sweeps {args.sweeps} --calls {args.calls}`")
         print()
-        print(f"{machine_line(raw)}; load average {load[0]:.2f} -> {load[1]:.2f}; {state}.")
+        print(header)
         print()
         print("| bytes | " + " | ".join(f"{name} (us)" for name in COLUMNS) + " | "
               + " | ".join(f"{name} / raw i" for name in COLUMNS[1:]) + " |")
