@@ -47,8 +47,8 @@ from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
-                   compile_ops, native_nonblocking_entry, nonblocking_entry, nonblocking_steps, persistent_steps, stand_in, timed_native,
-                   write_out)
+                   compile_ops, native_nonblocking_entry, nonblocking_entry, nonblocking_steps, persistent_steps,
+                   stand_in, timed_native, write_out)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
                        check_in, check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
@@ -1394,11 +1394,12 @@ class Communicator(VectorCollectives):
             if (nonblocking is True and call.fresh is not None and starter is not None and call.xp is np
                     and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result)):
                 # later i-forms: _fresh starts the library's call itself (4: what _fresh_native passes it)
-                inplace = call.aliased and call.collective in ("allreduce", "scan", "exscan", "reduce")
+                _, _, inplace, counts, _ = self._native_args(call)
                 start = starter(call.collective, call.dtype, op=call.op, root=call.root, inplace=inplace,
-                                counts=call.arg if call.collective == "reduce_scatter" else None)
+                                counts=counts)
                 if start is not None:
-                    self._by_shape_i[call.fresh] = [plan, None, None, None, (call.op, call.root, start)]
+                    spec = (call.root, start, self._exscan_identity(call))
+                    self._by_shape_i[call.fresh] = [plan, None, None, None, spec]
                     self._fresh_hot_i.pop(call.collective, None)
             return self._run_native(call, nonblocking, timeout, CallInfo(*info), rec)
         src = call.src
@@ -1972,14 +1973,14 @@ class Communicator(VectorCollectives):
         gather's root there is nothing to receive, off a scatter's nothing to
         send, and a broadcast root copies its input into its output first.
         """
-        op, root, start = spec  # (see _run_locked)
+        root, start, identity = spec  # (see _run_locked; identity: rank 0's exscan result, else None)
         choice, _, _, _, name, _, signature = plan
-        send, recv, inplace = src, dst, src is dst
+        send, recv = src, dst  # (in place, the shape's starter passes MPI.IN_PLACE itself)
         me = self.rank
         if collective == "broadcast":
-            if me == root and not inplace:
+            if me == root and src is not dst:
                 dst[...] = src
-            send, inplace = None, False
+            send = None
         elif (collective == "reduce" or collective == "gather") and me != root:
             recv = None
         elif collective == "scatter" and me != root:
@@ -1999,15 +2000,6 @@ class Communicator(VectorCollectives):
             raise
         finally:
             recorder.active = None
-        if collective == "exscan" and me == 0:
-            identity = op.identity_array(dst.shape, dst.dtype)  # (an op without one never registers: _bare_exscan)
-
-            def finish():
-                dst[...] = identity
-                return result
-        else:
-            def finish():
-                return result
         try:
             settles = getattr(pending, "settles", None)  # (tested a few times: a small call whose peers are there
             settled = settles is not None and settles()  # completes now)
@@ -2016,7 +2008,14 @@ class Communicator(VectorCollectives):
             raise
         if settled:  # nothing left to drive: no request joins the outstanding ones
             recorder.finish(rec)
-            return _NativeDone(finish())
+            if identity is not None:
+                dst[...] = identity
+            return _NativeDone(result)
+
+        def finish():
+            if identity is not None:
+                dst[...] = identity
+            return result
         return _NativeRequest(pending, finish, timeout, CallInfo(collective, name, seq, me, None), self, rec)
 
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
