@@ -51,8 +51,8 @@ from .schedule import (COPY, OVERLAP_MIN_BYTES, REDUCE, TRANSFER, CompletedReque
                        ScheduleRun, native_timeout_error, timeout_error, transfer_error, wire_bytes)
 
 __all__ = ["SEEN", "Entry", "IEntry", "Plan", "PersistentPool", "PersistentRequest", "InterpretedPersistentRequest",
-           "Slots", "compile_ops", "native_nonblocking_entry", "nonblocking_entry", "nonblocking_steps", "persistent_steps", "stand_in",
-           "timed_native"]
+           "Slots", "compile_ops", "native_nonblocking_entry", "nonblocking_entry", "nonblocking_steps",
+           "persistent_steps", "stand_in", "timed_native"]
 
 
 def _view(bufs, ref, slots=None):

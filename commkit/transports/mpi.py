@@ -405,7 +405,7 @@ class _PersistentTransfer(_Pending):
                 req.Free()
 
 
-# The library's nonblocking collective of each collective that takes no counts (see MPITransport.native_starter).
+# The library's nonblocking collective of each collective but the vector ones (see MPITransport.native_starter).
 _NONBLOCKING = {"allreduce": "Iallreduce", "scan": "Iscan", "exscan": "Iexscan", "reduce": "Ireduce",
                 "broadcast": "Ibcast", "gather": "Igather", "scatter": "Iscatter", "allgather": "Iallgather",
                 "alltoall": "Ialltoall", "reduce_scatter": "Ireduce_scatter"}
@@ -927,8 +927,8 @@ class MPITransport:
                 return pending([fn([recv, datatype], root)], [-1])
         elif collective in ("gather", "scatter"):
             def start(send, recv):
-                return pending([fn(None if send is None else [send, datatype], None if recv is None else [recv, datatype],
-                                   root)], [-1])
+                return pending([fn(None if send is None else [send, datatype],
+                                   None if recv is None else [recv, datatype], root)], [-1])
         else:
             def start(send, recv):
                 return pending([fn([send, datatype], [recv, datatype])], [-1])
