@@ -26,6 +26,7 @@ settings.register_profile("thorough", max_examples=500, deadline=None, suppress_
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+_SEGMENTS_BEFORE = pytest.StashKey[object]()
 _SEGMENTS_LEFT = pytest.StashKey[list]()
 
 
@@ -89,25 +90,60 @@ def mpi():
     return run_mpi
 
 
-@pytest.fixture(scope="session", autouse=True)
-def segments_left_behind(pytestconfig):
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that starts MPI jobs ``mpi``, and keep those tests on one pytest-xdist worker.
+
+    A test that asks for the :func:`mpi` fixture launches mpiexec, so it is an
+    ``mpi`` test whether or not it says so (``-m "not mpi"`` leaves it out, and
+    ``.ci/run`` runs it again on Open MPI). Under pytest-xdist (``-n``, on by
+    default: see pytest.ini) the ``mpi`` tests form one group, run one after
+    another on one worker while the other workers run the threads-world tests:
+    two MPI jobs at once would put twice the ranks on the machine's cores, and the
+    jobs' timeouts were chosen for one job at a time. Runs first, so that ``-m``
+    sees the marks added here.
+    """
+    for item in items:
+        if "mpi" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None:
+            item.add_marker(pytest.mark.mpi)
+        if item.get_closest_marker("mpi") is not None:
+            item.add_marker(pytest.mark.xdist_group("mpiexec"))
+
+
+def _controller(config) -> bool:
+    """Whether this process runs the session as a whole (not a pytest-xdist worker, which runs a share of it)."""
+    return not hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session):
+    """Note which MPI segments are in /dev/shm before the session's first job (see :func:`pytest_sessionfinish`)."""
+    if _controller(session.config):
+        from commkit import _mpiexec
+
+        session.config.stash[_SEGMENTS_BEFORE] = _mpiexec.shm_names()
+
+
+def pytest_sessionfinish(session):
     """At the end of the session, remove the MPI segments left in /dev/shm since it began; the summary lists them.
 
     Only what :func:`commkit._mpiexec.remove_left_segments` would remove after a job:
     this user's ``mpich_shm_*``/``sm_segment.*`` files made during the session that
     no process maps or holds open (a job running beside the session keeps its own).
+    Done by the process that runs the whole session, once every worker's jobs have
+    ended; a worker that finished its share early would sweep while another
+    worker's job is starting.
     """
-    from commkit import _mpiexec
-
-    before = _mpiexec.shm_names()
-    yield
+    config = session.config
+    before = config.stash.get(_SEGMENTS_BEFORE, None) if _controller(config) else None
     if before is not None:
+        from commkit import _mpiexec
+
         # Every job of the session has ended: a file still in use is another session's.
-        pytestconfig.stash[_SEGMENTS_LEFT] = _mpiexec.remove_left_segments(before, wait=0.0)
+        config.stash[_SEGMENTS_LEFT] = _mpiexec.remove_left_segments(before, wait=0.0)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Warn about the segments :func:`segments_left_behind` had to remove, naming each."""
+    """Warn about the segments :func:`pytest_sessionfinish` had to remove, naming each."""
     left = config.stash.get(_SEGMENTS_LEFT, [])
     if not left:
         return
