@@ -115,8 +115,15 @@ def _controller(config) -> bool:
     return not hasattr(config, "workerinput")
 
 
-def pytest_sessionstart(session):
-    """Note which MPI segments are in /dev/shm before the session's first job (see :func:`pytest_sessionfinish`)."""
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """Note which MPI segments are in /dev/shm before the session's first test (see :func:`pytest_sessionfinish`).
+
+    Once the tests are collected (a test module may point ``_mpiexec.SHM``
+    elsewhere as it is imported) and before any runs, workers included: a
+    pytest-xdist worker runs its first test only when this process, in its
+    own loop, hands it one. Returns None, so the loop itself runs next.
+    """
     if _controller(session.config):
         from commkit import _mpiexec
 
