@@ -409,6 +409,8 @@ class Comm(MPI.Intracomm):
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
+        # The last Allreduce that ran on kept copies of other buffers (see _Staged, _staged_allreduce).
+        self._hot_staged_allreduce = (_NOTHING,) * 7
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
@@ -831,10 +833,17 @@ class Comm(MPI.Intracomm):
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
             return
+        h = self._hot_staged_allreduce
+        if h[2] is op:
+            buf = _staged_buf(recvbuf, h[1])
+            if buf is not _NOTHING and self._staged_allreduce(h, _staged_buf(sendbuf, h[0]), buf):
+                return
         kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
         if kept is not None:
             send, recv, kop = kept
             self._run_kept(self._allreduce, send.array, kop, out=recv.array)
+            if recv.__class__ is _Staged and (send is recv or send.__class__ is _Staged):
+                self._hot_staged_allreduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop, None)
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -907,6 +916,38 @@ class Comm(MPI.Intracomm):
                 return h[:5] + (self.comm.plan_of("reduce", short[0], out, short[1], root),)
             return h
         return (sendbuf, recvbuf, op, root, short[0], None)
+
+    def _staged_allreduce(self, h, sendbuf, recvbuf) -> bool:
+        """Whether the memo ``h`` of the last Allreduce on kept copies ran this one; ``sendbuf`` and ``recvbuf``
+        the buffers of this call's specs, which :func:`_staged_buf` found written as the memo's.
+
+        The memo is ``(send key, receive key, op, send, receive, commkit op,
+        plan)``: the specs' keys (:func:`_staged_key`), the :class:`_Staged`
+        messages the kept path made of them (the same one twice in place), and
+        the communicator's plan for their stages once it has one. Each message
+        checks, as it attaches, that the buffer is still its own object and of
+        its size; where one is not (or an argument differs), the call takes the
+        kept or the general path, which parse the specs again. A loop repeating
+        one call on buffers that are not NumPy arrays skips that parse, as one on
+        NumPy arrays skips :meth:`_short`.
+        """
+        send, recv, kop, plan = h[3:]
+        in_place = send is recv
+        if sendbuf is _NOTHING or not in_place and not send.attach(sendbuf) or not recv.attach(recvbuf, in_place):
+            return False
+        x = send.array
+        try:
+            if plan is not None and plan.ready(x):
+                plan.run()
+            else:
+                self._allreduce(x, kop, out=recv.array)
+                if plan is None or not plan.ready(x):  # (the communicator compiles one at the second call)
+                    self._hot_staged_allreduce = h[:6] + (self.comm.plan_of("allreduce", x, recv.array, kop),)
+            recv.finish()  # the result into the user's buffer; the fresh view goes
+        except BaseException:
+            recv.detach()
+            raise
+        return True
 
     def _memo(self, h, collective, a, b, x, out, *root, fill=None):
         """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` (or ``MPI.IN_PLACE`` and one) as
@@ -2650,6 +2691,37 @@ def _cache_key(raw: bool, buf, count, displ, datatype, blocks: int):
     if type(buf) is not _ndarray:
         return None
     return _spec_key(raw, buf, count, displ, datatype, blocks)
+
+
+def _staged_key(spec):
+    """How a blocking call's spec of a buffer it stages (or ``MPI.IN_PLACE``) was written: ``(id of the buffer,
+    count, datatype)``, None where a part was not given; :func:`_staged_buf` finds the same writing again."""
+    if spec.__class__ is list or spec.__class__ is tuple:
+        return (id(spec[0]), None, spec[1]) if len(spec) == 2 else (id(spec[0]), spec[1], spec[2])
+    return id(spec), None, None
+
+
+def _staged_buf(spec, key):
+    """The buffer of ``spec`` where it is written as :func:`_staged_key` ``key`` says, else ``_NOTHING``.
+
+    The same buffer object (by identity: the memo's :class:`_Staged` message
+    holds it, or checks a weak reference to it, so no other object can have
+    taken its id), the same datatype object and the same count; a new list
+    each call, as programs write ``[buf, MPI.DOUBLE]``, is found again.
+    """
+    t = spec.__class__
+    if t is list or t is tuple:
+        n = len(spec)
+        buf = spec[0]
+        if id(buf) != key[0]:
+            return _NOTHING
+        if n == 2:
+            return buf if key[1] is None and spec[1] is key[2] else _NOTHING
+        if n == 3:
+            count = spec[1]
+            return buf if count.__class__ is int and count == key[1] and spec[2] is key[2] else _NOTHING
+        return _NOTHING
+    return spec if id(spec) == key[0] and key[2] is None else _NOTHING
 
 
 def _spec_key(tag, buf, count, displ, datatype, blocks: int):
