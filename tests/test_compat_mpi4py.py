@@ -2982,7 +2982,7 @@ class Failing:
         raise RuntimeError("the communicator failed")
 
 
-F._hot_staged_allreduce = h[:6] + (Failing(),)
+F._hot_staged_allreduce = h[:6] + (Failing(),) + h[7:]
 fill(r, np.full(4, 7.0))
 try:
     F.Allreduce(a, [r, MPI.DOUBLE], op=MPI.SUM)
@@ -2993,16 +2993,35 @@ else:
 assert got(r).tolist() == [7.0] * 4
 r.extend(b"x")
 F._hot_staged_allreduce = h
+# Reduce: the root's receive buffer (or IN_PLACE there) and every rank's send buffer, the root moving now and
+# then; off the root the receive buffer is neither read nor written, as in mpi4py.
+r = bytearray(32)
+for send, recv, spec in ((a, b, lambda buf: buf), (s, r, lambda buf: [buf, MPI.DOUBLE])):
+    for i in range(12):
+        root = (i // 4) % F.Get_size()
+        op = MPI.MAX if i == 6 else MPI.SUM
+        in_place = i >= 9 and rank == root
+        fill(send, rng.integers(-9, 9, 4).astype(np.float64))
+        fill(recv, np.full(4, -1.0))
+        before = got(recv).copy()
+        mine = before.copy() if in_place else got(send).copy()
+        want = before.copy()
+        raw.Reduce(mine, want, op=op, root=root)
+        F.Reduce(MPI.IN_PLACE if in_place else spec(send), spec(recv), op=op, root=root)
+        assert got(recv).tobytes() == (want if rank == root else before).tobytes(), (i, got(recv), want, before)
+        calls += 1
+h = F._hot_staged_reduce
+assert h[7] == "reduce" and h[3].__class__.__name__ == "_Staged", h
 print(f"rank {rank}: {calls} staged calls matched mpi4py")
 """
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nprocs, timeout", [(2, ""), (3, ""), (2, "60")])
-def test_a_repeated_allreduce_on_kept_copies_follows_every_change_of_its_arguments(mpi, nprocs, timeout):
-    """The face's memo of the last Allreduce on buffers that are not NumPy arrays (their kept copies' plan)
-    is taken only while the call is written the same way over the same buffers: a new op, send buffer,
-    datatype or count, a buffer that grew or a released memoryview each take the path that checks them,
-    with mpi4py's answer or error; a failure inside the call writes nothing back and holds no view."""
+def test_a_repeated_allreduce_or_reduce_on_kept_copies_follows_every_change_of_its_arguments(mpi, nprocs, timeout):
+    """The face's memo of the last Allreduce (and Reduce) on buffers that are not NumPy arrays (their kept
+    copies' plan) is taken only while the call is written the same way over the same buffers: a new op,
+    send buffer, datatype, count or root, a buffer that grew or a released memoryview each take the path that
+    checks them, with mpi4py's answer or error; a failure inside the call writes nothing back and holds no view."""
     result = mpi(nprocs, STAGED_MEMO, env={"COMMKIT_TIMEOUT": timeout})
     assert result.stdout.count("staged calls matched mpi4py") == nprocs, result.stdout + result.stderr

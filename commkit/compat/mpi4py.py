@@ -409,8 +409,8 @@ class Comm(MPI.Intracomm):
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
-        # The last Allreduce that ran on kept copies of other buffers (see _Staged, _staged_allreduce).
-        self._hot_staged_allreduce = (_NOTHING,) * 7
+        # The last Allreduce, and the last Reduce, that ran on kept copies of other buffers (see _Staged, _staged).
+        self._hot_staged_allreduce = self._hot_staged_reduce = (_NOTHING,) * 8 + ((None,),)
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
@@ -749,16 +749,26 @@ class Comm(MPI.Intracomm):
                 elif type(sendbuf) is _ndarray and sendbuf.dtype in fast[1] and self._by_entry(
                         comm._new_reduce, comm._hot_reduce, 0, sendbuf, None, fast[0], root):
                     return
+            hs = self._hot_staged_reduce
+            staged = hs[2] is op and hs[8][0] == root
             if self._rank == root:
                 short = self._short(sendbuf, recvbuf, op)
                 if short is not None:
                     self._blocking["reduce"](short[0], short[1], root, out=recvbuf)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, recvbuf)
                     return
+                if staged:
+                    buf = _staged_buf(recvbuf, hs[1])
+                    if buf is not _NOTHING and self._staged("_hot_staged_reduce", hs, _staged_buf(sendbuf, hs[0]),
+                                                            buf):
+                        return
                 kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
                 if kept is not None:
                     send, recv, kop = kept
                     self._run_kept(self._blocking["reduce"], send.array, kop, root, out=recv.array)
+                    if recv.__class__ is _Staged and (send is recv or send.__class__ is _Staged):
+                        self._hot_staged_reduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop,
+                                                   None, "reduce", (root,))
                     return
             else:  # the other ranks only send, from their send buffer (never IN_PLACE there)
                 short = self._short(_IN_PLACE, sendbuf, op)
@@ -766,9 +776,14 @@ class Comm(MPI.Intracomm):
                     self._blocking["reduce"](short[0], short[1], root)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, None)
                     return
+                if staged and self._staged("_hot_staged_reduce", hs, _staged_buf(sendbuf, hs[0]), None):
+                    return
                 kept = self._kept_send(sendbuf, op)
                 if kept is not None:
                     self._run_kept(self._blocking["reduce"], kept[0].array, kept[1], root)
+                    if kept[0].__class__ is _Staged:  # (the receive buffer: not read off the root, as in mpi4py)
+                        self._hot_staged_reduce = (_staged_key(sendbuf), None, op, kept[0], None, kept[1], None,
+                                                   "reduce", (root,))
                     return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -836,14 +851,15 @@ class Comm(MPI.Intracomm):
         h = self._hot_staged_allreduce
         if h[2] is op:
             buf = _staged_buf(recvbuf, h[1])
-            if buf is not _NOTHING and self._staged_allreduce(h, _staged_buf(sendbuf, h[0]), buf):
+            if buf is not _NOTHING and self._staged("_hot_staged_allreduce", h, _staged_buf(sendbuf, h[0]), buf):
                 return
         kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
         if kept is not None:
             send, recv, kop = kept
             self._run_kept(self._allreduce, send.array, kop, out=recv.array)
             if recv.__class__ is _Staged and (send is recv or send.__class__ is _Staged):
-                self._hot_staged_allreduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop, None)
+                self._hot_staged_allreduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop, None,
+                                              "allreduce", ())
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -917,35 +933,41 @@ class Comm(MPI.Intracomm):
             return h
         return (sendbuf, recvbuf, op, root, short[0], None)
 
-    def _staged_allreduce(self, h, sendbuf, recvbuf) -> bool:
-        """Whether the memo ``h`` of the last Allreduce on kept copies ran this one; ``sendbuf`` and ``recvbuf``
-        the buffers of this call's specs, which :func:`_staged_buf` found written as the memo's.
+    def _staged(self, memo: str, h, sendbuf, recvbuf) -> bool:
+        """Whether the memo ``h`` (the attribute ``memo``) of the last Allreduce or Reduce on kept copies ran this
+        call; ``sendbuf`` and ``recvbuf`` the buffers of this call's specs, which :func:`_staged_buf` found
+        written as the memo's (``recvbuf`` None off a Reduce's root, where nothing is received).
 
         The memo is ``(send key, receive key, op, send, receive, commkit op,
-        plan)``: the specs' keys (:func:`_staged_key`), the :class:`_Staged`
-        messages the kept path made of them (the same one twice in place), and
-        the communicator's plan for their stages once it has one. Each message
-        checks, as it attaches, that the buffer is still its own object and of
-        its size; where one is not (or an argument differs), the call takes the
-        kept or the general path, which parse the specs again. A loop repeating
-        one call on buffers that are not NumPy arrays skips that parse, as one on
-        NumPy arrays skips :meth:`_short`.
+        plan, collective, root)``: the specs' keys (:func:`_staged_key`), the
+        :class:`_Staged` messages the kept path made of them (the same one twice
+        in place; no receive message off the root), the communicator's plan for
+        their stages once it has one, and the root as a tuple (empty for
+        Allreduce). Each message checks, as it attaches, that the buffer is
+        still its own object and of its size; where one is not (or an argument
+        differs), the call takes the kept or the general path, which parse the
+        specs again. A loop repeating one call on buffers that are not NumPy
+        arrays skips that parse, as one on NumPy arrays skips :meth:`_short`.
         """
-        send, recv, kop, plan = h[3:]
+        send, recv, kop, plan, collective, root = h[3:]
         in_place = send is recv
-        if sendbuf is _NOTHING or not in_place and not send.attach(sendbuf) or not recv.attach(recvbuf, in_place):
+        if sendbuf is _NOTHING or not in_place and not send.attach(sendbuf) or (
+                recv is not None and not recv.attach(recvbuf, in_place)):
             return False
         x = send.array
+        out = None if recv is None else recv.array
         try:
             if plan is not None and plan.ready(x):
                 plan.run()
             else:
-                self._allreduce(x, kop, out=recv.array)
-                if plan is None or not plan.ready(x):  # (the communicator compiles one at the second call)
-                    self._hot_staged_allreduce = h[:6] + (self.comm.plan_of("allreduce", x, recv.array, kop),)
-            recv.finish()  # the result into the user's buffer; the fresh view goes
+                self._blocking[collective](x, kop, *root, out=out)
+                if plan is None or not plan.ready(x):  # (the communicator compiles one after a call or two)
+                    setattr(self, memo, h[:6] + (self.comm.plan_of(collective, x, out, kop, *root),) + h[7:])
+            if recv is not None:
+                recv.finish()  # the result into the user's buffer; the fresh view goes
         except BaseException:
-            recv.detach()
+            if recv is not None:
+                recv.detach()
             raise
         return True
 
