@@ -415,6 +415,9 @@ class Comm(MPI.Intracomm):
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
             (_NOTHING,) * 4 + (None, None)
+        # The same five's last call on kept copies of other buffers (see _Staged, _move_memo).
+        self._moved_bcast = self._moved_gather = self._moved_scatter = self._moved_allgather = \
+            self._moved_alltoall = _NO_MOVE
 
     def _connect(self) -> None:
         """Make the commkit communicator (collective: it duplicates the handle twice)."""
@@ -683,12 +686,15 @@ class Comm(MPI.Intracomm):
                 self._blocking["broadcast"](data, root, out=data)
                 self._hot_bcast = self._memo(h, "broadcast", buf, None, data, data, root)
                 return
+            if self._moved_bcast[2] == root and self._moved("_moved_bcast", buf, None):
+                return
             at_root = self._rank == root
             msg = self._kept(buf, 0, not at_root, fill=at_root)  # the short path: a buffer seen before
             if msg is not None:
                 # As the general path: the root's buffer is only read, and written only where it may be.
                 out = msg.array if not at_root or _writeable(msg.array) else None
                 self._run_kept(self._blocking["broadcast"], msg.array, root, out=out)
+                self._moved_bcast = _move_memo("broadcast", root, buf, _UNREAD, ((msg, 0, at_root),), msg.array, out)
                 return
         self._bcast(buf, root, False)
 
@@ -971,6 +977,52 @@ class Comm(MPI.Intracomm):
             raise
         return True
 
+    def _moved(self, memo: str, sendbuf, recvbuf) -> bool:
+        """Whether the memo (the attribute ``memo``, see :func:`_move_memo`) of the last Bcast, Gather, Scatter,
+        Allgather or Alltoall on kept copies ran this call, whose root the caller found the memo's.
+
+        Both specs must be written as the memo's (:func:`_staged_buf`; one the
+        call does not read at this rank is not looked at), and each kept copy
+        must attach its buffer again (still that object, of that size); else
+        the call takes the kept or the general path, which parse the specs.
+        """
+        h = getattr(self, memo)
+        key = h[0]
+        if key is not None:
+            sendbuf = _staged_buf(sendbuf, key)
+            if sendbuf is _NOTHING:
+                return False
+        key = h[1]
+        if key is not None:
+            recvbuf = _staged_buf(recvbuf, key)
+            if recvbuf is _NOTHING:
+                return False
+        held = None  # the receive copy, which holds a fresh view of its buffer until its result is back
+        for msg, which, fill in h[3]:  # (a send copy first: one that fails to attach leaves no view behind)
+            if not msg.attach(recvbuf if which else sendbuf, fill):
+                if held is not None:
+                    held.detach()
+                return False
+            if msg.finish is not None:
+                held = msg
+        collective, x, out, own, plan, root = h[4:]
+        try:
+            if own is not None:  # in place: the blocks this rank sends, read from a copy (see copy_of)
+                x[...] = own
+            if plan is not None and plan.ready(x):
+                plan.run()
+            else:
+                self._blocking[collective](x, *root, out=out)
+                if plan is None or not plan.ready(x):  # (the communicator compiles one after a call or two)
+                    setattr(self, memo, h[:8] + (self.comm.plan_of(collective, x, out, *root), root))
+            if held is not None:
+                held.finish()  # the result into the user's buffer; the fresh view goes
+        except BaseException:
+            if held is not None:
+                held.detach()
+            raise
+        return True
+
     def _memo(self, h, collective, a, b, x, out, *root, fill=None):
         """The memo of a call just made on plain NumPy arrays ``a`` and ``b`` (or ``MPI.IN_PLACE`` and one) as
         the communicator's ``collective`` of ``x`` into ``out`` (their byte views; ``root`` where it has
@@ -1106,23 +1158,32 @@ class Comm(MPI.Intracomm):
                     self._hot_gather = self._in_place_memo(h, "gather", sendbuf, recvbuf, root, root)
                     return
             # The short path: buffers seen before.
+            if self._moved_gather[2] == root and self._moved("_moved_gather", sendbuf, recvbuf):
+                return
             if self._rank != root:
                 send = self._kept(sendbuf, 0, False)
                 if send is not None:
                     self._blocking["gather"](send.array, root)
+                    self._moved_gather = _move_memo("gather", root, sendbuf, _UNREAD, ((send, 0, True),), send.array,
+                                                    None)
                     return
             elif sendbuf is _IN_PLACE or sendbuf is None:  # the root's block already sits in recvbuf
                 recv = self._kept(recvbuf, self._size, True)
                 if recv is not None:
                     # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
-                    x = recv.copy_of(recv.row(root))
+                    own = recv.row(root)
+                    x = recv.copy_of(own)
                     self._run_kept(self._blocking["gather"], x, root, out=recv.shaped)
+                    self._moved_gather = _move_memo("gather", root, sendbuf, recvbuf, ((recv, 1, True),), x,
+                                                    recv.shaped, own)
                     return
             else:
                 recv = self._kept(recvbuf, self._size, True, fill=False)
                 send = self._kept(sendbuf, 0, False) if recv is not None else None
                 if send is not None and send.count == recv.count and self._apart(send, recv):
                     self._run_kept(self._blocking["gather"], send.array, root, out=recv.shaped)
+                    self._moved_gather = _move_memo("gather", root, sendbuf, recvbuf,
+                                                    ((send, 0, True), (recv, 1, False)), send.array, recv.shaped)
                     return
         self._gather(sendbuf, recvbuf, root, False)
 
@@ -1190,21 +1251,29 @@ class Comm(MPI.Intracomm):
                     self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, x, None, root)
                     return
             # The short path: buffers seen before.
+            if self._moved_scatter[2] == root and self._moved("_moved_scatter", sendbuf, recvbuf):
+                return
             if self._rank != root:
                 recv = self._kept(recvbuf, 0, True, fill=False)
                 if recv is not None:
                     self._run_kept(self._blocking["scatter"], None, root, out=recv.array)
+                    self._moved_scatter = _move_memo("scatter", root, _UNREAD, recvbuf, ((recv, 1, False),), None,
+                                                     recv.array)
                     return
             elif recvbuf is _IN_PLACE or recvbuf is None:  # the root's block stays where it is, in sendbuf
                 send = self._kept(sendbuf, self._size, False)
                 if send is not None:
                     self._run_kept(self._blocking["scatter"], send.shaped, root)
+                    self._moved_scatter = _move_memo("scatter", root, sendbuf, recvbuf, ((send, 0, True),),
+                                                     send.shaped, None)
                     return
             else:
                 recv = self._kept(recvbuf, 0, True, fill=False)
                 send = self._kept(sendbuf, self._size, False) if recv is not None else None
                 if send is not None and send.count == recv.count and self._apart(send, recv):
                     self._run_kept(self._blocking["scatter"], send.shaped, root, out=recv.array)
+                    self._moved_scatter = _move_memo("scatter", root, sendbuf, recvbuf,
+                                                     ((send, 0, True), (recv, 1, False)), send.shaped, recv.array)
                     return
         self._scatter(sendbuf, recvbuf, root, False)
 
@@ -1268,16 +1337,24 @@ class Comm(MPI.Intracomm):
                 self._hot_allgather = self._in_place_memo(h, "allgather", sendbuf, recvbuf, self._rank)
                 return
         # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
+        if self._moved_allgather[2] is None and self._moved("_moved_allgather", sendbuf, recvbuf):
+            return
         recv = self._kept(recvbuf, p, True, fill=in_place)
         if in_place:
             if recv is not None:
                 # Copied, as the general path does: the algorithm writes recvbuf while it reads the block.
-                self._run_kept(self._blocking["allgather"], recv.copy_of(recv.row(self._rank)), out=recv.shaped)
+                own = recv.row(self._rank)
+                x = recv.copy_of(own)
+                self._run_kept(self._blocking["allgather"], x, out=recv.shaped)
+                self._moved_allgather = _move_memo("allgather", None, sendbuf, recvbuf, ((recv, 1, True),), x,
+                                                   recv.shaped, own)
                 return
         else:
             send = self._kept(sendbuf, 0, False) if recv is not None else None
             if send is not None and send.count == recv.count and self._apart(send, recv):
                 self._run_kept(self._blocking["allgather"], send.array, out=recv.shaped)
+                self._moved_allgather = _move_memo("allgather", None, sendbuf, recvbuf,
+                                                   ((send, 0, True), (recv, 1, False)), send.array, recv.shaped)
                 return
         self._allgather(sendbuf, recvbuf, False)
 
@@ -1342,16 +1419,23 @@ class Comm(MPI.Intracomm):
                 self._hot_alltoall = self._in_place_memo(h, "alltoall", sendbuf, recvbuf, None)
                 return
         # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
+        if self._moved_alltoall[2] is None and self._moved("_moved_alltoall", sendbuf, recvbuf):
+            return
         recv = self._kept(recvbuf, self._size, True, fill=in_place)
         if in_place:
             if recv is not None:
                 # Copied, as the general path does: the algorithm writes recvbuf while it reads the blocks.
-                self._run_kept(self._blocking["alltoall"], recv.copy_of(recv.shaped), out=recv.shaped)
+                x = recv.copy_of(recv.shaped)
+                self._run_kept(self._blocking["alltoall"], x, out=recv.shaped)
+                self._moved_alltoall = _move_memo("alltoall", None, sendbuf, recvbuf, ((recv, 1, True),), x,
+                                                  recv.shaped, recv.shaped)
                 return
         else:
             send = self._kept(sendbuf, self._size, False) if recv is not None else None
             if send is not None and send.count == recv.count and self._apart(send, recv):
                 self._run_kept(self._blocking["alltoall"], send.shaped, out=recv.shaped)
+                self._moved_alltoall = _move_memo("alltoall", None, sendbuf, recvbuf,
+                                                  ((send, 0, True), (recv, 1, False)), send.shaped, recv.shaped)
                 return
         self._alltoall(sendbuf, recvbuf, False)
 
@@ -2744,6 +2828,32 @@ def _staged_buf(spec, key):
             return buf if count.__class__ is int and count == key[1] and spec[2] is key[2] else _NOTHING
         return _NOTHING
     return spec if id(spec) == key[0] and key[2] is None else _NOTHING
+
+
+_UNREAD = object()  # a buffer a call does not read at this rank, which its memo does not look at (see _move_memo)
+_NO_MOVE = (None, None, _NOTHING, (), None, None, None, None, None, ())  # the empty memo of _move_memo
+
+
+def _move_memo(collective: str, root, sendbuf, recvbuf, msgs, x, out, own=None):
+    """The memo of a Bcast, Gather, Scatter, Allgather or Alltoall just run on kept copies, for ``Comm._moved``.
+
+    ``msgs``: the kept messages the call attached, each as ``(message, 0 for
+    the send spec or 1 for the receive spec, whether the call read it)``, a
+    send copy first; ``x`` and ``out``: what the call handed the communicator
+    (arrays of those copies, which never move); ``own``: for an in-place call,
+    the blocks of this rank's that ``x`` copies before each run; ``root``: None
+    where the collective has none. A spec given as ``_UNREAD`` (``recvbuf`` off
+    a Gather's root, ``sendbuf`` off a Scatter's, Bcast's second) is not
+    compared. The memo is ``(send key, receive key, root, msgs, collective,
+    x, out, own, plan, root as the call's arguments)``; the empty memo where a
+    message is not a :class:`_Staged` copy (NumPy arrays have paths of their own).
+    """
+    for msg, _, _ in msgs:
+        if msg.__class__ is not _Staged:
+            return _NO_MOVE
+    # (None, like MPI.IN_PLACE, is an in-place call's spec: it is compared as one.)
+    keys = tuple(None if spec is _UNREAD else _staged_key(spec) for spec in (sendbuf, recvbuf))
+    return keys + (root, msgs, collective, x, out, own, None, () if root is None else (root,))
 
 
 def _spec_key(tag, buf, count, displ, datatype, blocks: int):
