@@ -409,15 +409,13 @@ class Comm(MPI.Intracomm):
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
-        # The last Allreduce, and the last Reduce, that ran on kept copies of other buffers (see _Staged, _staged).
-        self._hot_staged_allreduce = self._hot_staged_reduce = (_NOTHING,) * 8 + ((None,),)
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
         self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
             (_NOTHING,) * 4 + (None, None)
-        # The same five's last call on kept copies of other buffers (see _Staged, _move_memo).
-        self._moved_bcast = self._moved_gather = self._moved_scatter = self._moved_allgather = \
-            self._moved_alltoall = _NO_MOVE
+        # The last call of each blocking collective above on kept copies of other buffers (see _Staged, _move_memo).
+        self._moved_allreduce = self._moved_reduce = self._moved_bcast = self._moved_gather = self._moved_scatter = \
+            self._moved_allgather = self._moved_alltoall = _NO_MOVE
 
     def _connect(self) -> None:
         """Make the commkit communicator (collective: it duplicates the handle twice)."""
@@ -755,26 +753,21 @@ class Comm(MPI.Intracomm):
                 elif type(sendbuf) is _ndarray and sendbuf.dtype in fast[1] and self._by_entry(
                         comm._new_reduce, comm._hot_reduce, 0, sendbuf, None, fast[0], root):
                     return
-            hs = self._hot_staged_reduce
-            staged = hs[2] is op and hs[8][0] == root
+            moved = self._moved_reduce[2] == (op, root)
             if self._rank == root:
                 short = self._short(sendbuf, recvbuf, op)
                 if short is not None:
                     self._blocking["reduce"](short[0], short[1], root, out=recvbuf)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, recvbuf)
                     return
-                if staged:
-                    buf = _staged_buf(recvbuf, hs[1])
-                    if buf is not _NOTHING and self._staged("_hot_staged_reduce", hs, _staged_buf(sendbuf, hs[0]),
-                                                            buf):
-                        return
+                if moved and self._moved("_moved_reduce", sendbuf, recvbuf):
+                    return
                 kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
                 if kept is not None:
                     send, recv, kop = kept
                     self._run_kept(self._blocking["reduce"], send.array, kop, root, out=recv.array)
-                    if recv.__class__ is _Staged and (send is recv or send.__class__ is _Staged):
-                        self._hot_staged_reduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop,
-                                                   None, "reduce", (root,))
+                    self._moved_reduce = _move_memo("reduce", (op, root), sendbuf, recvbuf, _reduced(send, recv),
+                                                    send.array, recv.array, args=(kop, root))
                     return
             else:  # the other ranks only send, from their send buffer (never IN_PLACE there)
                 short = self._short(_IN_PLACE, sendbuf, op)
@@ -782,14 +775,14 @@ class Comm(MPI.Intracomm):
                     self._blocking["reduce"](short[0], short[1], root)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, None)
                     return
-                if staged and self._staged("_hot_staged_reduce", hs, _staged_buf(sendbuf, hs[0]), None):
+                if moved and self._moved("_moved_reduce", sendbuf, None):
                     return
                 kept = self._kept_send(sendbuf, op)
                 if kept is not None:
                     self._run_kept(self._blocking["reduce"], kept[0].array, kept[1], root)
-                    if kept[0].__class__ is _Staged:  # (the receive buffer: not read off the root, as in mpi4py)
-                        self._hot_staged_reduce = (_staged_key(sendbuf), None, op, kept[0], None, kept[1], None,
-                                                   "reduce", (root,))
+                    # (The receive buffer is not read off the root, as in mpi4py.)
+                    self._moved_reduce = _move_memo("reduce", (op, root), sendbuf, _UNREAD, ((kept[0], 0, True),),
+                                                    kept[0].array, None, args=(kept[1], root))
                     return
         self._reduce(sendbuf, recvbuf, op, root, False)
 
@@ -854,18 +847,14 @@ class Comm(MPI.Intracomm):
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
             return
-        h = self._hot_staged_allreduce
-        if h[2] is op:
-            buf = _staged_buf(recvbuf, h[1])
-            if buf is not _NOTHING and self._staged("_hot_staged_allreduce", h, _staged_buf(sendbuf, h[0]), buf):
-                return
+        if self._moved_allreduce[2] == (op, None) and self._moved("_moved_allreduce", sendbuf, recvbuf):
+            return
         kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
         if kept is not None:
             send, recv, kop = kept
             self._run_kept(self._allreduce, send.array, kop, out=recv.array)
-            if recv.__class__ is _Staged and (send is recv or send.__class__ is _Staged):
-                self._hot_staged_allreduce = (_staged_key(sendbuf), _staged_key(recvbuf), op, send, recv, kop, None,
-                                              "allreduce", ())
+            self._moved_allreduce = _move_memo("allreduce", (op, None), sendbuf, recvbuf,
+                                               _reduced(send, recv), send.array, recv.array, args=(kop,))
             return
         self._reduction("allreduce", "Allreduce", sendbuf, recvbuf, op, False)
 
@@ -939,47 +928,9 @@ class Comm(MPI.Intracomm):
             return h
         return (sendbuf, recvbuf, op, root, short[0], None)
 
-    def _staged(self, memo: str, h, sendbuf, recvbuf) -> bool:
-        """Whether the memo ``h`` (the attribute ``memo``) of the last Allreduce or Reduce on kept copies ran this
-        call; ``sendbuf`` and ``recvbuf`` the buffers of this call's specs, which :func:`_staged_buf` found
-        written as the memo's (``recvbuf`` None off a Reduce's root, where nothing is received).
-
-        The memo is ``(send key, receive key, op, send, receive, commkit op,
-        plan, collective, root)``: the specs' keys (:func:`_staged_key`), the
-        :class:`_Staged` messages the kept path made of them (the same one twice
-        in place; no receive message off the root), the communicator's plan for
-        their stages once it has one, and the root as a tuple (empty for
-        Allreduce). Each message checks, as it attaches, that the buffer is
-        still its own object and of its size; where one is not (or an argument
-        differs), the call takes the kept or the general path, which parse the
-        specs again. A loop repeating one call on buffers that are not NumPy
-        arrays skips that parse, as one on NumPy arrays skips :meth:`_short`.
-        """
-        send, recv, kop, plan, collective, root = h[3:]
-        in_place = send is recv
-        if sendbuf is _NOTHING or not in_place and not send.attach(sendbuf) or (
-                recv is not None and not recv.attach(recvbuf, in_place)):
-            return False
-        x = send.array
-        out = None if recv is None else recv.array
-        try:
-            if plan is not None and plan.ready(x):
-                plan.run()
-            else:
-                self._blocking[collective](x, kop, *root, out=out)
-                if plan is None or not plan.ready(x):  # (the communicator compiles one after a call or two)
-                    setattr(self, memo, h[:6] + (self.comm.plan_of(collective, x, out, kop, *root),) + h[7:])
-            if recv is not None:
-                recv.finish()  # the result into the user's buffer; the fresh view goes
-        except BaseException:
-            if recv is not None:
-                recv.detach()
-            raise
-        return True
-
     def _moved(self, memo: str, sendbuf, recvbuf) -> bool:
-        """Whether the memo (the attribute ``memo``, see :func:`_move_memo`) of the last Bcast, Gather, Scatter,
-        Allgather or Alltoall on kept copies ran this call, whose root the caller found the memo's.
+        """Whether the memo (the attribute ``memo``, see :func:`_move_memo`) of a blocking collective's last call
+        on kept copies ran this call, whose root (and op) the caller found the memo's.
 
         Both specs must be written as the memo's (:func:`_staged_buf`; one the
         call does not read at this rank is not looked at), and each kept copy
@@ -1005,16 +956,16 @@ class Comm(MPI.Intracomm):
                 return False
             if msg.finish is not None:
                 held = msg
-        collective, x, out, own, plan, root = h[4:]
+        collective, x, out, own, plan, args = h[4:]
         try:
             if own is not None:  # in place: the blocks this rank sends, read from a copy (see copy_of)
                 x[...] = own
             if plan is not None and plan.ready(x):
                 plan.run()
             else:
-                self._blocking[collective](x, *root, out=out)
+                self._blocking[collective](x, *args, out=out)
                 if plan is None or not plan.ready(x):  # (the communicator compiles one after a call or two)
-                    setattr(self, memo, h[:8] + (self.comm.plan_of(collective, x, out, *root), root))
+                    setattr(self, memo, h[:8] + (self.comm.plan_of(collective, x, out, *args), args))
             if held is not None:
                 held.finish()  # the result into the user's buffer; the fresh view goes
         except BaseException:
@@ -2834,26 +2785,36 @@ _UNREAD = object()  # a buffer a call does not read at this rank, which its memo
 _NO_MOVE = (None, None, _NOTHING, (), None, None, None, None, None, ())  # the empty memo of _move_memo
 
 
-def _move_memo(collective: str, root, sendbuf, recvbuf, msgs, x, out, own=None):
-    """The memo of a Bcast, Gather, Scatter, Allgather or Alltoall just run on kept copies, for ``Comm._moved``.
+def _move_memo(collective: str, tag, sendbuf, recvbuf, msgs, x, out, own=None, args=None):
+    """The memo of a blocking collective just run on kept copies, for ``Comm._moved``; the empty memo where a
+    message is not a :class:`_Staged` copy (NumPy arrays have paths of their own).
 
     ``msgs``: the kept messages the call attached, each as ``(message, 0 for
     the send spec or 1 for the receive spec, whether the call read it)``, a
     send copy first; ``x`` and ``out``: what the call handed the communicator
     (arrays of those copies, which never move); ``own``: for an in-place call,
-    the blocks of this rank's that ``x`` copies before each run; ``root``: None
-    where the collective has none. A spec given as ``_UNREAD`` (``recvbuf`` off
-    a Gather's root, ``sendbuf`` off a Scatter's, Bcast's second) is not
-    compared. The memo is ``(send key, receive key, root, msgs, collective,
-    x, out, own, plan, root as the call's arguments)``; the empty memo where a
-    message is not a :class:`_Staged` copy (NumPy arrays have paths of their own).
+    the blocks of this rank's that ``x`` copies before each run; ``tag``: what
+    the caller compares before it tries the memo (the root, None where the
+    collective has none; ``(op, root)`` for a reduction); ``args``: the rest of
+    the communicator's call (for a reduction its op, then any root; by default
+    the root, where there is one). A spec given as ``_UNREAD`` (``recvbuf``
+    off a Gather's or Reduce's root, ``sendbuf`` off a Scatter's, Bcast's
+    second) is not compared. The memo is ``(send key, receive key, tag, msgs,
+    collective, x, out, own, plan, args)``.
     """
     for msg, _, _ in msgs:
         if msg.__class__ is not _Staged:
             return _NO_MOVE
     # (None, like MPI.IN_PLACE, is an in-place call's spec: it is compared as one.)
     keys = tuple(None if spec is _UNREAD else _staged_key(spec) for spec in (sendbuf, recvbuf))
-    return keys + (root, msgs, collective, x, out, own, None, () if root is None else (root,))
+    if args is None:
+        args = () if tag is None else (tag,)
+    return keys + (tag, msgs, collective, x, out, own, None, args)
+
+
+def _reduced(send, recv):
+    """The ``msgs`` of :func:`_move_memo` for a reduction of kept message ``send`` into ``recv`` (the same in place)."""
+    return ((recv, 1, True),) if send is recv else ((send, 0, True), (recv, 1, False))
 
 
 def _spec_key(tag, buf, count, displ, datatype, blocks: int):
