@@ -141,7 +141,7 @@ def pytest_sessionfinish(session):
     worker's job is starting.
     """
     config = session.config
-    before = config.stash.get(_SEGMENTS_BEFORE, None) if _controller(config) else None
+    before = config.stash.get(_SEGMENTS_BEFORE, None)  # (set only where the whole session runs)
     if before is not None:
         from commkit import _mpiexec
 

@@ -753,14 +753,13 @@ class Comm(MPI.Intracomm):
                 elif type(sendbuf) is _ndarray and sendbuf.dtype in fast[1] and self._by_entry(
                         comm._new_reduce, comm._hot_reduce, 0, sendbuf, None, fast[0], root):
                     return
-            moved = self._moved_reduce[2] == (op, root)
             if self._rank == root:
                 short = self._short(sendbuf, recvbuf, op)
                 if short is not None:
                     self._blocking["reduce"](short[0], short[1], root, out=recvbuf)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, recvbuf)
                     return
-                if moved and self._moved("_moved_reduce", sendbuf, recvbuf):
+                if self._moved_reduce[2] == (op, root) and self._moved("_moved_reduce", sendbuf, recvbuf):
                     return
                 kept = self._kept_reduction(sendbuf, recvbuf, op)  # buffers seen before, of any kind
                 if kept is not None:
@@ -775,7 +774,7 @@ class Comm(MPI.Intracomm):
                     self._blocking["reduce"](short[0], short[1], root)
                     self._hot_reduce = self._reduce_memo(h, sendbuf, recvbuf, op, root, short, None)
                     return
-                if moved and self._moved("_moved_reduce", sendbuf, None):
+                if self._moved_reduce[2] == (op, root) and self._moved("_moved_reduce", sendbuf, None):
                     return
                 kept = self._kept_send(sendbuf, op)
                 if kept is not None:
