@@ -88,8 +88,8 @@ def _session(tmp_path, test_module: str):
         'import os\nfrom commkit import _mpiexec\n_mpiexec.SHM = os.environ["FAKE_SHM"]\n'
         + textwrap.dedent(test_module))
     env = dict(os.environ, FAKE_SHM=fake_shm, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    result = run_group([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(session)], timeout=120,
-                       env=env, cwd=str(session))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:nbmake", str(session)]
+    result = run_group(cmd, timeout=120, env=env, cwd=str(session))
     assert result.returncode == 0, result.stdout + result.stderr
     return fake_shm, result
 
