@@ -99,8 +99,11 @@ def assert_all_gone(directory: str, expected: int | None) -> None:
 
 
 def record_pid(comm, directory):
-    with open(os.path.join(directory, f"pid.{comm.rank}"), "w") as f:
+    # Written aside and renamed into place: a test polling the directory never reads a file half written.
+    aside = os.path.join(directory, f"writing.{comm.rank}")
+    with open(aside, "w") as f:
         f.write(str(os.getpid()))
+    os.replace(aside, os.path.join(directory, f"pid.{comm.rank}"))
 
 
 # Rank functions live at module level so the ranks import them by name; the
