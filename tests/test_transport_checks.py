@@ -254,6 +254,19 @@ comm = world.Dup()
 t = MPITransport(comm)
 import os
 assert t.poll_first == (os.environ["COMMKIT_MPI_POLL_FIRST"] == "1"), t.poll_first
+# COMMKIT_MPI_TAG_UB caps the tag bound (the short tag layout under mpiexec); a bound MPI could not have is refused.
+os.environ["COMMKIT_MPI_TAG_UB"] = "40000"
+capped = MPITransport(comm)
+assert capped.tag_ub == min(40000, comm.Get_attr(MPI.TAG_UB)) and t.tag_ub == comm.Get_attr(MPI.TAG_UB), capped.tag_ub
+for bad in ("12", "many"):
+    os.environ["COMMKIT_MPI_TAG_UB"] = bad
+    try:
+        MPITransport(comm)
+    except ck.InvalidArgument as exc:
+        assert "COMMKIT_MPI_TAG_UB must be an integer of at least 32767" in str(exc) and repr(bad) in str(exc), exc
+    else:
+        raise AssertionError(f"COMMKIT_MPI_TAG_UB={bad} was taken")
+del os.environ["COMMKIT_MPI_TAG_UB"]
 rank = world.Get_rank()
 T = 77
 rng = np.random.default_rng(7)

@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from ..errors import MessageTruncated, TransportUnavailable
+from ..errors import InvalidArgument, MessageTruncated, TransportUnavailable
 from ..ops import OPS
 from . import _cuda
 from .. import _wait
@@ -218,6 +218,30 @@ POLL_FIRST = MPI.get_vendor()[0] == "MPICH"
 def _poll_first() -> bool:
     value = os.environ.get("COMMKIT_MPI_POLL_FIRST", "").strip()
     return POLL_FIRST if value == "" else value not in ("0", "false", "no")
+
+
+# COMMKIT_MPI_TAG_UB=n: use no tag above n, whatever MPI_TAG_UB allows. A testing aid: the MPI standard
+# promises only 32767, where commkit's tags take the short layout (identity.py: 7 bits of call number, a
+# cycle of 128 calls), while MPICH and Open MPI offer 2**29 - 1 and more; this is how that layout, and a
+# cycle of call numbers 8 times shorter, run under mpiexec. Read when the transport is made.
+ENV_TAG_UB = "COMMKIT_MPI_TAG_UB"
+
+
+def _tag_ub(comm) -> int:
+    """The tag bound this transport uses: MPI's ``MPI_TAG_UB``, capped by ``COMMKIT_MPI_TAG_UB`` where set."""
+    value = comm.Get_attr(MPI.TAG_UB)
+    tag_ub = int(value) if value else 32767
+    cap = os.environ.get(ENV_TAG_UB, "").strip()
+    if cap:
+        try:
+            cap_value = int(cap)
+        except ValueError:
+            cap_value = 0
+        if cap_value < 32767:
+            raise InvalidArgument(f"{ENV_TAG_UB} must be an integer of at least 32767 (the least tag bound MPI "
+                                  f"allows), got {cap!r}.")
+        tag_ub = min(tag_ub, cap_value)
+    return tag_ub
 
 
 def _then_wait(requests, statuses) -> bool:
@@ -541,8 +565,7 @@ class MPITransport:
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.owned = owned
-        tag_ub = comm.Get_attr(MPI.TAG_UB)
-        self.tag_ub = int(tag_ub) if tag_ub else 32767
+        self.tag_ub = _tag_ub(comm)
         self._status = MPI.Status()  # the blocking calls' (see the module docstring)
         self._statuses: list = []  # the requests a blocking transfer posts and waits for
         self.poll_first = _poll_first()  # (see POLL_FIRST)
