@@ -36,11 +36,11 @@ def _bytecode_cache_outside_the_tree() -> str | None:
     The suite starts hundreds of Python processes (every rank of every MPI job,
     the pytest-xdist workers, the notebooks' and the CLI's runs), and each imports
     commkit from this tree. Without cached bytecode each compiles it again: 0.4 s
-    of CPU per process, about a fifth of an MPI test's CPU on 2 cores. The
-    variable is honoured in the sense it is meant (nothing is written into the
-    source tree): the session, and every process it starts, writes its bytecode
-    under one temporary folder (``PYTHONPYCACHEPREFIX``), which
-    :func:`pytest_unconfigure` removes. Runs as this file is imported, before
+    of CPU per process (a 2-rank job doing one allreduce took 1.6 s of CPU, and
+    1.0 s with the cache). The variable is honoured in the sense it is meant
+    (nothing is written into the source tree): the session, and every process it
+    starts, writes its bytecode under one temporary folder
+    (``PYTHONPYCACHEPREFIX``), which :func:`pytest_unconfigure` removes. Runs as this file is imported, before
     pytest-xdist starts its workers, which inherit the setting. Returns the folder
     made here, or None where nothing was changed (the variable not set, or a
     prefix already chosen by the caller).
@@ -59,10 +59,10 @@ def _bytecode_cache_outside_the_tree() -> str | None:
 
 _PYCACHE_MADE_HERE = _bytecode_cache_outside_the_tree()
 
-# Open MPI's TCP transport costs every rank 1.0 s of MPI_Init on this kind of machine (it waits on the network
-# interfaces: 1.11 s against 0.10 s for a 2-rank Init without it), which is most of an Open MPI test job's wall
-# time. Every job the suite starts runs on this one host, where Open MPI talks over shared memory (sm) whether or
-# not TCP is loaded, so the suite leaves TCP out unless the caller chose the transports. MPICH ignores the variable.
+# Open MPI's TCP transport costs every rank 1.0 s of MPI_Init on this kind of machine (1.11 s against 0.10 s for
+# a 2-rank Init without it: docs/troubleshooting.md), which was most of an Open MPI test job's wall time. Every
+# job the suite starts runs on this one host, where Open MPI talks over shared memory (sm) whether or not TCP is
+# loaded, so the suite leaves TCP out unless the caller chose the transports. MPICH ignores the variable.
 os.environ.setdefault("OMPI_MCA_btl", "self,sm")
 
 
