@@ -2059,8 +2059,11 @@ class Communicator(VectorCollectives):
                 return InterpretedPersistentRequest(self, steps, bufs, chan, tag, call.collective, name, signature,
                                                     result, finish, prologue, timeout, release)
             ops, prologue, _ = self._bound(call, plan, persistent_tag=tag, chan=chan)
-        return PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
-                                 timeout, native, release)
+        request = PersistentRequest(self, ops, tag, call.collective, name, signature, result, finish, prologue,
+                                    timeout, native, release)
+        if steps is None:  # mpi4py's *_init requests hold no reference to their buffers (see transports/mpi.py)
+            request.held = (send, recv)
+        return request
 
     def _persistent_arena(self, call: Call, algorithm, plan, timeout):
         """``(plan, claim)`` for a persistent request whose ``plan`` runs a node algorithm: its channel's arena made.

@@ -830,3 +830,44 @@ def test_an_argument_error_on_some_ranks_only_wakes_the_others_on_threads():
     assert time.monotonic() - start < 10
     assert info.value.rank in (1, 2)
     assert "failed with InvalidBuffer" in seen.get(0, "failed with InvalidBuffer")
+
+
+# A library collective started on a temporary (a new array made for the call and dropped at once) must finish on
+# that temporary's data: mpi4py 4.1's nonblocking collectives hold no reference to their buffers, and Open MPI
+# reads a send buffer after the call has returned. Arrays made between the start and the wait take the freed
+# memory, as a program's next allocations would; the input was then summed with malloc's bookkeeping.
+_NATIVE_TEMPORARIES = """
+import numpy as np
+import commkit as ck
+c = ck.init()
+p, r = c.size, c.rank
+n = 128
+calls = {
+    "iallreduce": lambda x, **kw: c.iallreduce(x, **kw),
+    "ireduce": lambda x, **kw: c.ireduce(x, root=p - 1, **kw),
+    "iscan": lambda x, **kw: c.iscan(x, **kw),
+    "ibroadcast": lambda x, **kw: c.ibroadcast(x, root=0, **kw),
+    "iallgather": lambda x, **kw: c.iallgather(x, **kw),
+    "ialltoall": lambda x, **kw: c.ialltoall(x.reshape(p, -1), **kw),
+}
+wrong = []
+for name, start in calls.items():
+    for timeout in (None, 30.0):
+        for k in range(40):  # the general path first, then the entry for new arrays of this shape
+            base = np.arange(n * p, dtype=np.float64) + 1000 * r + k
+            want = start(base.copy(), algorithm="naive", timeout=timeout).wait()
+            request = start(base.copy(), algorithm="native", timeout=timeout)  # the input: a temporary
+            junk = [np.full(n * p, -7.0) for _ in range(4)]
+            got = request.wait()
+            if (got is None) != (want is None) or (got is not None and not np.array_equal(got, want)):
+                wrong.append((name, timeout, k))
+print(f"rank {r} wrong {wrong[:5]} of {len(wrong)}", flush=True)
+assert not wrong
+"""
+
+
+@requires_mpi
+@pytest.mark.mpi
+def test_library_nonblocking_collectives_on_temporaries_give_the_right_answer_under_mpiexec():
+    result = run_mpi(2, _NATIVE_TEMPORARIES, timeout=120)
+    assert result.stdout.count("wrong [] of 0") == 2, result.stdout + result.stderr

@@ -297,14 +297,19 @@ class _Pending:
     list as long as the requests).
     """
 
-    __slots__ = ("requests", "peers", "nrecv", "recvs", "statuses")
+    __slots__ = ("requests", "peers", "nrecv", "recvs", "statuses", "held")
 
-    def __init__(self, requests, peers, nrecv: int = 0, recvs=(), statuses=None):
+    def __init__(self, requests, peers, nrecv: int = 0, recvs=(), statuses=None, held=None):
         self.requests = requests
         self.peers = peers
         self.nrecv = nrecv
         self.recvs = recvs
         self.statuses = [] if statuses is None else statuses
+        # The buffers of a library collective started here, kept alive with its requests: mpi4py 4.1's
+        # nonblocking collectives (Iallreduce, Ibcast, ...) hold no reference to them, unlike its Isend and
+        # Irecv, and Open MPI reads a send buffer after the call has returned. A temporary input (a new array
+        # each call) freed before then summed malloc's bookkeeping into the result (2 ranks, 1 KiB, float64).
+        self.held = held
 
     def test(self) -> bool:
         try:
@@ -853,12 +858,12 @@ class MPITransport:
                 inplace: bool = False, nonblocking: bool = False):
         if collective.endswith("v"):  # allgatherv, gatherv, scatterv, alltoallv
             req = native_vector(self.comm, collective, sendbuf, recvbuf, counts, root, nonblocking)
-            return _Pending([req], [-1]) if nonblocking else None
+            return _Pending([req], [-1], held=(sendbuf, recvbuf)) if nonblocking else None
         form = "I" if nonblocking else ""
         fn, args = self._native_call(collective, sendbuf, recvbuf, op, root, counts, inplace, form)
         req = fn(*args)
         if nonblocking:
-            return _Pending([req], [-1])
+            return _Pending([req], [-1], held=(sendbuf, recvbuf))
         return None
 
     def _native_call(self, collective, sendbuf, recvbuf, op, root, counts, inplace, form: str):
@@ -937,24 +942,26 @@ class MPITransport:
 
                 def start(send, recv):
                     return pending([fn(in_place if inplace else [send, datatype], [recv, datatype], counts, mpi_op)],
-                                   [-1])
+                                   [-1], held=(send, recv))
             elif collective == "reduce":
                 def start(send, recv):
                     return pending([fn(in_place if inplace else [send, datatype],
-                                       None if recv is None else [recv, datatype], mpi_op, root)], [-1])
+                                       None if recv is None else [recv, datatype], mpi_op, root)], [-1],
+                                   held=(send, recv))
             else:
                 def start(send, recv):
-                    return pending([fn(in_place if inplace else [send, datatype], [recv, datatype], mpi_op)], [-1])
+                    return pending([fn(in_place if inplace else [send, datatype], [recv, datatype], mpi_op)], [-1],
+                                   held=(send, recv))
         elif collective == "broadcast":
             def start(send, recv):
-                return pending([fn([recv, datatype], root)], [-1])
+                return pending([fn([recv, datatype], root)], [-1], held=(send, recv))
         elif collective in ("gather", "scatter"):
             def start(send, recv):
                 return pending([fn(None if send is None else [send, datatype],
-                                   None if recv is None else [recv, datatype], root)], [-1])
+                                   None if recv is None else [recv, datatype], root)], [-1], held=(send, recv))
         else:
             def start(send, recv):
-                return pending([fn([send, datatype], [recv, datatype])], [-1])
+                return pending([fn([send, datatype], [recv, datatype])], [-1], held=(send, recv))
         return start
 
     def native_init(self, collective: str, sendbuf, recvbuf, *, op=None, root: int = 0, counts=None,
