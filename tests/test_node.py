@@ -1160,19 +1160,24 @@ def used():
 
 # Communicators that used the node engine give their arena back when freed (on every rank): 30 of them at
 # 1 MiB left 31 MiB in /dev/shm until the job ended before. A shared array made on one outlives it.
-comm.barrier()
-before = used()
+# /dev/shm is the machine's: another process's files landing there while one round runs (the test suite's
+# other workers) add to that round. So two rounds: a leak grows both by 31 MiB, and the smaller must stay small.
 kept = []
-for _ in range(30):
-    d = comm.dup()
-    d.allreduce(x, algorithm="shm")
-    kept.append(d.shared_empty(4, np.float64))
-    d.free()
-comm.barrier()
-grown = used() - before
+rounds = []
+for _ in range(2):
+    comm.barrier()
+    before = used()
+    for _ in range(30):
+        d = comm.dup()
+        d.allreduce(x, algorithm="shm")
+        kept.append(d.shared_empty(4, np.float64))
+        d.free()
+    comm.barrier()
+    rounds.append(used() - before)
+grown = min(rounds)
 kept[0][:] = comm.rank
 assert kept[0].tolist() == [comm.rank] * 4
-assert grown < (8 << 20), f"/dev/shm grew by {grown} bytes over 30 freed communicators"
+assert grown < (8 << 20), f"/dev/shm grew by {rounds} bytes over two rounds of 30 freed communicators"
 
 # A rank that frees alone (its peer comes after the timeout) gives up with a warning, and so does the peer:
 # neither waits in the library's free for a rank that will not come.
