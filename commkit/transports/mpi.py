@@ -308,8 +308,9 @@ class _Pending:
         # The buffers of a library collective started here, kept alive with its requests: some of mpi4py
         # 4.1's nonblocking and persistent collectives (Iallreduce, Iallgatherv, Allreduce_init) hold no
         # reference to them, unlike its Isend, Irecv and Ibcast, and Open MPI reads a send buffer after the
-        # call has returned. Holding them for every collective keeps one rule for all. A temporary input (a new array
-        # each call) freed before then summed malloc's bookkeeping into the result (2 ranks, 1 KiB, float64).
+        # call has returned. A temporary input (a new array each call) freed before then summed malloc's
+        # bookkeeping into the result (2 ranks, 1 KiB, float64). Holding them for every collective keeps one
+        # rule for all.
         self.held = held
 
     def test(self) -> bool:
