@@ -67,11 +67,45 @@ os.environ.setdefault("OMPI_MCA_btl", "self,sm")
 
 
 def pytest_unconfigure(config):
-    """Remove the bytecode folder :func:`_bytecode_cache_outside_the_tree` made (in the process that made it)."""
+    """Remove the bytecode folder :func:`_bytecode_cache_outside_the_tree` made (in the process that made it), and
+    the segment this process's own MPI leaves (:func:`_end_own_mpi`)."""
+    _end_own_mpi()
     if _PYCACHE_MADE_HERE is not None:
         import shutil
 
         shutil.rmtree(_PYCACHE_MADE_HERE, ignore_errors=True)
+
+
+def _end_own_mpi() -> list[str]:
+    """Finalize the MPI this pytest process started itself, and remove the /dev/shm segment it leaves; their names.
+
+    Test modules that use the mpi4py face in the test process import ``mpi4py.MPI``,
+    which starts MPI there: a singleton, one per pytest process (each xdist
+    worker). Open MPI 5.0.11's singleton leaves its 16 MiB ``sm_segment.*`` file
+    in /dev/shm after ``MPI_Finalize``, still mapped until the process exits: every
+    Open MPI run of the suite left one per worker (the session's sweep caught a
+    worker that ended early, and warned). MPICH removes its own. Only a process
+    that is no rank of a larger job does this (its MPI segments are then its
+    singleton's alone), after finalizing, so nothing can attach to them any more.
+    """
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() != 1:
+        return []
+    mpi.Finalize()
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
+    except OSError:  # not Linux: nothing to look after
+        return []
+    removed = []
+    for name in sorted(mapped):
+        if name.startswith(("mpich_shm_", "sm_segment.")):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:  # (already gone)
+                continue
+            removed.append(name)
+    return removed
 
 
 def have_mpi() -> bool:
