@@ -180,6 +180,37 @@ def mpi():
     return run_mpi
 
 
+@pytest.fixture(autouse=True)
+def _mpi_jobs_only_in_mpi_tests(request, monkeypatch):
+    """Fail a test not marked ``mpi`` that starts an MPI job through commkit's launchers.
+
+    An unmarked test's job runs beside the MPI group's (two jobs on the cores at
+    once) and never on Open MPI in ``.ci/run``: five tests did so unseen until a
+    watcher on /dev/shm caught their segments. Every launcher in this process
+    builds its command with ``mpiexec_command`` (``run_job``, ``commkit.launch``,
+    the CLI's ``-n``), so in an unmarked test that function refuses, and the test
+    fails naming the fix (also where the caller swallowed the error).
+    """
+    if request.node.get_closest_marker("mpi") is not None:
+        yield
+        return
+    from commkit import _launch, _mpiexec, cli
+
+    started = []
+
+    def refuse(nprocs, argv, **kwargs):
+        started.append(argv)
+        raise RuntimeError(f"{request.node.nodeid} starts an MPI job ({nprocs} ranks) but is not marked mpi: ask for "
+                           "the mpi fixture, decorate it with @requires_mpi, or mark it @pytest.mark.mpi.")
+
+    for module in (_mpiexec, _launch, cli):
+        monkeypatch.setattr(module, "mpiexec_command", refuse)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} started an MPI job but is not marked mpi (see the error above).",
+                    pytrace=False)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark every test that starts MPI jobs ``mpi``, and keep those tests on one pytest-xdist worker.
