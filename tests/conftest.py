@@ -172,6 +172,36 @@ def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = 
     return result
 
 
+def mpi_segments() -> set | None:
+    """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith(("mpich_shm_", "sm_segment."))}
+    except OSError:
+        return None
+
+
+def segments_left(before: set | None, settle: float = 2.0) -> list[str]:
+    """The MPI segments made since ``before`` (:func:`mpi_segments`) that no process uses, still there ``settle`` s on.
+
+    /dev/shm is the machine's. While a test checks it, a job of the other
+    pytest-xdist worker may be starting (its new file already held open) or
+    ending (its file closed and about to be unlinked by MPI): such a file is gone
+    within moments, where one a job left stays. [] where there is no /dev/shm.
+    """
+    if before is None:
+        return []
+    import time
+
+    from commkit._mpiexec import _in_use
+
+    deadline = time.monotonic() + settle
+    while True:
+        left = sorted((mpi_segments() or set()) - before - _in_use())
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
+
+
 @pytest.fixture
 def mpi():
     """The :func:`run_mpi` helper, skipping the test where MPI is unavailable."""

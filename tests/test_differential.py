@@ -20,7 +20,7 @@ import pytest
 from commkit import algorithms
 from commkit.schedule import Copy, Recv, Reduce, Send
 
-from conftest import have_mpi
+from conftest import have_mpi, mpi_segments, segments_left
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "differential_sweep.py")
@@ -219,14 +219,6 @@ def allreduce_sweep_faulty(rank, size, count, op):
 '''
 
 
-def _mpi_segments() -> set | None:
-    """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(("mpich_shm_", "sm_segment."))}
-    except OSError:
-        return None
-
-
 def _supervise_faulty(world, tmp_path, monkeypatch):
     """Run counts 1, 2 (raises), 3 (hangs), 4 of the faulty algorithm in workers of ``world`` (2 ranks)."""
     (tmp_path / "sweep_faulty_alg.py").write_text(textwrap.dedent(FAULTY_MODULE))
@@ -235,13 +227,12 @@ def _supervise_faulty(world, tmp_path, monkeypatch):
     scenarios = [dict(sweep._scenario(world, 2, "allreduce", "sweep_faulty", "repeat", "sum", "int32", [n], 9), i=i)
                  for i, n in enumerate((1, 2, 3, 4))]
     tally = sweep.Tally()
-    shm = _mpi_segments()
+    shm = mpi_segments()
     sweep.supervise(world, 2, scenarios, tally, hang_timeout=3)
     # The hung worker was ended and the raising one aborted: neither job's segments stay in /dev/shm
-    # (those of jobs running beside this one are in use).
-    from commkit._mpiexec import _in_use
-
-    assert shm is None or not _mpi_segments() - shm - _in_use(), sorted(_mpi_segments() - shm - _in_use())
+    # (those of jobs running beside this one are in use, or go within moments: see segments_left).
+    left = segments_left(shm)
+    assert not left, left
     by_count = {}
     for item in tally.exceptions:
         by_count.setdefault(item["scenario"]["count"], set()).add(item["type"])

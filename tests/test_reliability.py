@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 import commkit as ck
 
-from conftest import requires_mpi, run_mpi
+from conftest import mpi_segments, requires_mpi, run_mpi, segments_left
 
 # -- timeouts -----------------------------------------------------------------------------
 
@@ -153,7 +153,7 @@ def test_uncaught_exception_under_mpiexec_ends_the_job(tmp_path):
 
     script = tmp_path / "fail.py"
     script.write_text(RAISE_ON_ONE_RANK)
-    shm = _mpi_segments()
+    shm = mpi_segments()
     start = time.monotonic()
     result = run_job(3, [sys.executable, str(script)], timeout=60,
                      env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])})
@@ -162,22 +162,10 @@ def test_uncaught_exception_under_mpiexec_ends_the_job(tmp_path):
     assert result.stderr.count("RuntimeError: rank one gives up") == 1
     assert "rank 1 raised RuntimeError" in result.stderr
     # MPI_Abort leaves the library's shared-memory segments behind; the launcher removes the job's own. The
-    # job has ended, so a new segment some process maps or holds open is another's: the suite's other worker
-    # made one while this test ran (a singleton MPI, in CI), and the check failed on it.
-    from commkit._mpiexec import _in_use
-
-    left = _mpi_segments() - shm - _in_use() if shm is not None else set()
-    assert not left, sorted(left)
-
-
-def _mpi_segments() -> set | None:
-    """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
-    import os
-
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(("mpich_shm_", "sm_segment."))}
-    except OSError:
-        return None
+    # job has ended, so a new segment some process still uses, or that goes within moments, is another
+    # process's: an unmarked test's MPI job beside this one once failed the check (see segments_left).
+    left = segments_left(shm)
+    assert not left, left
 
 
 SIGKILL_MID_COLLECTIVE = """
