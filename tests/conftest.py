@@ -97,9 +97,11 @@ def _end_own_mpi() -> list[str]:
             mapped = {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
     except OSError:  # not Linux: nothing to look after
         return []
+    from commkit._mpiexec import _SEGMENT_PREFIXES
+
     removed = []
     for name in sorted(mapped):
-        if name.startswith(("mpich_shm_", "sm_segment.")):
+        if name.startswith(_SEGMENT_PREFIXES):
             try:
                 os.unlink(os.path.join("/dev/shm", name))
             except OSError:  # (already gone)
@@ -174,8 +176,10 @@ def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = 
 
 def mpi_segments() -> set | None:
     """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
+    from commkit._mpiexec import _SEGMENT_PREFIXES
+
     try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(("mpich_shm_", "sm_segment."))}
+        return {name for name in os.listdir("/dev/shm") if name.startswith(_SEGMENT_PREFIXES)}
     except OSError:
         return None
 

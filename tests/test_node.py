@@ -1146,7 +1146,7 @@ def test_a_persistent_request_whose_arena_cannot_be_had_under_mpiexec_runs_two_s
 
 
 FREE_SCRIPT = """
-import os, time, warnings
+import time, warnings
 import numpy as np
 import commkit as ck
 
