@@ -218,6 +218,35 @@ def remove_left_segments(before: set, wait: float = 2.0) -> list[str]:
     return removed
 
 
+def remove_own_segments(prefixes: tuple = _SEGMENT_PREFIXES) -> list[str]:
+    """Unlink the /dev/shm files named with one of ``prefixes`` that this process maps; their names.
+
+    What a process that is its own MPI job calls as it ends (see
+    :func:`commkit.transports.mpi.forget_singleton_segment`): the files stay
+    mapped where they are mapped (an unlinked file lives until its last mapping
+    goes), but no new process can attach to them by name and none is left
+    behind. Only this user's files; nothing where there is no /proc (not Linux).
+    """
+    try:
+        with open("/proc/self/maps") as f:
+            mapped = {line.rsplit(SHM + "/", 1)[1].split()[0] for line in f if SHM + "/" in line}
+    except OSError:
+        return []
+    removed = []
+    for name in sorted(mapped):
+        if not name.startswith(prefixes):
+            continue
+        path = os.path.join(SHM, name)
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            os.unlink(path)
+        except OSError:  # (already gone)
+            continue
+        removed.append(name)
+    return removed
+
+
 @contextlib.contextmanager
 def process_group(cmd: list[str], **popen_args):
     """Start ``cmd`` in a process group of its own; on the way out, end the group and clean up after its MPI job.

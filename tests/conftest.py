@@ -87,27 +87,16 @@ def _end_own_mpi() -> list[str]:
     worker that ended early, and warned). MPICH removes its own. Only a process
     that is no rank of a larger job does this (its MPI segments are then its
     singleton's alone), after finalizing, so nothing can attach to them any more.
+    (commkit's MPI transport unlinks it at exit too, :func:`commkit.transports.mpi.forget_singleton_segment`,
+    but only in a process that imports it, and an xdist worker may end without running exit handlers.)
     """
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized() or mpi.COMM_WORLD.Get_size() != 1:
         return []
     mpi.Finalize()
-    try:
-        with open("/proc/self/maps") as f:
-            mapped = {line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}
-    except OSError:  # not Linux: nothing to look after
-        return []
-    from commkit._mpiexec import _SEGMENT_PREFIXES
+    from commkit._mpiexec import remove_own_segments
 
-    removed = []
-    for name in sorted(mapped):
-        if name.startswith(_SEGMENT_PREFIXES):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:  # (already gone)
-                continue
-            removed.append(name)
-    return removed
+    return remove_own_segments()
 
 
 def have_mpi() -> bool:

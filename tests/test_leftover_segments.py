@@ -201,3 +201,43 @@ def test_a_test_process_that_started_mpi_itself_leaves_no_segment():
     mapped, removed = lines["mapped"].split(), lines["removed"].split()
     assert set(removed) <= set(mapped)
     assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], (mapped, removed)
+
+
+# A program started without mpiexec (a singleton), as a user runs one: commkit's own entry, or the face.
+SINGLETON = """
+import sys
+
+import numpy as np
+
+if sys.argv[1] == "init":
+    import commkit
+
+    assert commkit.init().allreduce(np.ones(4)).tolist() == [1.0] * 4
+else:
+    from mpi4py import MPI
+
+    from commkit.compat.mpi4py import wrap
+
+    assert wrap(MPI.COMM_WORLD).allreduce(2.5) == 2.5
+with open("/proc/self/maps") as f:
+    print("mapped:", *sorted({line.split("/dev/shm/", 1)[1].split()[0] for line in f if "/dev/shm/" in line}))
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
+                    reason="the MPI libraries keep their segments in /dev/shm; /proc names those a process maps")
+@pytest.mark.parametrize("entry", ["init", "wrap"])
+def test_a_program_run_without_mpiexec_leaves_no_segment(entry):
+    # Open MPI 5.0.11's singleton left a 16 MiB sm_segment file per run of `python script.py` (or notebook kernel).
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_NAMESPACE"):
+        env.pop(name, None)  # (a singleton even when the suite itself runs under a launcher)
+    result = subprocess.run([sys.executable, "-c", SINGLETON, entry], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    mapped = next(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("mapped:"))
+    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], mapped

