@@ -923,6 +923,13 @@ def _write_program(arena, ops, relax, views):
                       f"        _waited(_turn(_arena, ticket, _relax), timeout, info, {index}, {s})",
                       f"    _arena.set_where(*{'where' if step.shared else '(None, None)'})",
                       "    _arena.set_identity(tag)"]
+        elif code == _LOCAL and step.kind == COPY:  # (what _do_local does with a Copy, written out)
+            (name, lo, hi), (sname, slo, shi) = step.dst, step.src
+            copy = f"bufs[{name!r}][{lo}:{hi}] = bufs[{sname!r}][{slo}:{shi}]"
+            if hi > lo and lo == slo:  # in place, "in" and "out" are one array: a range onto itself is skipped
+                lines.append(f"    if bufs[{name!r}] is not bufs[{sname!r}]: {copy}")
+            elif hi > lo:
+                lines.append(f"    {copy}")
         elif code == _LOCAL:
             lines.append(f"    _do_local({s}, bufs)")
         else:

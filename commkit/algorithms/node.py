@@ -505,14 +505,16 @@ def _rooted_alike(rank, size, count, root, segment=None):
 def broadcast_shm(rank, size, count, root, segment=None, shared=False):
     """Shared-memory broadcast: the root puts each chunk in its slot once, every other rank gets it.
 
-    Restrictions: one node. Per chunk k, the root puts it into half k mod 2 of its slot
-    and publishes k+1; every other rank waits for that, gets the chunk, and publishes
+    Restrictions: one node. Per chunk k, the root puts it into half k mod 2 of its slot,
+    publishes k+1, and copies it into its own output (not in place) while its peers read
+    it, from the cache the put has just read it into; every other rank waits for that, gets the chunk, and publishes
     k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
     after every rank acknowledged chunk k. Cost: 2nβ + α for one chunk; in general the
     pipeline of the root's copies in and the others' waits and copies out (exact).
 
     With ``shared`` (every rank's arrays are shared arrays): every other rank gets the
-    root's input where it lies, in one copy, and the root waits until all have: 2α + nβ.
+    root's input where it lies, in one copy, while the root copies it into its own output,
+    and the root waits until all have: 2α + nβ.
 
     Picture, generated from the schedule (p = 4, count = 8, root = 0, segment = 2): each cell lists, for
     every block of the result, the ranks whose input that rank holds for the whole block (- for none),
@@ -529,15 +531,17 @@ def broadcast_shm(rank, size, count, root, segment=None, shared=False):
         elems got  0        8        8        8
         critical path (commkit.sim, each term alone): 4 waits, 10 elements copied
     """
-    if rank == root:
-        yield Copy(("out", 0, count), ("in", 0, count))
     if size == 1:
+        yield Copy(("out", 0, count), ("in", 0, count))
         return
+    # The root's own copy into its output (none in place) comes after what its peers wait for: they read
+    # meanwhile, and chunk by chunk it reads its input where the Put has just read it, in the cache.
     others = _others(root, size) if rank == root else None  # only the root names every other rank
     if shared:
         yield Claim(0, size, shared=True)
         if rank == root:
             yield Publish(1)
+            yield Copy(("out", 0, count), ("in", 0, count))
             yield Wait(others, 2)  # every rank has read my input: the caller may write it again
         else:
             yield Wait([root], 1)
@@ -555,6 +559,7 @@ def broadcast_shm(rank, size, count, root, segment=None, shared=False):
                 yield Wait(others, c - 1)  # every rank has read chunk c-2, which used this half
             yield Put(slot(root, half, half + b - a), ("in", a, b))
             yield Publish(c + 1)
+            yield Copy(("out", a, b), ("in", a, b))
         else:
             yield Wait([root], c + 1)
             yield Get(("out", a, b), slot(root, half, half + b - a))
