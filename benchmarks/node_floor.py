@@ -19,6 +19,8 @@ In place, every variant first copies the input back (the same copy for each).
   every input into its output, then (one barrier) copies every other slice of
   the result from its owner's output;
 * ``mpi``: ``MPI_Allreduce`` on a ``Dup`` of ``COMM_WORLD``;
+* ``commkit``: ``comm.allreduce(x, out=out)``, the default selection (``shm`` where
+  the table names it, with the table's chunk size);
 * ``ring``: ``comm.allreduce(x, algorithm="ring")``;
 * ``shm``: ``comm.allreduce(x, algorithm="shm")`` (the node engine);
 * ``shm shared``: the same on arrays of ``comm.shared_empty`` (its zero-copy
@@ -156,6 +158,8 @@ def variants(comm, raw, n, rng):
             # In place, each call first restores the input (the same copy in every in-place variant),
             # so that repeated sums neither overflow nor time infinities.
             "mpi in place": lambda: (np.copyto(y, x), raw.Allreduce(MPI.IN_PLACE, y, sum_)),
+            "commkit": lambda: comm.allreduce(x, out=out),
+            "commkit in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y)),
             "ring": lambda: comm.allreduce(x, out=out, algorithm="ring"),
             "ring in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="ring")),
             "shm": lambda: comm.allreduce(x, out=out, algorithm="shm"),
@@ -315,7 +319,7 @@ def main(argv=None) -> int:
             print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<20} {t * 1e6:>10.1f}us {ratio:>7.2f}")
         floors = {nbytes: t for c, nbytes, name, t, _ in rows if c == "allreduce" and name == "floor"}
         for collective, nbytes, name, t, _ in rows:
-            if collective == "allreduce" and name in ("shm", "shm shared", "ring", "mpi") and nbytes in floors:
+            if collective == "allreduce" and name in ("commkit", "shm", "shm shared", "ring", "mpi") and nbytes in floors:
                 print(f"allreduce {nbytes >> 10}Ki: {name} / floor = {t / floors[nbytes]:.2f}")
     return 0
 
