@@ -581,7 +581,8 @@ def allgather_shm(rank, size, count, segment=None, shared=False):
     """Shared-memory allgather: each rank puts its block in its slot, every rank gets every other block.
 
     Restrictions: one node. Per chunk k of the blocks: put my chunk into half k mod 2
-    of my slot, publish k+1, wait for all, get every other rank's chunk. A half is
+    of my slot, publish k+1, copy it into my own block of the output (from the cache
+    the put has just read it into), wait for all, get every other rank's chunk. A half is
     written again (chunk k+2) after the wait of chunk k+1, which every rank passes
     only after its gets of chunk k. Cost: Kα + nβ, K chunks, n the bytes gathered (exact).
 
@@ -601,13 +602,16 @@ def allgather_shm(rank, size, count, segment=None, shared=False):
         critical path (commkit.sim, each term alone): 1 wait, 4 elements copied
     """
     mine = ("out", rank * count, (rank + 1) * count)
-    yield Copy(mine, ("in", 0, count))
     if size == 1:
+        yield Copy(mine, ("in", 0, count))
         return
+    # My own block goes into my output after what my peers wait for (as the broadcast's root does): they
+    # read meanwhile, and chunk by chunk I read my input where the Put has just read it, in the cache.
     if shared:
         others = _others(rank, size)
         yield Claim(0, size, shared=True)
         yield Publish(1)
+        yield Copy(mine, ("in", 0, count))
         yield Wait(others, 1)
         for q in others:
             yield Get(("out", q * count, (q + 1) * count), peer(q, "in", 0, count))
@@ -623,6 +627,7 @@ def allgather_shm(rank, size, count, segment=None, shared=False):
         half = (c % 2) * width
         yield Put(slot(rank, half, half + b - a), ("in", a, b))
         yield Publish(c + 1)
+        yield Copy(("out", rank * count + a, rank * count + b), ("in", a, b))
         yield Wait(others, c + 1)
         for q in others:
             yield Get(("out", q * count + a, q * count + b), slot(q, half, half + b - a))
