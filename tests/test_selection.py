@@ -208,10 +208,11 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     assert pick("broadcast", 1 << 20, **mpi_node) == "shm"
     assert pick("broadcast", 4 << 20, **mpi_node) == "shm"
     assert pick("allgather", 2 << 20, **mpi_node) == "shm"
+    assert pick("allgather", 8 << 20, **mpi_node) == "shm"
     assert pick("reduce_scatter", 2 << 20, **mpi_node) == "shm"
     assert pick("alltoall", 1 << 20, **mpi_node) == "shm"
     # Measured not to win: each collective's sizes next to its rule's.
-    for collective, nbytes in (("broadcast", 8 << 20), ("broadcast", 256 << 10), ("allgather", 4 << 20),
+    for collective, nbytes in (("broadcast", 8 << 20), ("broadcast", 256 << 10), ("allgather", 16 << 20),
                                ("allgather", 512 << 10), ("reduce_scatter", 1 << 20), ("alltoall", 2 << 20),
                                ("alltoall", 256 << 10), ("gather", 128 << 10)):
         assert pick(collective, nbytes, **mpi_node) != "shm", (collective, nbytes)
