@@ -455,6 +455,8 @@ NODE_CALLS = {
     "allreduce in chunks": lambda comm, x: comm.allreduce(x, algorithm="shm:64"),
     "reduce": lambda comm, x: comm.reduce(x, root=1, algorithm="shm"),
     "broadcast": lambda comm, x: comm.broadcast(x, root=1, algorithm="shm:64"),
+    # (in place: a program skips the root's per-chunk Copy of its input onto itself)
+    "broadcast in place": lambda comm, x: (lambda y: comm.broadcast(y, root=1, out=y, algorithm="shm:64"))(x.copy()),
     "gather": lambda comm, x: comm.gather(x, root=0, algorithm="shm"),
     "scatter": lambda comm, x: comm.scatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
                                             root=2 % comm.size, out=np.empty_like(x), algorithm="shm"),
