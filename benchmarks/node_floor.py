@@ -319,7 +319,8 @@ def main(argv=None) -> int:
             print(f"{collective:<15} {nbytes >> 10:>6}Ki {name:<20} {t * 1e6:>10.1f}us {ratio:>7.2f}")
         floors = {nbytes: t for c, nbytes, name, t, _ in rows if c == "allreduce" and name == "floor"}
         for collective, nbytes, name, t, _ in rows:
-            if collective == "allreduce" and name in ("commkit", "shm", "shm shared", "ring", "mpi") and nbytes in floors:
+            if (collective == "allreduce" and name in ("commkit", "shm", "shm shared", "ring", "mpi")
+                    and nbytes in floors):
                 print(f"allreduce {nbytes >> 10}Ki: {name} / floor = {t / floors[nbytes]:.2f}")
     return 0
 

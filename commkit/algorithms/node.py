@@ -511,8 +511,8 @@ def broadcast_shm(rank, size, count, root, segment=None, shared=False):
 
     Restrictions: one node. Per chunk k, the root puts it into half k mod 2 of its slot,
     publishes k+1, and copies it into its own output (not in place) while its peers read
-    it, from the cache the put has just read it into; every other rank waits for that, gets the chunk, and publishes
-    k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
+    it, from the cache the put has just read it into; every other rank waits for that,
+    gets the chunk, and publishes k+1 itself (its acknowledgement); the root writes a half again (chunk k+2) only
     after every rank acknowledged chunk k. Cost: 2nβ + α for one chunk; in general the
     pipeline of the root's copies in and the others' waits and copies out (exact).
 

