@@ -168,6 +168,28 @@ def shm_names() -> set | None:
         return None
 
 
+def _mapped(pid="self") -> set:
+    """The names of the files in /dev/shm that process ``pid`` maps.
+
+    Raises:
+        OSError: the process has ended, is another user's, or there is no /proc.
+    """
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.rsplit(SHM + "/", 1)[1].split()[0] for line in f if SHM + "/" in line}
+
+
+def _unlink_own(name: str) -> bool:
+    """Unlink /dev/shm file ``name`` if it is this user's; whether it did."""
+    path = os.path.join(SHM, name)
+    try:
+        if os.stat(path).st_uid != os.getuid():
+            return False
+        os.unlink(path)
+    except OSError:  # (already gone)
+        return False
+    return True
+
+
 def _in_use() -> set:
     """The names of the files in /dev/shm that a process this user can see maps or holds open."""
     used = set()
@@ -175,8 +197,7 @@ def _in_use() -> set:
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/maps") as f:
-                used.update(line.rsplit(SHM + "/", 1)[1].split()[0] for line in f if SHM + "/" in line)
+            used |= _mapped(pid)
             for fd in os.listdir(f"/proc/{pid}/fd"):
                 target = os.readlink(f"/proc/{pid}/fd/{fd}")
                 if target.startswith(SHM + "/"):
@@ -204,14 +225,8 @@ def remove_left_segments(before: set, wait: float = 2.0) -> list[str]:
         used = _in_use()
         for name in sorted(fresh - used):
             fresh.discard(name)
-            path = os.path.join(SHM, name)
-            try:
-                if os.stat(path).st_uid != os.getuid():
-                    continue
-                os.unlink(path)
-            except OSError:
-                continue
-            removed.append(name)
+            if _unlink_own(name):
+                removed.append(name)
         if not fresh or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -228,23 +243,10 @@ def remove_own_segments(prefixes: tuple = _SEGMENT_PREFIXES) -> list[str]:
     behind. Only this user's files; nothing where there is no /proc (not Linux).
     """
     try:
-        with open("/proc/self/maps") as f:
-            mapped = {line.rsplit(SHM + "/", 1)[1].split()[0] for line in f if SHM + "/" in line}
+        mapped = _mapped()
     except OSError:
         return []
-    removed = []
-    for name in sorted(mapped):
-        if not name.startswith(prefixes):
-            continue
-        path = os.path.join(SHM, name)
-        try:
-            if os.stat(path).st_uid != os.getuid():
-                continue
-            os.unlink(path)
-        except OSError:  # (already gone)
-            continue
-        removed.append(name)
-    return removed
+    return [name for name in sorted(mapped) if name.startswith(prefixes) and _unlink_own(name)]
 
 
 @contextlib.contextmanager

@@ -165,12 +165,10 @@ def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = 
 
 def mpi_segments() -> set | None:
     """The MPI libraries' files in /dev/shm now (None where there is no /dev/shm)."""
-    from commkit._mpiexec import _SEGMENT_PREFIXES
+    from commkit._mpiexec import _SEGMENT_PREFIXES, shm_names
 
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith(_SEGMENT_PREFIXES)}
-    except OSError:
-        return None
+    names = shm_names()
+    return None if names is None else {name for name in names if name.startswith(_SEGMENT_PREFIXES)}
 
 
 def segments_left(before: set | None, settle: float = 2.0) -> list[str]:

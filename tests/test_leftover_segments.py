@@ -23,6 +23,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
+# Where a test looks at the real /dev/shm after a real MPI job (or MPI started in a process of its own).
+_NEEDS_MPI_AND_SHM = pytest.mark.skipif(
+    not have_mpi() or not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
+    reason="needs mpi4py and mpiexec; the MPI libraries keep their segments in /dev/shm, and /proc names those a "
+           "process maps")
+
+
 def _stand_in(tmp_path) -> str:
     """A directory standing in for /dev/shm, by its real path (the one /proc names a mapped or open file by)."""
     shm = os.path.realpath(tmp_path / "shm")
@@ -152,9 +159,7 @@ sys.exit(subprocess.Popen(mpiexec_command(2, [sys.executable, sys.argv[1]]), sta
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
-@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
-                    reason="the MPI libraries keep their segments in /dev/shm; /proc names those a rank maps")
+@_NEEDS_MPI_AND_SHM
 def test_a_program_run_in_a_group_that_starts_an_aborting_job_leaves_no_segment(tmp_path):
     from commkit._mpiexec import run_group
 
@@ -186,21 +191,27 @@ print("removed:", *conftest._end_own_mpi())
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
-@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
-                    reason="the MPI libraries keep their segments in /dev/shm; /proc names those a process maps")
+@_NEEDS_MPI_AND_SHM
 def test_a_test_process_that_started_mpi_itself_leaves_no_segment():
     # Open MPI 5.0.11's singleton left its 16 MiB sm_segment file behind, once per pytest worker and run.
+    lines = _run_alone(OWN_MPI, HERE)
+    mapped, removed = lines["mapped"], lines["removed"]
+    assert set(removed) <= set(mapped)
+    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], (mapped, removed)
+
+
+def _run_alone(code: str, *args: str) -> dict:
+    """Run ``code`` in a Python process of its own, a singleton (no launcher's variables), and return its output's
+    ``name: words`` lines as ``{name: [words]}``."""
     import subprocess
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    result = subprocess.run([sys.executable, "-c", OWN_MPI, HERE], capture_output=True, text=True, timeout=120,
-                            env=env)
+    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_NAMESPACE"):
+        env.pop(name, None)  # (a singleton even when the suite itself runs under a launcher)
+    result = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = dict(line.split(":", 1) for line in result.stdout.splitlines() if line.startswith(("mapped:", "removed:")))
-    mapped, removed = lines["mapped"].split(), lines["removed"].split()
-    assert set(removed) <= set(mapped)
-    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], (mapped, removed)
+    return {name: words.split() for name, sep, words in (line.partition(":") for line in result.stdout.splitlines())
+            if sep and name in ("mapped", "removed")}
 
 
 # A program started without mpiexec (a singleton), as a user runs one: commkit's own entry, or the face.
@@ -225,19 +236,9 @@ with open("/proc/self/maps") as f:
 
 
 @pytest.mark.mpi
-@pytest.mark.skipif(not have_mpi(), reason="needs mpi4py and mpiexec")
-@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.path.exists("/proc/self/maps"),
-                    reason="the MPI libraries keep their segments in /dev/shm; /proc names those a process maps")
+@_NEEDS_MPI_AND_SHM
 @pytest.mark.parametrize("entry", ["init", "wrap"])
 def test_a_program_run_without_mpiexec_leaves_no_segment(entry):
     # Open MPI 5.0.11's singleton left a 16 MiB sm_segment file per run of `python script.py` (or notebook kernel).
-    import subprocess
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    for name in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMIX_NAMESPACE"):
-        env.pop(name, None)  # (a singleton even when the suite itself runs under a launcher)
-    result = subprocess.run([sys.executable, "-c", SINGLETON, entry], capture_output=True, text=True, timeout=120,
-                            env=env)
-    assert result.returncode == 0, result.stdout + result.stderr
-    mapped = next(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("mapped:"))
+    mapped = _run_alone(SINGLETON, entry)["mapped"]
     assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], mapped
