@@ -8,11 +8,16 @@
 Float32 sum, at 64 KiB, 1, 4 and 32 MiB per rank. Timed in one job, interleaved
 (the variants in a new order every sweep, the same on every rank), each sweep ``--calls``
 back-to-back calls after a barrier, its time per call the slowest rank's; a
-cell is the median over sweeps, a ratio the median of the per-sweep ratios.
+cell is the median over sweeps, a ratio the median of the per-sweep ratios,
+against MPI's own call (its in-place form for an in-place row, where it has one).
+
+Every call first writes its input, as a program's call sends what it has just
+computed: the same copy from the same source for every variant of a
+collective, on every rank that reads an input (a broadcast's and a scatter's
+root alone), timed with the call. An input never written again stays clean in
+the caches and flatters the variants that send the caller's own array.
 
 allreduce, each in place (``out=x``) and not:
-
-In place, every variant first copies the input back (the same copy for each).
 
 * ``floor``: the memory work no allreduce can avoid, numpy only: every rank's
   input and output lie in one MPI shared window; rank r adds its 1/p slice of
@@ -151,56 +156,76 @@ def variants(comm, raw, n, rng):
     a2ash, a2ash_out = comm.shared_empty((p, n // p), np.float32), comm.shared_empty((p, n // p), np.float32)
     a2ash[:] = a2a
     sum_ = MPI.SUM
+    # Each call first writes its input (a program's call sends what it has just computed): the same copy, from
+    # the same source, for every variant of a collective, where this rank reads an input. An input left
+    # unwritten between calls is clean in the caches, which flattered the variants whose input is the
+    # caller's array (MPI's, the two-sided algorithms) by 5-15% at 32 KiB to 1 MiB: a peer that has read a
+    # buffer makes the next write to it dearer.
+    xi, xsi = np.empty_like(x), comm.shared_empty(n, np.float32)  # allreduce, reduce, gather, allgather inputs
+    bi = np.empty_like(x)  # a broadcast root's input, not in place
+    blocks_i, xs_i, a2a_i = np.empty_like(blocks), np.empty_like(xs), np.empty_like(a2a)
+
+    def fed(call, *pairs):
+        def run():
+            for dst, src in pairs:
+                np.copyto(dst, src)
+            call()
+        return run
+
+    def fed_root(call, *pairs):  # only the root reads an input
+        return fed(call, *pairs) if is_root else call
+
+    x_in = (xi, x)
     table = {
         "allreduce": {
-            "floor": floor.run,
-            "mpi": lambda: raw.Allreduce(x, out, sum_),
-            # In place, each call first restores the input (the same copy in every in-place variant),
-            # so that repeated sums neither overflow nor time infinities.
-            "mpi in place": lambda: (np.copyto(y, x), raw.Allreduce(MPI.IN_PLACE, y, sum_)),
-            "commkit": lambda: comm.allreduce(x, out=out),
-            "commkit in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y)),
-            "ring": lambda: comm.allreduce(x, out=out, algorithm="ring"),
-            "ring in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="ring")),
-            "shm": lambda: comm.allreduce(x, out=out, algorithm="shm"),
-            "shm in place": lambda: (np.copyto(y, x), comm.allreduce(y, out=y, algorithm="shm")),
-            "shm shared": lambda: comm.allreduce(xsh, out=osh, algorithm="shm"),
-            "shm shared in place": lambda: (np.copyto(ysh, x), comm.allreduce(ysh, out=ysh, algorithm="shm")),
+            "floor": fed(floor.run, (floor.ins[comm.rank], x)),
+            "mpi": fed(lambda: raw.Allreduce(xi, out, sum_), x_in),
+            "mpi in place": fed(lambda: raw.Allreduce(MPI.IN_PLACE, y, sum_), (y, x)),
+            "commkit": fed(lambda: comm.allreduce(xi, out=out), x_in),
+            "commkit in place": fed(lambda: comm.allreduce(y, out=y), (y, x)),
+            "ring": fed(lambda: comm.allreduce(xi, out=out, algorithm="ring"), x_in),
+            "ring in place": fed(lambda: comm.allreduce(y, out=y, algorithm="ring"), (y, x)),
+            "shm": fed(lambda: comm.allreduce(xi, out=out, algorithm="shm"), x_in),
+            "shm in place": fed(lambda: comm.allreduce(y, out=y, algorithm="shm"), (y, x)),
+            "shm shared": fed(lambda: comm.allreduce(xsh, out=osh, algorithm="shm"), (xsh, x)),
+            "shm shared in place": fed(lambda: comm.allreduce(ysh, out=ysh, algorithm="shm"), (ysh, x)),
         },
         "broadcast": {
-            "mpi": lambda: raw.Bcast(block, root=0),
-            "commkit": lambda: comm.broadcast(x, root=0, out=block),
-            "commkit in place": lambda: comm.broadcast(block, root=0, out=block),
-            "shm": lambda: comm.broadcast(x, root=0, out=block, algorithm="shm"),
-            "shm in place": lambda: comm.broadcast(block, root=0, out=block, algorithm="shm"),
-            "shm shared": lambda: comm.broadcast(bsh, root=0, out=bsh, algorithm="shm"),
+            "mpi": fed_root(lambda: raw.Bcast(block, root=0), (block, x)),
+            "commkit": fed_root(lambda: comm.broadcast(bi, root=0, out=block), (bi, x)),
+            "commkit in place": fed_root(lambda: comm.broadcast(block, root=0, out=block), (block, x)),
+            "shm": fed_root(lambda: comm.broadcast(bi, root=0, out=block, algorithm="shm"), (bi, x)),
+            "shm in place": fed_root(lambda: comm.broadcast(block, root=0, out=block, algorithm="shm"), (block, x)),
+            "shm shared": fed_root(lambda: comm.broadcast(bsh, root=0, out=bsh, algorithm="shm"), (bsh, x)),
         },
         "reduce": {
-            "mpi": lambda: raw.Reduce(x, out, sum_, root=0),
-            "commkit": lambda: comm.reduce(x, root=0, out=out if is_root else None),
-            "shm": lambda: comm.reduce(x, root=0, out=out if is_root else None, algorithm="shm"),
+            "mpi": fed(lambda: raw.Reduce(xi, out, sum_, root=0), x_in),
+            "commkit": fed(lambda: comm.reduce(xi, root=0, out=out if is_root else None), x_in),
+            "shm": fed(lambda: comm.reduce(xi, root=0, out=out if is_root else None, algorithm="shm"), x_in),
         },
         "gather": {
-            "mpi": lambda: raw.Gather(x, gathered, root=0),
-            "commkit": lambda: comm.gather(x, root=0, out=gathered if is_root else None),
-            "shm": lambda: comm.gather(x, root=0, out=gathered if is_root else None, algorithm="shm"),
+            "mpi": fed(lambda: raw.Gather(xi, gathered, root=0), x_in),
+            "commkit": fed(lambda: comm.gather(xi, root=0, out=gathered if is_root else None), x_in),
+            "shm": fed(lambda: comm.gather(xi, root=0, out=gathered if is_root else None, algorithm="shm"), x_in),
         },
         "scatter": {
-            "mpi": lambda: raw.Scatter(blocks, block, root=0),
-            "commkit": lambda: comm.scatter(blocks if is_root else None, root=0, out=block),
-            "shm": lambda: comm.scatter(blocks if is_root else None, root=0, out=block, algorithm="shm"),
+            "mpi": fed_root(lambda: raw.Scatter(blocks_i, block, root=0), (blocks_i, blocks)),
+            "commkit": fed_root(lambda: comm.scatter(blocks_i if is_root else None, root=0, out=block),
+                                (blocks_i, blocks)),
+            "shm": fed_root(lambda: comm.scatter(blocks_i if is_root else None, root=0, out=block, algorithm="shm"),
+                            (blocks_i, blocks)),
         },
         "allgather": {
-            "mpi": lambda: raw.Allgather(x, gathered),
-            "commkit": lambda: comm.allgather(x, out=gathered),
-            "shm": lambda: comm.allgather(x, out=gathered, algorithm="shm"),
-            "shm shared": lambda: comm.allgather(xsh, out=gsh, algorithm="shm"),
+            "mpi": fed(lambda: raw.Allgather(xi, gathered), x_in),
+            "commkit": fed(lambda: comm.allgather(xi, out=gathered), x_in),
+            "shm": fed(lambda: comm.allgather(xi, out=gathered, algorithm="shm"), x_in),
+            "shm shared": fed(lambda: comm.allgather(xsi, out=gsh, algorithm="shm"), (xsi, x)),
         },
         "reduce_scatter": {
-            "mpi": lambda: raw.Reduce_scatter_block(xs, rs, sum_),
-            "commkit": lambda: comm.reduce_scatter(xs, out=rs),
-            "shm": lambda: comm.reduce_scatter(xs, out=rs, algorithm="shm"),
-            "shm shared": lambda: comm.reduce_scatter(xssh, out=rssh, algorithm="shm"),
+            "mpi": fed(lambda: raw.Reduce_scatter_block(xs_i, rs, sum_), (xs_i, xs)),
+            "commkit": fed(lambda: comm.reduce_scatter(xs_i, out=rs), (xs_i, xs)),
+            "shm": fed(lambda: comm.reduce_scatter(xs_i, out=rs, algorithm="shm"), (xs_i, xs)),
+            "shm shared": fed(lambda: comm.reduce_scatter(xssh, out=rssh, algorithm="shm"), (xssh, xs)),
         },
         "barrier": {  # no data: what a node call's synchronisation costs (the same at every size)
             "mpi": raw.Barrier,
@@ -208,10 +233,10 @@ def variants(comm, raw, n, rng):
             "shm": lambda: comm.barrier(algorithm="shm"),
         },
         "alltoall": {
-            "mpi": lambda: raw.Alltoall(a2a, a2a_out),
-            "commkit": lambda: comm.alltoall(a2a, out=a2a_out),
-            "shm": lambda: comm.alltoall(a2a, out=a2a_out, algorithm="shm"),
-            "shm shared": lambda: comm.alltoall(a2ash, out=a2ash_out, algorithm="shm"),
+            "mpi": fed(lambda: raw.Alltoall(a2a_i, a2a_out), (a2a_i, a2a)),
+            "commkit": fed(lambda: comm.alltoall(a2a_i, out=a2a_out), (a2a_i, a2a)),
+            "shm": fed(lambda: comm.alltoall(a2a_i, out=a2a_out, algorithm="shm"), (a2a_i, a2a)),
+            "shm shared": fed(lambda: comm.alltoall(a2ash, out=a2ash_out, algorithm="shm"), (a2ash, a2a)),
         },
     }
     # Each commkit variant against MPI's result on the same data, once.
@@ -302,8 +327,9 @@ def main(argv=None) -> int:
                 order = random.Random(s).sample(names, len(names))
                 for name, t in time_sweep(raw, fns, 200 if collective == "barrier" else calls, order).items():
                     samples[name].append(t)
-            base = samples["mpi"]
             for name in names:
+                # (an in-place row against MPI's in-place call, where the collective has one of its own)
+                base = samples["mpi in place" if "in place" in name and "mpi in place" in samples else "mpi"]
                 ratio = statistics.median(a / b for a, b in zip(samples[name], base))
                 rows.append((collective, nbytes, name, statistics.median(samples[name]), ratio))
             loads.append(os.getloadavg()[0])
