@@ -852,7 +852,9 @@ class Communicator(VectorCollectives):
             # itself is the library's collective, which no timeout can end).
             self._ctl_allgather(nbytes, self._ctl_tag("shared", seq), self.timeout)
             part = make().allocate(nbytes)
-        self._shared_arrays = True
+        if not self._shared_arrays:
+            self._shared_arrays = True
+            self._forget_shapes()  # (a node call's shape plan would run the copying form on shared arrays too)
         return part.view(dtype).reshape(shape)
 
     def gather_object(self, obj, root: int = 0, *, timeout: float | None = None):
@@ -1338,9 +1340,12 @@ class Communicator(VectorCollectives):
                 and not _trace_active):
             if call.key is not None and timeout is None:
                 self._remember(call, plan, algorithm)
-            if call.xp is np and call.nbytes <= self._FAST_MAX_BYTES and (inplace_safe or not call.aliased):
+            if (call.xp is np and call.nbytes <= self._FAST_MAX_BYTES and (inplace_safe or not call.aliased)
+                    and not (self._shared_arrays and choice.algorithm.zero_copy)):
                 # A known call shape on new arrays (or with a timeout): its shape plan, once it has one
                 # (the second call). Keyed by the cached plan's identity: _shaped is emptied whenever _plans is.
+                # Not a node algorithm's on a communicator with shared arrays: whether a call's arrays are
+                # shared decides its steps (the zero-copy form, below), call by call.
                 timed = timeout is not None
                 key = (id(plan), call.aliased, timed)
                 shaped = self._shaped.get(key)

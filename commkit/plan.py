@@ -199,17 +199,34 @@ def _local_ops(steps, bufs, slots=None, index=0) -> list:
     return ops
 
 
-def _node_op(program, bufs: dict):
-    """A node schedule's whole run as one op of a plan on fixed arrays: its :class:`NodeProgram`, written inline.
+def _node_op(program, bufs: dict, timed=False):
+    """A node schedule's whole run as one op of a plan: its :class:`NodeProgram`, written inline.
 
     The program names its steps in the call's flight record itself, and its
     errors are the interpreter's; the generated plan gives it the call's
     number and record (so it runs only written inline, as a timed transfer does).
+    A program views its arena's slots and reads the buffers it is given at each
+    run, so a shape plan's program runs on the run's own arrays. ``timed``: it
+    gives up after the run's ``_timeout``, and marks the call timed out in its
+    record first (:func:`_timed_node_run`), as a timed transfer does.
     """
     def run(tag):
         raise TypeError("a node program runs only inside a generated plan, which passes its call number and record")
+    if timed:
+        return inline(run, "{0}({1}, {{'in': {2}, 'out': {3}, 'tmp': {4}}}, tag, _timeout, "
+                      "(rec[1], rec[2], seq, _rank, None), rec)",
+                      (_timed_node_run, program.run, bufs["in"], bufs["out"], bufs["tmp"]))
     return inline(run, "{0}({{'in': {1}, 'out': {2}, 'tmp': {3}}}, tag, None, (rec[1], rec[2], seq, _rank, None), rec)",
                   (program.run, bufs["in"], bufs["out"], bufs["tmp"]))
+
+
+def _timed_node_run(run, bufs: dict, tag: int, timeout: float, info, rec) -> None:
+    """A node program's ``run`` with a timeout: one that passes marks the call timed out in ``rec``, then raises."""
+    try:
+        run(bufs, tag, timeout, info, rec)
+    except CommTimeout:
+        FlightRecorder.finish(rec, "timed out")
+        raise
 
 
 def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | None = None, timed=False,
@@ -224,9 +241,10 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
     Empty ranges and copies of a range onto itself are dropped. With ``slots``
     (a shape plan's), every view of a buffer it names is recorded there; with
     ``timed`` each transfer gives up after the run's timeout (shape plans only).
-    A schedule of the node arena's one-sided steps compiles only for a plan on
-    fixed arrays, untimed, with the node ``arena`` made: one op, its
-    :class:`NodeProgram` (:func:`_node_op`). Else None, so the call keeps the
+    A schedule of the node arena's one-sided steps compiles, once the node
+    ``arena`` is made, into one op: its :class:`NodeProgram` (:func:`_node_op`),
+    on fixed arrays or a shape plan's (the program reads whatever buffers a run
+    gives it), timed or not. Else None, so the call keeps the
     general path (a persistent request of one is an
     :class:`InterpretedPersistentRequest`).
     """
@@ -234,10 +252,15 @@ def compile_ops(steps, bufs: dict, chan, persistent_tag=None, slots: Slots | Non
         if persistent_tag is not None:  # (the communicator gives those an InterpretedPersistentRequest)
             raise TypeError("one-sided steps run only in the interpreter; a persistent request of such a schedule "
                             "is an InterpretedPersistentRequest.")
-        if arena is None or slots is not None or timed:
+        if arena is None:
             return None
         program = NodeProgram.make(steps, bufs, chan, arena)
-        return None if program is None else [(TRANSFER, _node_op(program, bufs), steps[0], (), 0)]
+        if program is None:
+            return None
+        if slots is not None:  # the program takes the run's whole buffers
+            slots.whole("in", bufs["in"])
+            slots.whole("out", bufs["out"])
+        return [(TRANSFER, _node_op(program, bufs, timed), steps[0], (), 0)]
     ops = []
     for index, step in enumerate(steps):  # index: the step's place in the schedule, as messages name it
         if step.kind != TRANSFER:

@@ -494,6 +494,81 @@ def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreter
     assert len(runs) == p * (3 * len(NODE_CALLS) - 1)
 
 
+# Each node collective on new arrays, untimed or with ``timeout`` (None: untimed).
+FRESH_NODE_CALLS = {
+    "allreduce": lambda comm, x, t: comm.allreduce(x, algorithm="shm", timeout=t),
+    "allreduce in place": lambda comm, x, t: comm.allreduce(x, out=x, algorithm="shm:64", timeout=t),
+    "allreduce with out": lambda comm, x, t: comm.allreduce(x, out=np.empty_like(x), algorithm="shm", timeout=t),
+    "reduce": lambda comm, x, t: comm.reduce(x, root=1, algorithm="shm", timeout=t),
+    "broadcast": lambda comm, x, t: comm.broadcast(x, root=1, algorithm="shm:64", timeout=t),
+    "broadcast in place": lambda comm, x, t: comm.broadcast(x, root=1, out=x, algorithm="shm:64", timeout=t),
+    "gather": lambda comm, x, t: comm.gather(x, root=0, algorithm="shm", timeout=t),
+    "scatter": lambda comm, x, t: comm.scatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
+                                               root=2 % comm.size, out=np.empty_like(x), algorithm="shm", timeout=t),
+    "allgather": lambda comm, x, t: comm.allgather(x, algorithm="shm:64", timeout=t),
+    "reduce_scatter": lambda comm, x, t: comm.reduce_scatter(np.tile(x, comm.size), algorithm="shm", timeout=t),
+    "alltoall": lambda comm, x, t: comm.alltoall(np.tile(x, (comm.size, 1)), algorithm="shm", timeout=t),
+}
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_calls_on_new_arrays_run_their_node_program_from_the_shapes_plan_and_give_the_interpreters_bits(
+        p, monkeypatch):
+    # A loop that makes new arrays every call (no out, an out of its own, in place; untimed and timed) runs the
+    # shape's plan from its second call and its entry from its third, with the node program as the plan's one op:
+    # every result bit for bit what the interpreter (which a trace forces) computes on the same data.
+    monkeypatch.delenv("COMMKIT_TIMEOUT", raising=False)  # (untimed calls take the untimed entries)
+    timed_runs = []
+    timed_run = ck.plan._timed_node_run
+    monkeypatch.setattr(ck.plan, "_timed_node_run", lambda *a: (timed_runs.append(1), timed_run(*a))[1])
+
+    def body(comm):
+        comm.barrier(algorithm="shm")  # the arena
+        timeout = 30.0
+        cases = [(name, call, t, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name, call in FRESH_NODE_CALLS.items() for t in (None, timeout) for i in range(4)]
+        fast = [call(comm, x.copy(), t) for _, call, t, x in cases]
+        entry = comm._new_allreduce  # (the last allreduce shape's: the timed one with an out of its own)
+        comm.barrier(algorithm="dissemination")  # (a trace is the whole world's: every rank is done with the above)
+        with ck.trace(comm):
+            slow = [call(comm, x.copy(), t) for _, call, t, x in cases]
+        return [(name, t, f, s) for (name, _, t, _), f, s in zip(cases, fast, slow)], entry.source
+
+    for got, entry in ck.run_local(body, size=p):
+        for name, timeout, fast, slow in got:
+            if slow is None:
+                assert fast is None, name
+            else:
+                np.testing.assert_array_equal(fast, slow, err_msg=f"{name}, timeout {timeout}")
+        assert "'in': _b_in" in entry and "_timeout" in entry, entry  # the node program, on the run's arrays
+    # The timed calls of each collective from the second on (the first has no shape plan yet), on every rank;
+    # a form's first call finds the plan another form of its shape made ("allreduce" and "with out" share one).
+    assert p * 3 * len(FRESH_NODE_CALLS) <= len(timed_runs) <= p * 4 * len(FRESH_NODE_CALLS)
+
+
+def test_shared_arrays_turn_a_node_calls_shape_plans_off_so_each_call_finds_its_own_form(monkeypatch):
+    # A node call's shape plan runs the copying form; once shared_empty has made arrays here, a call on shared
+    # arrays must take the zero-copy form on every rank, so new arrays of a node call's shape take the general
+    # path, which looks at each call's arrays.
+    monkeypatch.setenv("COMMKIT_ZERO_COPY_MIN_BYTES", "0")
+    monkeypatch.delenv("COMMKIT_TIMEOUT", raising=False)
+
+    def body(comm):
+        for i in range(3):  # new private arrays: the shape's plan, then its entry
+            comm.allreduce(np.full(40, float(i + comm.rank)), algorithm="shm")
+        had_entry = comm._new_allreduce is not None
+        x = comm.shared_empty(40)
+        got = []
+        for i in range(3):
+            x[:] = i + comm.rank
+            got.append(comm.allreduce(x, algorithm="shm").tolist())
+        return had_entry, comm._new_allreduce, got
+
+    for had_entry, entry, got in ck.run_local(body, size=2):
+        assert had_entry and entry is None
+        assert got == [[2.0 * i + 1] * 40 for i in range(3)]
+
+
 @pytest.mark.parametrize("p", [2, 3])
 @pytest.mark.parametrize("shared", [False, True])
 def test_a_loop_on_the_same_arrays_runs_its_node_program_from_a_compiled_plan(p, shared, monkeypatch):
