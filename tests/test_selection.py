@@ -197,26 +197,26 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
         return selection.select(collective, 2, nbytes, SUM if collective in REDUCING else None, **where).algorithm.name
 
     mpi_node = {"nodes": 1, "transport": "mpi"}
-    assert pick("allreduce", 256 << 10, **mpi_node) == "shm"
-    assert pick("allreduce", (256 << 10) - 4, **mpi_node) == "recursive_doubling"
-    assert pick("reduce", 32 << 10, **mpi_node) == "shm"
-    assert pick("reduce", (32 << 10) - 4, **mpi_node) != "shm"
-    assert pick("gather", 64 << 10, **mpi_node) == "shm"
+    assert pick("allreduce", 16 << 10, **mpi_node) == "shm"
+    assert pick("allreduce", (16 << 10) - 4, **mpi_node) == "recursive_doubling"
+    assert pick("reduce", 16 << 10, **mpi_node) == "shm"
+    assert pick("reduce", (16 << 10) - 4, **mpi_node) != "shm"
+    assert pick("gather", 32 << 10, **mpi_node) == "shm"
     assert pick("gather", 32 << 20, **mpi_node) == "binomial"
-    assert pick("scatter", 64 << 10, **mpi_node) == "shm"
+    assert pick("scatter", 16 << 10, **mpi_node) == "shm"
     assert pick("scatter", 8 << 20, **mpi_node) == "binomial"
-    assert pick("broadcast", 32 << 10, **mpi_node) == "shm"
+    assert pick("broadcast", 8 << 10, **mpi_node) == "shm"
     assert pick("broadcast", 4 << 20, **mpi_node) == "shm"
-    assert pick("allgather", 64 << 10, **mpi_node) == "shm"
+    assert pick("allgather", 32 << 10, **mpi_node) == "shm"
     assert pick("allgather", 8 << 20, **mpi_node) == "shm"
-    assert pick("reduce_scatter", 64 << 10, **mpi_node) == "shm"
-    assert pick("alltoall", 64 << 10, **mpi_node) == "shm"
+    assert pick("reduce_scatter", 16 << 10, **mpi_node) == "shm"
+    assert pick("alltoall", 32 << 10, **mpi_node) == "shm"
     assert pick("alltoall", 1 << 20, **mpi_node) == "shm"
     # Measured not to win: each collective's sizes next to its rule's.
-    for collective, nbytes in (("broadcast", 8 << 20), ("broadcast", 8 << 10), ("allgather", 16 << 20),
-                               ("allgather", 32 << 10), ("reduce_scatter", 32 << 10), ("alltoall", 2 << 20),
-                               ("alltoall", 32 << 10), ("gather", 32 << 10), ("scatter", 32 << 10),
-                               ("reduce", 16 << 10), ("allreduce", 128 << 10)):
+    for collective, nbytes in (("broadcast", 8 << 20), ("broadcast", 4 << 10), ("allgather", 16 << 20),
+                               ("allgather", 16 << 10), ("reduce_scatter", 8 << 10), ("alltoall", 2 << 20),
+                               ("alltoall", 16 << 10), ("gather", 16 << 10), ("scatter", 8 << 10),
+                               ("reduce", 8 << 10), ("allreduce", 8 << 10)):
         assert pick(collective, nbytes, **mpi_node) != "shm", (collective, nbytes)
     # The threads world (messages handed over without a copy), another node count, a persistent request.
     assert pick("allreduce", 4 << 20, nodes=1, transport="local") == "ring"
