@@ -1042,10 +1042,21 @@ def abort_job(message: str, code: int = 1) -> None:  # pragma: no cover - ends t
     MPI_Abort makes mpiexec kill every process at once, and output still in
     flight to mpiexec is lost with them (the last line of a traceback went
     missing under load): both streams are flushed, then given 0.3 s to drain.
+    An aborted job's MPI leaves its shared-memory files in /dev/shm (MPICH's
+    2 MiB ``mpich_shm_*`` a node, under a plain ``mpiexec`` whose launcher
+    removes none), so this rank first unlinks those it maps: they stay mapped
+    until the job's processes end, and no process attaches to them by name
+    after MPI's start.
     """
     sys.stderr.write(message + "\n")
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    try:
+        from .._mpiexec import remove_own_segments
+
+        remove_own_segments()
+    except Exception:  # noqa: BLE001 - the job ends either way; a file left is the launcher's to remove
+        pass
     time.sleep(0.3)
     MPI.COMM_WORLD.Abort(code)
 
