@@ -26,6 +26,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "compare.py")
 FLOOR = os.path.join(ROOT, "benchmarks", "memory_floor.py")
 INPLACE = os.path.join(ROOT, "benchmarks", "inplace.py")
 NODE_FLOOR = os.path.join(ROOT, "benchmarks", "node_floor.py")
+NODE_IFORMS = os.path.join(ROOT, "benchmarks", "node_iforms.py")
 NEW_ARRAYS = os.path.join(ROOT, "benchmarks", "new_arrays.py")
 POLL_FIRST = os.path.join(ROOT, "benchmarks", "poll_first.py")
 OVERLAP_LOOP = os.path.join(ROOT, "benchmarks", "overlap_loop.py")
@@ -90,6 +91,13 @@ def test_quick_node_floor_prints_its_table_beside_the_memory_bandwidth(mpi):
     out = _as_main(mpi, [NODE_FLOOR, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"], 300)
     assert "memory: a 32 MiB np.copyto on every rank at once ran at" in out, out
     assert "allreduce 64Ki: shm / floor = " in out and "barrier" in out, out
+
+
+@pytest.mark.mpi
+def test_quick_node_iforms_times_shm_against_the_two_sided_i_form(mpi):
+    out = _as_main(mpi, [NODE_IFORMS, "--quick", "--sizes", "64K", "--collectives", "allreduce", "alltoall"], 300)
+    assert "i-forms on new arrays" in out and "shm / two" in out, out
+    assert "allreduce           64Ki" in out and "alltoall            64Ki" in out, out
 
 
 @pytest.mark.mpi
