@@ -76,6 +76,12 @@ def _out_form(x, out) -> int:
     return 0 if out is None else _IN_PLACE if out is x else 1
 
 
+def _plan_key(call, algorithm, blocking: bool) -> tuple:
+    """The key of ``Communicator._plans`` for ``call``'s shape: an i-form's or persistent request's apart."""
+    key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+    return key if blocking else key + (False,)
+
+
 def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
     """The key of ``Communicator._by_shape`` (and ``_by_shape_i``): a call's kinds, not its arrays (see ``_fresh``).
 
@@ -1203,7 +1209,7 @@ class Communicator(VectorCollectives):
         return hasattr(transport, "native_supports") and transport.native_supports(call.collective, call.dtype,
                                                                                      call.op)
 
-    def _plan(self, call: Call, algorithm, timeout=None):
+    def _plan(self, call: Call, algorithm, timeout=None, blocking=True):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -1212,13 +1218,15 @@ class Communicator(VectorCollectives):
         per-call path. Environment overrides are therefore read at the first call of
         each shape on a communicator. The plan also holds the shape's tag base (its
         identity, :mod:`commkit.identity`) and its flight-recorder signature.
+        ``blocking``: False for an i-form or a persistent request, whose plans are
+        kept apart (:func:`_plan_key`): a table's rule may hold for blocking calls only.
         """
-        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
+        key = _plan_key(call, algorithm, blocking)
         transport = self._coll
         native_ok = self._native_ok(call)
         nodes, node_why = self._node_why(call)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
-                                  node_why, transport.name)
+                                  node_why, transport.name, blocking)
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
             # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
             # or COMMKIT_SEGMENT_ELEMENTS large), or an arena that cannot be had, takes the next rule instead of
@@ -1226,7 +1234,7 @@ class Communicator(VectorCollectives):
             node_why = self._arena_why(choice, call, timeout)
             if node_why is not None:
                 choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
-                                          nodes, node_why, transport.name)
+                                          nodes, node_why, transport.name, blocking)
         alg = choice.algorithm
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None
@@ -1331,9 +1339,9 @@ class Communicator(VectorCollectives):
         # The per-call path: every line here runs on every collective, so it avoids
         # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
+        plan = self._plans.get(_plan_key(call, algorithm, not nonblocking))
         if plan is None:
-            plan = self._plan(call, algorithm, timeout)
+            plan = self._plan(call, algorithm, timeout, not nonblocking)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self._last = (name, choice)
         if (not nonblocking and self._plans_on and not self._check and not self._progress.requests
@@ -2026,8 +2034,7 @@ class Communicator(VectorCollectives):
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-        plan = self._plans.get(key) or self._plan(call, algorithm, timeout)
+        plan = self._plans.get(_plan_key(call, algorithm, False)) or self._plan(call, algorithm, timeout, False)
         one_sided = plan[1] is not None and any(step.kind in ONE_SIDED for step in plan[1])
         claim = None
         if one_sided:  # (compiled plans run no one-sided step)
@@ -2098,9 +2105,9 @@ class Communicator(VectorCollectives):
                 f"a persistent {call.collective} request with algorithm {plan[4]!r}, asked for by name, runs on a "
                 f"node arena of its own, which cannot be had: {why}")
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, self._native_ok(call),
-                                  self._node_why(call)[0], why, self._coll.name)
+                                  self._node_why(call)[0], why, self._coll.name, False)
         name = choice.algorithm.name
-        plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout)
+        plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout, False)
         # (stacklevel: the caller of *_init, through _persistent, _run and its _announced wrapper, and the form's
         # own helper such as _reduction)
         warnings.warn(f"communicator {self._label} on rank {self.rank}: {why} This persistent {call.collective} "

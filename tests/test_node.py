@@ -953,6 +953,18 @@ for _ in range(3):
 assert ("(shm)" if one_node else "(ring)") in repr(req), repr(req)
 req.free()
 assert np.array_equal(comm.allreduce(x), y) and comm.last_algorithm == ("shm" if one_node else "ring")
+# At 32 KiB a blocking call runs shm's compiled program, an i-form its steps through the interpreter: the table's
+# node rule holds there for blocking calls only, and for every form from 128 KiB.
+small = x[: 8 << 10]
+want = np.empty_like(small)
+raw.Allreduce(small, want)
+np.testing.assert_array_equal(comm.allreduce(small), want)
+assert comm.last_algorithm == ("shm" if one_node else "recursive_doubling"), comm.last_choice
+np.testing.assert_array_equal(comm.iallreduce(small).wait(), want)
+assert comm.last_algorithm == "recursive_doubling", comm.last_choice
+mid = x[: 32 << 10]  # 128 KiB
+np.testing.assert_array_equal(comm.iallreduce(mid).wait(), comm.allreduce(mid))
+assert comm.last_algorithm == ("shm" if one_node else "recursive_doubling"), comm.last_choice
 print("ok", comm.rank, flush=True)
 """
 
