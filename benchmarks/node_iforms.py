@@ -5,12 +5,11 @@
     mpiexec -n 2 python benchmarks/node_iforms.py --quick              # a smoke run (seconds)
     mpiexec -n 2 python benchmarks/node_iforms.py --sizes 64K 128K --collectives allreduce broadcast
 
-A blocking node call runs its compiled program; an i-form (``comm.iallreduce(x).wait()``)
-runs the node schedule's steps one by one through the interpreter, a few
-microseconds more a call, so a node rule that wins for blocking calls can lose for
-i-forms at the same size. The table's node rules hold for blocking calls only
-(``"blocking": true``) down to their measured bounds, and for every form from a
-higher bound: this script measures that bound. Each row is one collective and size
+A blocking node call runs its compiled program, an i-form (``comm.iallreduce(x).wait()``)
+the program's generator (``NodeProgram.steps``), and a persistent request the
+interpreter's steps at every start; a node rule that wins for the one can lose for
+the other at the same size. This script times the i-forms against the two-sided
+default's, for the table's rules (docs/node.md). Each row is one collective and size
 (node_floor.py's sizes: a rank's vector; a rank's block for gather, scatter,
 allgather and reduce_scatter; a rank's whole input for alltoall), every call on a
 new copy of its input, timed in one job: ``shm`` forced against the default the

@@ -76,10 +76,10 @@ def _out_form(x, out) -> int:
     return 0 if out is None else _IN_PLACE if out is x else 1
 
 
-def _plan_key(call, algorithm, blocking: bool) -> tuple:
-    """The key of ``Communicator._plans`` for ``call``'s shape: an i-form's or persistent request's apart."""
+def _plan_key(call, algorithm, persistent: bool) -> tuple:
+    """The key of ``Communicator._plans`` for ``call``'s shape: a persistent request's apart."""
     key = (call.collective, call.arg, call.dtype, call.op, call.root, algorithm)
-    return key if blocking else key + (False,)
+    return key + (True,) if persistent else key
 
 
 def _fresh_key(collective, op, algorithm, x, form, timeout) -> tuple:
@@ -111,6 +111,18 @@ class _NativeStart:
 
     def __call__(self, src, dst, result, timeout):
         return self.comm._fresh_native(self.collective, self.plan, self.spec, src, dst, result, timeout)
+
+
+def _node_steps(steps, rank: int):
+    """A node program's generator (``NodeProgram.steps``) as an i-form's compiled steps: ``run(in, out, tmp, tag, rec)``.
+
+    The call's number, collective and algorithm come from its flight-recorder
+    entry ``rec``, as the program names them in its errors.
+    """
+    def run(src, dst, tmp, tag, rec):
+        return steps({"in": src, "out": dst, "tmp": tmp}, tag, (rec[1], rec[2], rec[0], rank, None), rec)
+    run.source = steps.source
+    return run
 
 
 def _then_write(run, value):
@@ -1209,7 +1221,7 @@ class Communicator(VectorCollectives):
         return hasattr(transport, "native_supports") and transport.native_supports(call.collective, call.dtype,
                                                                                      call.op)
 
-    def _plan(self, call: Call, algorithm, timeout=None, blocking=True):
+    def _plan(self, call: Call, algorithm, timeout=None, persistent=False):
         """Select the algorithm for this call shape and materialise its schedule (cached).
 
         Schedules are data-oblivious, so the steps for one (collective, size, count,
@@ -1218,15 +1230,15 @@ class Communicator(VectorCollectives):
         per-call path. Environment overrides are therefore read at the first call of
         each shape on a communicator. The plan also holds the shape's tag base (its
         identity, :mod:`commkit.identity`) and its flight-recorder signature.
-        ``blocking``: False for an i-form or a persistent request, whose plans are
-        kept apart (:func:`_plan_key`): a table's rule may hold for blocking calls only.
+        ``persistent``: a persistent request's, whose plans are kept apart
+        (:func:`_plan_key`): a table's rule may leave persistent requests out.
         """
-        key = _plan_key(call, algorithm, blocking)
+        key = _plan_key(call, algorithm, persistent)
         transport = self._coll
         native_ok = self._native_ok(call)
         nodes, node_why = self._node_why(call)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
-                                  node_why, transport.name, blocking)
+                                  node_why, transport.name, persistent)
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
             # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
             # or COMMKIT_SEGMENT_ELEMENTS large), or an arena that cannot be had, takes the next rule instead of
@@ -1234,7 +1246,7 @@ class Communicator(VectorCollectives):
             node_why = self._arena_why(choice, call, timeout)
             if node_why is not None:
                 choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
-                                          nodes, node_why, transport.name, blocking)
+                                          nodes, node_why, transport.name, persistent)
         alg = choice.algorithm
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None
@@ -1339,9 +1351,9 @@ class Communicator(VectorCollectives):
         # The per-call path: every line here runs on every collective, so it avoids
         # work that the cached plan already did (selection, schedule generation, tag base).
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        plan = self._plans.get(_plan_key(call, algorithm, not nonblocking))
+        plan = self._plans.get((call.collective, call.arg, call.dtype, call.op, call.root, algorithm))
         if plan is None:
-            plan = self._plan(call, algorithm, timeout, not nonblocking)
+            plan = self._plan(call, algorithm, timeout)
         choice, steps, scratch_n, inplace_safe, name, tagbase, signature = plan
         self._last = (name, choice)
         if (not nonblocking and self._plans_on and not self._check and not self._progress.requests
@@ -1439,8 +1451,11 @@ class Communicator(VectorCollectives):
             if call.fresh is not None and call.aliased == (call.fresh[5] == _IN_PLACE and call.has_result):
                 # later i-forms: _fresh (3: the shape's entry, made by _fresh at its next call)
                 compiled = self._nonblocking_steps(call, plan)
-                # (rank 0's exscan result is written by the compiled forms alone, see _exscan_identity)
-                if compiled is not None or call.collective != "exscan" or self.rank != 0:
+                # (rank 0's exscan result is written by the compiled forms alone, see _exscan_identity; a node
+                # schedule's program waits for the arena, which this run's Claim may be the one to make)
+                if ((compiled is not None or call.collective != "exscan" or self.rank != 0)
+                        and (compiled is not None or made_arena(self._coll) is not None
+                             or not any(step.kind in ONE_SIDED for step in plan[1]))):
                     self._by_shape_i[call.fresh] = [plan, compiled, self._pool(call, plan), None]
                     self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
@@ -1904,13 +1919,22 @@ class Communicator(VectorCollectives):
         return result
 
     def _nonblocking_steps(self, call: Call, plan):
-        """The i-form of ``call``'s shape compiled (:func:`commkit.plan.nonblocking_steps`), or None."""
+        """The i-form of ``call``'s shape compiled (:func:`commkit.plan.nonblocking_steps`), or None.
+
+        A node schedule's is its :class:`~commkit.schedule.NodeProgram`'s generator
+        (``steps``), once the arena is made: the same steps, turn, waits and peer
+        checks as the interpreter's, written out.
+        """
         _, steps, scratch_n, inplace_safe, name, _, _ = plan
         if call.xp is not np or steps is None:
             return None
         src = stand_in(len(call.src), call.dtype)
         dst = src if call.aliased and inplace_safe else stand_in(len(call.dst), call.dtype)
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
+        if any(step.kind in ONE_SIDED for step in steps):
+            arena = made_arena(self._coll)
+            program = None if arena is None else NodeProgram.make(steps, bufs, self._coll, arena)
+            return None if program is None else _node_steps(program.steps, self.rank)
         return _then_write(nonblocking_steps(steps, bufs, self._coll, call.collective, name),
                            self._exscan_identity(call))
 
@@ -2034,7 +2058,7 @@ class Communicator(VectorCollectives):
     def _persistent(self, call: Call, algorithm, timeout) -> PersistentRequest:
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
-        plan = self._plans.get(_plan_key(call, algorithm, False)) or self._plan(call, algorithm, timeout, False)
+        plan = self._plans.get(_plan_key(call, algorithm, True)) or self._plan(call, algorithm, timeout, True)
         one_sided = plan[1] is not None and any(step.kind in ONE_SIDED for step in plan[1])
         claim = None
         if one_sided:  # (compiled plans run no one-sided step)
@@ -2105,9 +2129,9 @@ class Communicator(VectorCollectives):
                 f"a persistent {call.collective} request with algorithm {plan[4]!r}, asked for by name, runs on a "
                 f"node arena of its own, which cannot be had: {why}")
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, self._native_ok(call),
-                                  self._node_why(call)[0], why, self._coll.name, False)
+                                  self._node_why(call)[0], why, self._coll.name, True)
         name = choice.algorithm.name
-        plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout, False)
+        plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout, True)
         # (stacklevel: the caller of *_init, through _persistent, _run and its _announced wrapper, and the form's
         # own helper such as _reduction)
         warnings.warn(f"communicator {self._label} on rank {self.rank}: {why} This persistent {call.collective} "

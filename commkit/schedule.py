@@ -801,12 +801,14 @@ class NodeProgram:
     algorithms across nodes) keeps the interpreter.
     """
 
-    __slots__ = ("arena", "source", "_run")
+    __slots__ = ("arena", "source", "_run", "_parts", "_steps")
 
     def __init__(self, arena, ops, relax, views):
         self.arena = arena
         # ops: (kind, index, step, a, b), one entry per step that does something, as _write_program writes it
         self.source, self._run = _write_program(arena, ops, relax, views)
+        self._parts = (ops, relax, views)
+        self._steps = None  # the nonblocking form, made at its first use (see steps)
 
     @classmethod
     def make(cls, steps, bufs: dict, chan, arena) -> NodeProgram | None:
@@ -867,10 +869,31 @@ class NodeProgram:
         """
         self._run(bufs, tag, timeout, info, rec)
 
+    @property
+    def steps(self):
+        """The program as an i-form's generator function: ``steps(bufs, tag, info, rec)``, its text ``.source``.
+
+        The same lines as :meth:`run`'s, but where the blocking program waits
+        (its turn at the Claim, a peer's counter at a Wait) the generator yields
+        ``(index, step, pending)`` once a first test finds the wait not over, as
+        :func:`execute` does for a nonblocking run: the request's run
+        (:class:`ScheduleRun`) drives it, with its timeout, and resumes it when
+        the wait has ended, where the peer checks follow as in :meth:`run`.
+        """
+        if self._steps is None:
+            ops, relax, views = self._parts
+            source, steps = _write_program(self.arena, ops, relax, views, nonblocking=True)
+            steps.source = source
+            self._steps = steps
+        return self._steps
 
 
-def _write_program(arena, ops, relax, views):
-    """``(source, function)``: a :class:`NodeProgram`'s ``ops`` written out, views and steps as constants."""
+def _write_program(arena, ops, relax, views, nonblocking=False):
+    """``(source, function)``: a :class:`NodeProgram`'s ``ops`` written out, views and steps as constants.
+
+    ``nonblocking``: a generator function ``run(bufs, tag, info, rec)`` that
+    yields each wait still in flight after a first test (see :attr:`NodeProgram.steps`).
+    """
     ns = {"_arena": arena, "_counter": arena.counter, "_publish": arena.publish, "_relax": relax,
           "_identity": arena.identity, "_shares": arena.shares,
           "_views": views, "_fold": _fold, "_do_local": _do_local, "_located": _located, "_turn": _turn,
@@ -888,7 +911,15 @@ def _write_program(arena, ops, relax, views):
         return f"bufs[{r[0]!r}][{r[1]}:{r[2]}]" if type(r) is tuple else const(r, "v")
 
     shared = any(code == _CLAIMING and step.shared for code, _, step, _, _ in ops)
-    lines = ["def run(bufs, tag, timeout, info, rec):",
+
+    def wait(pending: str, indent: str, index: int, s: str) -> list:
+        """The lines that wait for ``pending`` (one expression): at once, or yielded to the request's driver."""
+        if not nonblocking:
+            return [f"{indent}_waited({pending}, timeout, info, {index}, {s})"]
+        return [f"{indent}_pending = {pending}", f"{indent}if not _pending.test():",
+                f"{indent}    yield {index}, {s}, _pending"]
+
+    lines = ["def run(bufs, tag, info, rec):" if nonblocking else "def run(bufs, tag, timeout, info, rec):",
              "    seq = info[2] if type(info) is tuple else info.seq",
              "    base = _counter_value(seq, 0)"]
     if views is not None:
@@ -908,7 +939,7 @@ def _write_program(arena, ops, relax, views):
         elif code == _WAITING:
             lines += [f"    value = base | {b}",
                       f"    if {' or '.join(f'_counter({q}) < value' for q in a)}:",
-                      f"        _waited(_wait_for(_arena, {s}.peers, value, _relax), timeout, info, {index}, {s})",
+                      *wait(f"_wait_for(_arena, {s}.peers, value, _relax)", "        ", index, s),
                       # the checks of _check_peers, tested inline; it runs (and raises, or views the peers'
                       # arrays the first time) only where one fails
                       f"    if {' or '.join(_peer_test(q, shared) for q in a)}:",
@@ -920,7 +951,7 @@ def _write_program(arena, ops, relax, views):
                       "    last = _arena.last",
                       "    if not _arena.my_turn(ticket) or last >= 0 and _short_of(_arena, "
                       "_counter_value(last, _FINAL)):",
-                      f"        _waited(_turn(_arena, ticket, _relax), timeout, info, {index}, {s})",
+                      *wait("_turn(_arena, ticket, _relax)", "        ", index, s),
                       f"    _arena.set_where(*{'where' if step.shared else '(None, None)'})",
                       "    _arena.set_identity(tag)"]
         elif code == _LOCAL and step.kind == COPY:  # (what _do_local does with a Copy, written out)
@@ -935,8 +966,11 @@ def _write_program(arena, ops, relax, views):
         else:
             lines.append("    _publish(base | _FINAL)")
             lines.append("    _arena.end_turn(seq)")
+    if nonblocking:
+        lines.append("    yield from ()  # (a generator even where no wait is written)")
     source = "\n".join(lines)
-    exec(compile(source, "<commkit node program>", "exec"), ns)
+    exec(compile(source, "<commkit node program, nonblocking>" if nonblocking else "<commkit node program>", "exec"),
+         ns)
     return source, ns["run"]
 
 

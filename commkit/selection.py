@@ -16,10 +16,11 @@ the communicator's ranks share one node's memory, so the node engine's
 algorithms, :mod:`commkit.algorithms.node`, can run the call) and name the
 transport it was measured on (``transport: "mpi"``; the threads world's
 messages are handed over without a copy, so what wins under MPI need not win
-there), and hold for blocking calls only (``blocking: true``: an i-form or a
-persistent request runs a node schedule's steps one by one, where a blocking
-call runs them compiled, so a node rule can win for the one and lose for the
-other); the first rule whose bounds hold *and* whose algorithm
+there), and leave persistent requests out (``persistent: false``: a
+persistent request runs a node schedule's steps one by one through the
+interpreter at every start, where a blocking call or an i-form runs them
+compiled, so a node rule can win for the one and lose for the other); the
+first rule whose bounds hold *and* whose algorithm
 applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
 Every rule carries a ``reason``. If no rule matches, the first applicable
 algorithm of :data:`FALLBACK` is used.
@@ -92,7 +93,7 @@ FALLBACK = {
 }
 
 _RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative",
-              "segment_bytes", "one_node", "transport", "blocking"}
+              "segment_bytes", "one_node", "transport", "persistent"}
 
 
 class Choice:
@@ -167,9 +168,10 @@ def validate_table(table, source: str) -> dict:
             if "one_node" in rule and rule["one_node"] is not True:
                 raise InvalidArgument(f"{where}: one_node must be true (the rule then needs every rank on one node), "
                                       f"got {rule['one_node']!r}; leave it out for a rule that holds anywhere.")
-            if "blocking" in rule and rule["blocking"] is not True:
-                raise InvalidArgument(f"{where}: blocking must be true (the rule then holds for blocking calls only), "
-                                      f"got {rule['blocking']!r}; leave it out for a rule that holds for every form.")
+            if "persistent" in rule and rule["persistent"] is not False:
+                raise InvalidArgument(f"{where}: persistent must be false (the rule then leaves persistent requests "
+                                      f"out), got {rule['persistent']!r}; leave it out for a rule that holds for every "
+                                      "form.")
             if "transport" in rule and not isinstance(rule["transport"], str):
                 raise InvalidArgument(f"{where}: transport must be a transport's name such as \"mpi\", "
                                       f"got {rule['transport']!r}.")
@@ -208,11 +210,11 @@ def default_table() -> dict:
 
 
 def rule_matches(rule: dict, size: int, nbytes: int, op, one_node: bool, transport: str | None,
-                 blocking: bool = True) -> bool:
+                 persistent: bool = False) -> bool:
     """Whether ``rule``'s bounds hold for a call (its algorithm may still not apply: see :func:`select`)."""
     if rule.get("one_node") and not one_node:
         return False
-    if rule.get("blocking") and not blocking:
+    if persistent and rule.get("persistent", True) is False:
         return False
     if rule.get("transport", transport) != transport:
         return False
@@ -235,7 +237,7 @@ def _why_not(alg, size, op, native_ok, nodes, node_why) -> str | None:
 
 def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
            native_ok: bool = False, nodes: int | None = None, node_why: str | None = None,
-           transport: str | None = None, blocking: bool = True) -> Choice:
+           transport: str | None = None, persistent: bool = False) -> Choice:
     """Choose the algorithm for one call; see the module docstring for the precedence.
 
     ``op`` is a :class:`~commkit.ops.Op` or an op name such as ``"sum"`` (None for
@@ -243,8 +245,8 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     communicator spans (None: not known); ``node_why`` says why this call cannot
     run a node algorithm even so (None: it can, when ``nodes`` is 1).
     ``transport`` is the name of the transport the call runs on (None: not
-    known; rules naming one then do not match). ``blocking``: False for an
-    i-form or a persistent request, which rules marked ``blocking`` skip.
+    known; rules naming one then do not match). ``persistent``: True for a
+    persistent request (``*_init``), which rules marked ``"persistent": false`` skip.
     """
     one_node = nodes == 1 and node_why is None
     if isinstance(op, str):
@@ -282,7 +284,7 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     tables.append((default_table(), "default.json"))
     for table, name in tables:
         for rule in table.get(collective, ()):
-            if rule_matches(rule, size, nbytes, op, one_node, transport, blocking):
+            if rule_matches(rule, size, nbytes, op, one_node, transport, persistent):
                 alg = algorithms.get(collective, rule["algorithm"])
                 if algorithms.is_node_only(alg) and not one_node:
                     continue  # a table's node algorithm runs only where the caller says every rank shares one node

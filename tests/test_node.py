@@ -431,13 +431,13 @@ def test_arena_failures_are_clear_and_two_sided_algorithms_keep_working(monkeypa
         np.testing.assert_array_equal(result, np.full(5, 3.0))
 
 
-def test_repeated_and_nonblocking_calls_keep_the_interpreter():
+def test_repeated_calls_and_outstanding_nonblocking_calls_complete_in_any_order():
     def body(comm):
         x = np.arange(40.0) + comm.rank
         out = np.empty_like(x)
         runs = [comm.allreduce(x, out=out, algorithm="shm").copy() for _ in range(4)]  # (no compiled plan: a program)
-        first = comm.iallreduce(x, algorithm="shm:64")
-        second = comm.iallreduce(2 * x, algorithm="shm:64")
+        first = comm.iallreduce(x, algorithm="shm:64")  # (the interpreter's; the second, the program's generator,
+        second = comm.iallreduce(2 * x, algorithm="shm:64")  # waits at its Claim for the first's turn to end)
         late = second.wait(), first.wait()  # in the other order
         return runs, late
 
@@ -544,6 +544,75 @@ def test_calls_on_new_arrays_run_their_node_program_from_the_shapes_plan_and_giv
     # The timed calls of each collective from the second on (the first has no shape plan yet), on every rank;
     # a form's first call finds the plan another form of its shape made ("allreduce" and "with out" share one).
     assert p * 3 * len(FRESH_NODE_CALLS) <= len(timed_runs) <= p * 4 * len(FRESH_NODE_CALLS)
+
+
+# Each node collective's i-form on new arrays (None: the form has no i-form here).
+NODE_I_FORMS = {
+    "allreduce": lambda comm, x: comm.iallreduce(x, algorithm="shm"),
+    "allreduce in place": lambda comm, x: comm.iallreduce(x, out=x, algorithm="shm:64"),
+    "reduce": lambda comm, x: comm.ireduce(x, root=1, algorithm="shm"),
+    "broadcast": lambda comm, x: comm.ibroadcast(x, root=1, algorithm="shm:64"),
+    "broadcast in place": lambda comm, x: comm.ibroadcast(x, root=1, out=x, algorithm="shm:64"),
+    "gather": lambda comm, x: comm.igather(x, root=0, algorithm="shm"),
+    "scatter": lambda comm, x: comm.iscatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
+                                             root=2 % comm.size, out=np.empty_like(x), algorithm="shm"),
+    "allgather": lambda comm, x: comm.iallgather(x, algorithm="shm:64"),
+    "reduce_scatter": lambda comm, x: comm.ireduce_scatter(np.tile(x, comm.size), algorithm="shm"),
+    "alltoall": lambda comm, x: comm.ialltoall(np.tile(x, (comm.size, 1)), algorithm="shm"),
+}
+
+
+@pytest.mark.parametrize("p", [2, 3])
+def test_i_forms_on_new_arrays_run_their_node_programs_generator_and_give_the_interpreters_bits(p, monkeypatch):
+    # From a shape's second i-form on, the request runs the node program's generator (NodeProgram.steps): every
+    # result bit for bit the interpreter's (a trace forces it), two requests outstanding at a time and waited for
+    # in the other order, so that the second's Claim waits for the first's turn.
+    monkeypatch.delenv("COMMKIT_TIMEOUT", raising=False)
+    made = []
+    steps = ck.schedule.NodeProgram.steps
+    monkeypatch.setattr(ck.schedule.NodeProgram, "steps", property(lambda self: (made.append(1), steps.fget(self))[1]))
+
+    def body(comm):
+        comm.barrier(algorithm="shm")  # the arena
+        cases = [(name, start, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name, start in NODE_I_FORMS.items() for i in range(4)]
+        fast = []
+        for k in range(0, len(cases), 2):
+            a, b = (start(comm, x.copy()) for _, start, x in cases[k:k + 2])
+            fast += list(reversed([b.wait(), a.wait()]))
+        compiled = [entry[1] for entry in comm._by_shape_i.values() if entry[1] is not None]
+        comm.barrier(algorithm="dissemination")
+        with ck.trace(comm):
+            slow = [start(comm, x.copy()).wait() for _, start, x in cases]
+        return [(name, f, s) for (name, _, _), f, s in zip(cases, fast, slow)], [c.source for c in compiled]
+
+    for got, sources in ck.run_local(body, size=p):
+        for name, fast, slow in got:
+            if slow is None:
+                assert fast is None, name
+            else:
+                np.testing.assert_array_equal(fast, slow, err_msg=name)
+        assert len(sources) == len(NODE_I_FORMS), sources  # one program's generator per form's shape
+        assert all("if not _pending.test():" in source for source in sources), sources  # its Claim's wait, at least
+    assert made  # (made once per program, at the first i-form of its shape that finds the arena made)
+
+
+def test_a_node_i_forms_generator_tells_a_missing_peer_as_the_interpreter_does():
+    def body(comm):
+        c = comm.dup()  # a timeout leaves its communicator broken
+        for k in range(3):  # the shape's i-form entry, on the program's generator
+            c.iallreduce(np.full(10, float(k)), algorithm="shm", timeout=0.5).wait()
+        if comm.rank == 2:
+            return None
+        request = c.iallreduce(np.ones(10), algorithm="shm", timeout=0.5)
+        with pytest.raises(CommTimeout) as info:
+            request.wait()
+        return str(info.value), c.flight_recorder.calls[-1][8]
+
+    got = ck.run_local(body, size=3)
+    for text, state in got[:2]:
+        assert "(Wait(ranks" in text and "waiting for rank(s) 2" in text and "allreduce #3" in text, text
+        assert state == "timed out"
 
 
 def test_shared_arrays_turn_a_node_calls_shape_plans_off_so_each_call_finds_its_own_form(monkeypatch):
@@ -953,18 +1022,25 @@ for _ in range(3):
 assert ("(shm)" if one_node else "(ring)") in repr(req), repr(req)
 req.free()
 assert np.array_equal(comm.allreduce(x), y) and comm.last_algorithm == ("shm" if one_node else "ring")
-# At 32 KiB a blocking call runs shm's compiled program, an i-form its steps through the interpreter: the table's
-# node rule holds there for blocking calls only, and for every form from 128 KiB.
+# At 32 KiB a blocking call and an i-form run shm's compiled program, a persistent request its steps through the
+# interpreter at every start: the table's node rule leaves persistent requests out there, and takes them from
+# 128 KiB.
 small = x[: 8 << 10]
 want = np.empty_like(small)
 raw.Allreduce(small, want)
 np.testing.assert_array_equal(comm.allreduce(small), want)
 assert comm.last_algorithm == ("shm" if one_node else "recursive_doubling"), comm.last_choice
 np.testing.assert_array_equal(comm.iallreduce(small).wait(), want)
-assert comm.last_algorithm == "recursive_doubling", comm.last_choice
-mid = x[: 32 << 10]  # 128 KiB
-np.testing.assert_array_equal(comm.iallreduce(mid).wait(), comm.allreduce(mid))
 assert comm.last_algorithm == ("shm" if one_node else "recursive_doubling"), comm.last_choice
+req = comm.allreduce_init(small)
+np.testing.assert_array_equal(req.start().wait(), want)
+assert "(recursive_doubling)" in repr(req), repr(req)
+req.free()
+mid = x[: 32 << 10]  # 128 KiB
+req = comm.allreduce_init(mid)
+np.testing.assert_array_equal(req.start().wait(), comm.allreduce(mid))
+assert ("(shm)" if one_node else "(recursive_doubling)") in repr(req), repr(req)
+req.free()
 print("ok", comm.rank, flush=True)
 """
 

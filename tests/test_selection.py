@@ -135,23 +135,23 @@ rule_strategy = st.fixed_dictionaries(
     {"algorithm": st.sampled_from(ALL_NAMES)},
     optional={"min_procs": st.integers(0, 70), "max_procs": st.integers(0, 70), "min_bytes": st.integers(0, 1 << 21),
               "max_bytes": st.integers(0, 1 << 21), "commutative": st.booleans(), "one_node": st.just(True),
-              "transport": st.sampled_from(["mpi", "local"]), "blocking": st.just(True)},
+              "transport": st.sampled_from(["mpi", "local"]), "persistent": st.just(False)},
 )
 
 
 @given(collective=st.sampled_from(algorithms.COLLECTIVES), size=st.integers(1, 70), nbytes=st.integers(0, 1 << 21),
        commutative=st.booleans(), rules=st.lists(rule_strategy, max_size=6), native_ok=st.booleans(),
        nodes=st.sampled_from([None, 1, 2, 5]), node_why=st.sampled_from([None, "persistent"]),
-       transport=st.sampled_from([None, "mpi", "local"]), blocking=st.booleans())
+       transport=st.sampled_from([None, "mpi", "local"]), persistent=st.booleans())
 def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, collective, size, nbytes, commutative,
-                                                           rules, native_ok, nodes, node_why, transport, blocking):
+                                                           rules, native_ok, nodes, node_why, transport, persistent):
     rules = [r for r in rules if algorithms.get(collective, r["algorithm"]) is not None]
     path = write_table(tmp_path_factory.mktemp("t"), {collective: rules})
     op = (SUM if commutative else NONCOMM) if collective in REDUCING else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COMMKIT_TUNING", path)
         choice = selection.select(collective, size, nbytes, op, native_ok=native_ok, nodes=nodes, node_why=node_why,
-                                  transport=transport, blocking=blocking)
+                                  transport=transport, persistent=persistent)
     alg = choice.algorithm
     if alg.name == "native":
         assert native_ok
@@ -162,7 +162,7 @@ def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, co
     if choice.reason.startswith(path):
         rule = next(r for r in rules if r["algorithm"] == alg.name and r.get("transport", transport) == transport
                     and (not r.get("one_node") or (nodes == 1 and node_why is None))
-                    and (blocking or not r.get("blocking")))
+                    and not (persistent and r.get("persistent", True) is False))
         assert rule is not None
 
 
@@ -219,16 +219,16 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
                                ("alltoall", 16 << 10), ("gather", 16 << 10), ("scatter", 8 << 10),
                                ("reduce", 8 << 10), ("allreduce", 8 << 10)):
         assert pick(collective, nbytes, **mpi_node) != "shm", (collective, nbytes)
-    # An i-form or a persistent request (the interpreter's steps): the rules for every form start higher.
-    for collective, blocking_from, every_from in (("allreduce", 16 << 10, 128 << 10), ("broadcast", 8 << 10, 128 << 10),
+    # A persistent request (the interpreter's steps at every start): the rules it reaches start higher.
+    for collective, compiled_from, every_from in (("allreduce", 16 << 10, 128 << 10), ("broadcast", 8 << 10, 128 << 10),
                                                   ("reduce", 16 << 10, 256 << 10), ("gather", 32 << 10, 256 << 10),
                                                   ("scatter", 16 << 10, 256 << 10), ("allgather", 32 << 10, 256 << 10),
                                                   ("reduce_scatter", 16 << 10, 256 << 10),
                                                   ("alltoall", 32 << 10, 256 << 10)):
-        assert pick(collective, blocking_from, **mpi_node) == "shm", collective
-        assert pick(collective, blocking_from, blocking=False, **mpi_node) != "shm", collective
-        assert pick(collective, every_from - 4, blocking=False, **mpi_node) != "shm", collective
-        assert pick(collective, every_from, blocking=False, **mpi_node) == "shm", collective
+        assert pick(collective, compiled_from, **mpi_node) == "shm", collective
+        assert pick(collective, compiled_from, persistent=True, **mpi_node) != "shm", collective
+        assert pick(collective, every_from - 4, persistent=True, **mpi_node) != "shm", collective
+        assert pick(collective, every_from, persistent=True, **mpi_node) == "shm", collective
     # The threads world (messages handed over without a copy), another node count, a persistent request.
     assert pick("allreduce", 4 << 20, nodes=1, transport="local") == "ring"
     assert pick("allreduce", 4 << 20, nodes=2, transport="mpi") == "ring"
@@ -253,7 +253,7 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     ({"allreduce": [{"algorithm": "ring", "max_bytes": "1M"}]}, "max_bytes must be a non-negative integer, got '1M'"),
     ({"allreduce": [{"algorithm": "shm", "one_node": 1}]}, "one_node must be true .* got 1"),
     ({"allreduce": [{"algorithm": "shm", "transport": 3}]}, "transport must be a transport's name .* got 3"),
-    ({"allreduce": [{"algorithm": "shm", "blocking": False}]}, "blocking must be true .* got False"),
+    ({"allreduce": [{"algorithm": "shm", "persistent": True}]}, "persistent must be false .* got True"),
 ])
 def test_malformed_tuning_files_name_the_file_and_the_problem(tmp_path, monkeypatch, content, problem):
     path = write_table(tmp_path, content)
