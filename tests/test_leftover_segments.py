@@ -131,16 +131,34 @@ def test_a_session_whose_jobs_left_nothing_says_nothing(tmp_path):
     assert os.listdir(fake_shm) == ["mpich_shm_before_0"]
 
 
-ABORTS = """
-import os
+# A job's lines that print the MPI segments this rank maps ("mapped: name ..."), once its MPI has made them.
+PRINTS_MAPPED = """
+with open("/proc/self/maps") as f:
+    mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line}
+print("mapped:", *sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment."))), flush=True)
+"""
 
+
+def _still_there(out: str) -> list:
+    """The segments a job printed as mapped (:data:`PRINTS_MAPPED`) that are still in /dev/shm."""
+    mapped = {name for line in out.splitlines() if line.startswith("mapped:") for name in line.split()[1:]}
+    assert mapped, out  # else the job made no segment and the test proves nothing
+    return sorted(name for name in mapped if os.path.exists(os.path.join("/dev/shm", name)))
+
+
+def _job(tmp_path, code: str):
+    """``code`` as a script in ``tmp_path``, and an environment that finds this checkout's commkit."""
+    job = tmp_path / "job.py"
+    job.write_text(code)
+    return job, dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+
+
+ABORTS = """
 from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
 comm.Barrier()  # every rank has made or attached the library's segments
-with open("/proc/self/maps") as f:
-    mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line}
-print("mapped:", *sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment."))), flush=True)
+""" + PRINTS_MAPPED + """
 comm.Barrier()
 if comm.Get_rank() == 1:
     comm.Abort(3)
@@ -163,14 +181,10 @@ sys.exit(subprocess.Popen(mpiexec_command(2, [sys.executable, sys.argv[1]]), sta
 def test_a_program_run_in_a_group_that_starts_an_aborting_job_leaves_no_segment(tmp_path):
     from commkit._mpiexec import run_group
 
-    job = tmp_path / "aborts.py"
-    job.write_text(ABORTS)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    job, env = _job(tmp_path, ABORTS)
     result = run_group([sys.executable, "-c", STARTS_ITS_OWN_JOB, str(job)], timeout=120, env=env)
     assert result.returncode == 3, result.stdout + result.stderr
-    mapped = {name for line in result.stdout.splitlines() if line.startswith("mapped:") for name in line.split()[1:]}
-    assert mapped, result.stdout  # else the job made no segment and the test proves nothing
-    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], sorted(mapped)
+    assert not _still_there(result.stdout)
 
 
 # A pytest process that starts MPI itself (a test module importing mpi4py.MPI), as the test session's conftest
@@ -252,9 +266,7 @@ import commkit
 
 comm = commkit.init()
 comm.allreduce(np.ones(4))  # every rank has made or attached the library's segments
-with open("/proc/self/maps") as f:
-    mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line}
-print("mapped:", *sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment."))), flush=True)
+""" + PRINTS_MAPPED + """
 comm.barrier()
 if comm.rank == 1:
     raise ValueError("a rank's own error")
@@ -271,9 +283,7 @@ def test_a_rank_that_raises_under_a_plain_mpiexec_leaves_no_segment(tmp_path):
 
     from commkit._mpiexec import mpiexec_command, terminate_group
 
-    job = tmp_path / "raises.py"
-    job.write_text(RAISES)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    job, env = _job(tmp_path, RAISES)
     proc = subprocess.Popen(mpiexec_command(2, [sys.executable, str(job)]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
@@ -281,6 +291,4 @@ def test_a_rank_that_raises_under_a_plain_mpiexec_leaves_no_segment(tmp_path):
     finally:
         terminate_group(proc)
     assert proc.returncode != 0 and "rank 1 raised ValueError" in err, out + err
-    mapped = {name for line in out.splitlines() if line.startswith("mapped:") for name in line.split()[1:]}
-    assert mapped, out  # else the job made no segment and the test proves nothing
-    assert not [name for name in mapped if os.path.exists(os.path.join("/dev/shm", name))], sorted(mapped)
+    assert not _still_there(out)

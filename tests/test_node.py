@@ -450,21 +450,35 @@ def test_repeated_calls_and_outstanding_nonblocking_calls_complete_in_any_order(
         np.testing.assert_array_equal(second, 2 * want)
 
 
-NODE_CALLS = {
-    "allreduce": lambda comm, x: comm.allreduce(x, algorithm="shm"),
-    "allreduce in chunks": lambda comm, x: comm.allreduce(x, algorithm="shm:64"),
-    "reduce": lambda comm, x: comm.reduce(x, root=1, algorithm="shm"),
-    "broadcast": lambda comm, x: comm.broadcast(x, root=1, algorithm="shm:64"),
+# Each node collective on one rank's vector x: its method, and the arguments it takes for x.
+NODE_FORMS = {
+    "allreduce": ("allreduce", lambda comm, x: ((x,), {"algorithm": "shm"})),
+    "allreduce in chunks": ("allreduce", lambda comm, x: ((x,), {"algorithm": "shm:64"})),
+    "allreduce in place": ("allreduce", lambda comm, x: ((x,), {"out": x, "algorithm": "shm:64"})),
+    "allreduce with out": ("allreduce", lambda comm, x: ((x,), {"out": np.empty_like(x), "algorithm": "shm"})),
+    "reduce": ("reduce", lambda comm, x: ((x,), {"root": 1, "algorithm": "shm"})),
+    "broadcast": ("broadcast", lambda comm, x: ((x, 1), {"algorithm": "shm:64"})),
     # (in place: a program skips the root's per-chunk Copy of its input onto itself)
-    "broadcast in place": lambda comm, x: (lambda y: comm.broadcast(y, root=1, out=y, algorithm="shm:64"))(x.copy()),
-    "gather": lambda comm, x: comm.gather(x, root=0, algorithm="shm"),
-    "scatter": lambda comm, x: comm.scatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
-                                            root=2 % comm.size, out=np.empty_like(x), algorithm="shm"),
-    "allgather": lambda comm, x: comm.allgather(x, algorithm="shm:64"),
-    "reduce_scatter": lambda comm, x: comm.reduce_scatter(np.tile(x, comm.size), algorithm="shm"),
-    "alltoall": lambda comm, x: comm.alltoall(np.tile(x, (comm.size, 1)), algorithm="shm"),
-    "barrier": lambda comm, x: comm.barrier(algorithm="shm"),
+    "broadcast in place": ("broadcast", lambda comm, x: ((x, 1), {"out": x, "algorithm": "shm:64"})),
+    "gather": ("gather", lambda comm, x: ((x, 0), {"algorithm": "shm"})),
+    "scatter": ("scatter", lambda comm, x: ((np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
+                                             2 % comm.size), {"out": np.empty_like(x), "algorithm": "shm"})),
+    "allgather": ("allgather", lambda comm, x: ((x,), {"algorithm": "shm:64"})),
+    "reduce_scatter": ("reduce_scatter", lambda comm, x: ((np.tile(x, comm.size),), {"algorithm": "shm"})),
+    "alltoall": ("alltoall", lambda comm, x: ((np.tile(x, (comm.size, 1)),), {"algorithm": "shm"})),
+    "barrier": ("barrier", lambda comm, x: ((), {"algorithm": "shm"})),
 }
+# The forms each test below runs.
+NODE_CALLS = [name for name in NODE_FORMS if name not in ("allreduce in place", "allreduce with out")]
+FRESH_NODE_CALLS = [name for name in NODE_FORMS if name not in ("allreduce in chunks", "barrier")]
+NODE_I_FORMS = [name for name in FRESH_NODE_CALLS if name != "allreduce with out"]
+
+
+def node_call(comm, name, x, form="", **extra):
+    """Node collective ``name`` on a copy of ``x``: its result, or with ``form="i"`` its i-form's request."""
+    method, arguments = NODE_FORMS[name]
+    args, kwargs = arguments(comm, x.copy())
+    return getattr(comm, form + method)(*args, **kwargs, **extra)
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -476,12 +490,12 @@ def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreter
     monkeypatch.setattr(NodeProgram, "run", lambda self, *a: (runs.append(1), program_run(self, *a))[1])
 
     def body(comm):
-        cases = [(name, call, np.random.default_rng([i, comm.rank]).standard_normal(100))
-                 for name, call in NODE_CALLS.items() for i in range(3)]
-        fast = [call(comm, x) for _, call, x in cases]
+        cases = [(name, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name in NODE_CALLS for i in range(3)]
+        fast = [node_call(comm, name, x) for name, x in cases]
         comm.barrier(algorithm="dissemination")  # (a trace is the whole world's: every rank is done with the above)
         with ck.trace(comm):
-            slow = [call(comm, x) for _, call, x in cases]
+            slow = [node_call(comm, name, x) for name, x in cases]
         return {(name, i): pair for i, (name, pair) in enumerate(zip([c[0] for c in cases], zip(fast, slow)))}
 
     for got in ck.run_local(body, size=p):
@@ -492,23 +506,6 @@ def test_repeated_blocking_calls_run_their_node_program_and_give_the_interpreter
                 np.testing.assert_array_equal(fast, slow, err_msg=name)
     # Every call but each rank's first (which makes the arena) and the traced ones.
     assert len(runs) == p * (3 * len(NODE_CALLS) - 1)
-
-
-# Each node collective on new arrays, untimed or with ``timeout`` (None: untimed).
-FRESH_NODE_CALLS = {
-    "allreduce": lambda comm, x, t: comm.allreduce(x, algorithm="shm", timeout=t),
-    "allreduce in place": lambda comm, x, t: comm.allreduce(x, out=x, algorithm="shm:64", timeout=t),
-    "allreduce with out": lambda comm, x, t: comm.allreduce(x, out=np.empty_like(x), algorithm="shm", timeout=t),
-    "reduce": lambda comm, x, t: comm.reduce(x, root=1, algorithm="shm", timeout=t),
-    "broadcast": lambda comm, x, t: comm.broadcast(x, root=1, algorithm="shm:64", timeout=t),
-    "broadcast in place": lambda comm, x, t: comm.broadcast(x, root=1, out=x, algorithm="shm:64", timeout=t),
-    "gather": lambda comm, x, t: comm.gather(x, root=0, algorithm="shm", timeout=t),
-    "scatter": lambda comm, x, t: comm.scatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
-                                               root=2 % comm.size, out=np.empty_like(x), algorithm="shm", timeout=t),
-    "allgather": lambda comm, x, t: comm.allgather(x, algorithm="shm:64", timeout=t),
-    "reduce_scatter": lambda comm, x, t: comm.reduce_scatter(np.tile(x, comm.size), algorithm="shm", timeout=t),
-    "alltoall": lambda comm, x, t: comm.alltoall(np.tile(x, (comm.size, 1)), algorithm="shm", timeout=t),
-}
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -525,14 +522,14 @@ def test_calls_on_new_arrays_run_their_node_program_from_the_shapes_plan_and_giv
     def body(comm):
         comm.barrier(algorithm="shm")  # the arena
         timeout = 30.0
-        cases = [(name, call, t, np.random.default_rng([i, comm.rank]).standard_normal(100))
-                 for name, call in FRESH_NODE_CALLS.items() for t in (None, timeout) for i in range(4)]
-        fast = [call(comm, x.copy(), t) for _, call, t, x in cases]
+        cases = [(name, t, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name in FRESH_NODE_CALLS for t in (None, timeout) for i in range(4)]
+        fast = [node_call(comm, name, x, timeout=t) for name, t, x in cases]
         entry = comm._new_allreduce  # (the last allreduce shape's: the timed one with an out of its own)
         comm.barrier(algorithm="dissemination")  # (a trace is the whole world's: every rank is done with the above)
         with ck.trace(comm):
-            slow = [call(comm, x.copy(), t) for _, call, t, x in cases]
-        return [(name, t, f, s) for (name, _, t, _), f, s in zip(cases, fast, slow)], entry.source
+            slow = [node_call(comm, name, x, timeout=t) for name, t, x in cases]
+        return [(name, t, f, s) for (name, t, _), f, s in zip(cases, fast, slow)], entry.source
 
     for got, entry in ck.run_local(body, size=p):
         for name, timeout, fast, slow in got:
@@ -544,22 +541,6 @@ def test_calls_on_new_arrays_run_their_node_program_from_the_shapes_plan_and_giv
     # The timed calls of each collective from the second on (the first has no shape plan yet), on every rank;
     # a form's first call finds the plan another form of its shape made ("allreduce" and "with out" share one).
     assert p * 3 * len(FRESH_NODE_CALLS) <= len(timed_runs) <= p * 4 * len(FRESH_NODE_CALLS)
-
-
-# Each node collective's i-form on new arrays (None: the form has no i-form here).
-NODE_I_FORMS = {
-    "allreduce": lambda comm, x: comm.iallreduce(x, algorithm="shm"),
-    "allreduce in place": lambda comm, x: comm.iallreduce(x, out=x, algorithm="shm:64"),
-    "reduce": lambda comm, x: comm.ireduce(x, root=1, algorithm="shm"),
-    "broadcast": lambda comm, x: comm.ibroadcast(x, root=1, algorithm="shm:64"),
-    "broadcast in place": lambda comm, x: comm.ibroadcast(x, root=1, out=x, algorithm="shm:64"),
-    "gather": lambda comm, x: comm.igather(x, root=0, algorithm="shm"),
-    "scatter": lambda comm, x: comm.iscatter(np.tile(x, (comm.size, 1)) if comm.rank == 2 % comm.size else None,
-                                             root=2 % comm.size, out=np.empty_like(x), algorithm="shm"),
-    "allgather": lambda comm, x: comm.iallgather(x, algorithm="shm:64"),
-    "reduce_scatter": lambda comm, x: comm.ireduce_scatter(np.tile(x, comm.size), algorithm="shm"),
-    "alltoall": lambda comm, x: comm.ialltoall(np.tile(x, (comm.size, 1)), algorithm="shm"),
-}
 
 
 @pytest.mark.parametrize("p", [2, 3])
@@ -574,17 +555,17 @@ def test_i_forms_on_new_arrays_run_their_node_programs_generator_and_give_the_in
 
     def body(comm):
         comm.barrier(algorithm="shm")  # the arena
-        cases = [(name, start, np.random.default_rng([i, comm.rank]).standard_normal(100))
-                 for name, start in NODE_I_FORMS.items() for i in range(4)]
+        cases = [(name, np.random.default_rng([i, comm.rank]).standard_normal(100))
+                 for name in NODE_I_FORMS for i in range(4)]
         fast = []
         for k in range(0, len(cases), 2):
-            a, b = (start(comm, x.copy()) for _, start, x in cases[k:k + 2])
+            a, b = (node_call(comm, name, x, "i") for name, x in cases[k:k + 2])
             fast += list(reversed([b.wait(), a.wait()]))
         compiled = [entry[1] for entry in comm._by_shape_i.values() if entry[1] is not None]
         comm.barrier(algorithm="dissemination")
         with ck.trace(comm):
-            slow = [start(comm, x.copy()).wait() for _, start, x in cases]
-        return [(name, f, s) for (name, _, _), f, s in zip(cases, fast, slow)], [c.source for c in compiled]
+            slow = [node_call(comm, name, x, "i").wait() for name, x in cases]
+        return [(name, f, s) for (name, _), f, s in zip(cases, fast, slow)], [c.source for c in compiled]
 
     for got, sources in ck.run_local(body, size=p):
         for name, fast, slow in got:
