@@ -312,13 +312,21 @@ def time_sweep(raw, fns, calls, order):
     return times
 
 
-def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+def between_ranks(script: str):
+    """``(comm, raw)``: commkit's world and a ``Dup`` of ``COMM_WORLD``; None, having said why, on one rank."""
     comm = ck.init()
     if comm.size < 2:
-        print("node_floor.py compares collectives between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+        print(f"{script} compares collectives between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+        return None
+    return comm, MPI.COMM_WORLD.Dup()
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    started = between_ranks("node_floor.py")
+    if started is None:
         return 2
-    raw = MPI.COMM_WORLD.Dup()
+    comm, raw = started
     shared_comm = comm.dup()  # the shared arrays' (see variants)
     sizes = args.sizes or (SIZES[:2] if args.quick else SIZES)
     sweeps = 3 if args.quick else args.sweeps

@@ -38,9 +38,7 @@ for path in (HERE, ROOT):
 
 import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-
-import commkit as ck  # noqa: E402
-from node_floor import _size  # noqa: E402
+from node_floor import _size, between_ranks  # noqa: E402
 
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "gather", "scatter", "allgather", "reduce_scatter", "alltoall")
 SIZES = ("32K", "64K", "128K", "256K", "512K", "1M")
@@ -97,11 +95,10 @@ def forms(comm, two, n):
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    comm = ck.init()
-    if comm.size < 2:
-        print("node_iforms.py compares collectives between ranks: run it under mpiexec -n 2 or more.", file=sys.stderr)
+    started = between_ranks("node_iforms.py")
+    if started is None:
         return 2
-    raw = MPI.COMM_WORLD.Dup()
+    comm, raw = started
     two = comm.dup()
     sizes = args.sizes or [_size(s) for s in (SIZES[:2] if args.quick else SIZES)]
     sweeps = 2 if args.quick else args.sweeps
