@@ -114,7 +114,7 @@ class _NativeStart:
 
 
 def _node_steps(steps, rank: int):
-    """A node program's generator (``NodeProgram.steps``) as an i-form's compiled steps: ``run(in, out, tmp, tag, rec)``.
+    """A node program's generator (``NodeProgram.steps``) as an i-form's steps: ``run(in, out, tmp, tag, rec)``.
 
     The call's number, collective and algorithm come from its flight-recorder
     entry ``rec``, as the program names them in its errors.

@@ -909,6 +909,56 @@ def test_loops_on_the_same_arrays_run_compiled_node_calls_that_agree_with_mpi_un
     assert result.stdout.count("ok") == nprocs
 
 
+NEW_ARRAYS_SCRIPT = """
+import numpy as np
+import commkit as ck
+from mpi4py import MPI as M
+
+comm = ck.init()
+raw = M.COMM_WORLD.Dup()
+p, n = comm.size, 6000
+for timeout in (None, 30.0):
+    for i in range(6):  # new arrays every call: from a shape's second call on, its program (blocking) or its
+        # program's generator (an i-form, two outstanding at once)
+        rng = np.random.default_rng([i, comm.rank])
+        x, xs, a = (rng.standard_normal(shape).astype(np.float32) for shape in (n, p * n, (p, n)))
+        ref, rref, gref, aref = np.empty(n, np.float32), np.empty(n, np.float32), np.empty((p, n), np.float32), \\
+            np.empty((p, n), np.float32)
+        raw.Allreduce(x, ref)
+        raw.Reduce_scatter_block(xs, rref)
+        raw.Allgather(x, gref)
+        raw.Alltoall(a, aref)
+        bref = x.copy()
+        raw.Bcast(bref, root=p - 1)
+        np.testing.assert_allclose(comm.allreduce(x.copy(), algorithm="shm", timeout=timeout), ref, rtol=1e-5,
+                                   atol=1e-4)
+        np.testing.assert_allclose(comm.reduce_scatter(xs.copy(), algorithm="shm", timeout=timeout), rref,
+                                   rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(comm.allgather(x.copy(), algorithm="shm", timeout=timeout), gref)
+        np.testing.assert_array_equal(comm.alltoall(a.copy(), algorithm="shm", timeout=timeout), aref)
+        np.testing.assert_array_equal(comm.broadcast(x.copy(), root=p - 1, algorithm="shm", timeout=timeout), bref)
+        first = comm.iallreduce(x.copy(), algorithm="shm", timeout=timeout)
+        second = comm.ibroadcast(x.copy(), root=p - 1, algorithm="shm", timeout=timeout)
+        np.testing.assert_array_equal(second.wait(), bref)
+        np.testing.assert_allclose(first.wait(), ref, rtol=1e-5, atol=1e-4)
+        np.testing.assert_array_equal(comm.iallgather(x.copy(), algorithm="shm", timeout=timeout).wait(), gref)
+        np.testing.assert_array_equal(comm.ialltoall(a.copy(), algorithm="shm", timeout=timeout).wait(), aref)
+# a shape plan whose op is the program, and an i-form's generator
+assert any("'in': _b_in" in getattr(getattr(v, "run", None), "source", "") for v in comm._shaped.values())
+assert any(e[1] is not None and "_pending" in e[1].source for e in comm._by_shape_i.values())
+print("ok")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_node_calls_on_new_arrays_agree_with_mpi_under_mpiexec(mpi, nprocs):
+    # Blocking calls and i-forms on new arrays every call, untimed and timed: their node programs (from the shapes'
+    # plans and entries, and the programs' generators) against MPI's own collectives on the same data.
+    result = mpi(nprocs, NEW_ARRAYS_SCRIPT, env={"COMMKIT_TIMEOUT": ""}, timeout=180)
+    assert result.stdout.count("ok") == nprocs
+
+
 @pytest.mark.mpi
 def test_a_missing_rank_times_out_under_mpiexec(mpi):
     code = """
