@@ -58,9 +58,17 @@ def _expected(collective, p, n, seed, dtype, root):
     return [total[r * n:(r + 1) * n] for r in range(p)]
 
 
-def _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking=False):
+def _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking=False, repeat=1):
+    """The call on this rank's data; with ``repeat``, its last of that many on new copies of the data (from the
+    second on a shape's plan and entry, and an i-form's program generator)."""
+    x = _data(comm.rank, n * (comm.size if collective in BLOCKED else 1), seed, dtype)
+    for _ in range(repeat - 1):
+        _call(comm, collective, x.copy(), n, dtype, root, algorithm, nonblocking)
+    return _call(comm, collective, x, n, dtype, root, algorithm, nonblocking)
+
+
+def _call(comm, collective, x, n, dtype, root, algorithm, nonblocking):
     p = comm.size
-    x = _data(comm.rank, n * (p if collective in BLOCKED else 1), seed, dtype)
     if collective == "broadcast":
         return comm.broadcast(x, root=root, algorithm=algorithm)
     if collective in ("scatter", "alltoall"):
@@ -95,12 +103,14 @@ def _check_against_numpy(got, want, dtype):
 @settings(max_examples=40, deadline=None)
 @given(collective=st.sampled_from(NODE), p=st.integers(1, 8), n=st.integers(0, 70), seed=st.integers(0, 2**31),
        dtype=st.sampled_from(["float32", "float64", "int32"]), segment=st.sampled_from([None, 8, 24, 64]),
-       root=st.integers(0, 7), nonblocking=st.booleans())
-def test_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, segment, root, nonblocking):
-    # Small segments put even these counts through the arena in many chunks (both halves of every slot).
+       root=st.integers(0, 7), nonblocking=st.booleans(), repeat=st.sampled_from([1, 3]))
+def test_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, segment, root, nonblocking, repeat):
+    # Small segments put even these counts through the arena in many chunks (both halves of every slot);
+    # a third call on new arrays runs the shape's plan or the program's generator.
     root %= p
     algorithm = "shm" if segment is None else f"shm:{segment}"
-    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking), size=p)
+    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking, repeat),
+                       size=p)
     want = _expected(collective, p, n, seed, dtype, root)
     for r in range(p):
         assert got[r].dtype == np.dtype(dtype)
@@ -117,14 +127,17 @@ def test_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, s
 @settings(max_examples=40, deadline=None)
 @given(collective=st.sampled_from(ROOTED_AND_ALLTOALL), p=st.integers(1, 8), n=st.integers(0, 70),
        seed=st.integers(0, 2**31), dtype=st.sampled_from(["float32", "float64", "int32"]),
-       segment=st.sampled_from([None, 8, 24, 64]), root=st.integers(0, 7), nonblocking=st.booleans())
+       segment=st.sampled_from([None, 8, 24, 64]), root=st.integers(0, 7), nonblocking=st.booleans(),
+       repeat=st.sampled_from([1, 3]))
 def test_rooted_and_alltoall_node_algorithms_match_numpy_on_threads(collective, p, n, seed, dtype, segment, root,
-                                                                   nonblocking):
+                                                                   nonblocking, repeat):
     # Small segments put these counts through the arena in many chunks: reduce takes its sliced form
-    # past one chunk, and scatter and alltoall cut every block into pieces of segment / (p - 1).
+    # past one chunk, and scatter and alltoall cut every block into pieces of segment / (p - 1); a third call
+    # on new arrays runs the shape's plan or the program's generator.
     root %= p
     algorithm = "shm" if segment is None else f"shm:{segment}"
-    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking), size=p)
+    got = ck.run_local(lambda comm: _run(comm, collective, n, seed, dtype, root, algorithm, nonblocking, repeat),
+                       size=p)
     _check_against_numpy(got, _expected(collective, p, n, seed, dtype, root), dtype)
 
 
