@@ -4,6 +4,7 @@
     mpiexec -n 2 python benchmarks/node_iforms.py                      # sizes 32K to 1M, every collective
     mpiexec -n 2 python benchmarks/node_iforms.py --quick              # a smoke run (seconds)
     mpiexec -n 2 python benchmarks/node_iforms.py --sizes 64K 128K --collectives allreduce broadcast
+    mpiexec -n 2 python benchmarks/node_iforms.py --persistent      # persistent requests instead
 
 A blocking node call runs its compiled program, an i-form (``comm.iallreduce(x).wait()``)
 the program's generator (``NodeProgram.steps``), and a persistent request the
@@ -50,6 +51,9 @@ def _parser():
     parser.add_argument("--sweeps", type=int, default=9, help="sweeps per collective and size (default 9)")
     parser.add_argument("--sizes", type=_size, nargs="+", help="sizes per rank (default 32K to 1M)")
     parser.add_argument("--collectives", nargs="+", choices=COLLECTIVES, default=list(COLLECTIVES))
+    parser.add_argument("--persistent", action="store_true",
+                        help="persistent requests (*_init, then start() and wait() per call, the input written "
+                             "into the request's buffer) instead of i-forms")
     return parser
 
 
@@ -93,6 +97,36 @@ def forms(comm, two, n):
     }
 
 
+def persistent_forms(comm, two, n):
+    """As :func:`forms` for persistent requests: each call writes the request's input, then starts and waits.
+
+    ``{collective: (input, {"two": call, "shm": call}, requests)}``: the requests are made here, once, on
+    their own input buffers (the same data as :func:`forms` gives its calls).
+    """
+    p, r, root = comm.size, comm.rank, 0
+    inputs, _ = zip(*(forms(comm, two, n)[c] for c in COLLECTIVES))
+    table = {}
+    makers = {
+        "allreduce": lambda c, v, **k: c.allreduce_init(v, **k),
+        "broadcast": lambda c, v, **k: c.broadcast_init(v, root, **k),
+        "reduce": lambda c, v, **k: c.reduce_init(v, root=root, **k),
+        "gather": lambda c, v, **k: c.gather_init(v, root, **k),
+        "scatter": lambda c, v, **k: c.scatter_init(v if r == root else None, root, out=np.empty(n, np.float32), **k),
+        "allgather": lambda c, v, **k: c.allgather_init(v, **k),
+        "reduce_scatter": lambda c, v, **k: c.reduce_scatter_init(v, **k),
+        "alltoall": lambda c, v, **k: c.alltoall_init(v, **k),
+    }
+    for collective, source in zip(COLLECTIVES, inputs):
+        calls, requests = {}, []
+        for name, c, kwargs in (("two", two, {}), ("shm", comm, {"algorithm": "shm"})):
+            buf = source.copy()
+            request = makers[collective](c, buf, **kwargs)
+            requests.append(request)
+            calls[name] = (lambda request, buf: lambda v: (np.copyto(buf, v), request.start().wait()))(request, buf)
+        table[collective] = (source, calls, requests)
+    return table
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     started = between_ranks("node_iforms.py")
@@ -108,10 +142,15 @@ def main(argv=None) -> int:
     rows = []
     try:
         for nbytes in sizes:
-            calls_of = forms(comm, two, nbytes // 4)
+            if args.persistent:  # (the requests choose when made: the two-sided ones under the table less its
+                os.environ["COMMKIT_TUNING"] = table  # node rules, shm by name)
+                calls_of = persistent_forms(comm, two, nbytes // 4)
+                del os.environ["COMMKIT_TUNING"]
+            else:
+                calls_of = {c: (base, calls, ()) for c, (base, calls) in forms(comm, two, nbytes // 4).items()}
             for collective in args.collectives:
-                base, calls = calls_of[collective]
-                os.environ["COMMKIT_TUNING"] = table  # the first call of the shape chooses; its plan is kept
+                base, calls, _ = calls_of[collective]
+                os.environ["COMMKIT_TUNING"] = table  # an i-form's first call of the shape chooses; its plan is kept
                 calls["two"](base.copy())
                 del os.environ["COMMKIT_TUNING"]
                 n_calls = 5 if args.quick else max(20, min(200, (1 << 20) // nbytes))
@@ -130,16 +169,20 @@ def main(argv=None) -> int:
                 ratio = statistics.median(a / b for a, b in zip(samples["shm"], samples["two"]))
                 rows.append((collective, nbytes, statistics.median(samples["two"]), statistics.median(samples["shm"]),
                              ratio))
+            for _, _, requests in calls_of.values():
+                for request in requests:
+                    request.free()
             loads.append(os.getloadavg()[0])
     finally:
         raw.Barrier()
         if comm.rank == 0:
             os.unlink(table)
     if comm.rank == 0:
-        print(f"{comm.size} ranks, i-forms on new arrays, float32, {sweeps} sweeps; load average "
+        form = "persistent requests" if args.persistent else "i-forms on new arrays"
+        print(f"{comm.size} ranks, {form}, float32, {sweeps} sweeps; load average "
               f"{min(loads):.2f}-{max(loads):.2f} (timings on a loaded machine say nothing); MPI: "
               f"{MPI.Get_library_version().splitlines()[0].strip()}")
-        print(f"{'collective':<15} {'size':>8} {'two-sided i':>12} {'shm i':>10} {'shm / two':>10}")
+        print(f"{'collective':<15} {'size':>8} {'two-sided':>12} {'shm':>10} {'shm / two':>10}")
         for collective, nbytes, two_t, shm_t, ratio in rows:
             print(f"{collective:<15} {nbytes >> 10:>6}Ki {two_t * 1e6:>10.1f}us {shm_t * 1e6:>8.1f}us {ratio:>10.2f}")
     two.free()

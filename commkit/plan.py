@@ -1480,8 +1480,10 @@ class InterpretedPersistentRequest(PersistentRequest):
     """A persistent collective whose schedule has one-sided steps (the node algorithms, docs/node.md).
 
     Compiled plans run no one-sided step, so each ``start()`` runs the schedule
-    through the interpreter on the request's buffers, as an i-form does
-    (:class:`~commkit.schedule.ScheduleRun`), with the request's own tag (its
+    as a request on the request's buffers, as an i-form does
+    (:class:`~commkit.schedule.ScheduleRun`): its node program's generator
+    (``NodeProgram.steps``, made at the first start) where one can be made and
+    plans are on, else the interpreter, with the request's own tag (its
     identity on its channel's arena) and a new call number. Everything else is
     :class:`PersistentRequest`'s: the same misuse is refused, the same flight
     record kept, a timeout breaks the communicator alike. Its channel's arena is
@@ -1495,6 +1497,25 @@ class InterpretedPersistentRequest(PersistentRequest):
                          release=release)
         self._steps, self._bufs, self._chan = steps, bufs, chan
         self._run = None
+        self._program = None  # its NodeProgram on its channel's arena (False: none can be made), at its first start
+
+    def _program_steps(self, info):
+        """This start's run of the node program's generator (``NodeProgram.steps``), or None: the interpreter's.
+
+        As a blocking node call and an i-form run theirs, but not with plans off
+        or in check mode (the switches that turn every compiled form off).
+        """
+        comm = self._comm
+        if not comm._plans_on or comm._check:
+            return None
+        program = self._program
+        if program is None:
+            from .transports._arena import made_arena
+
+            arena = made_arena(self._chan)  # (made at *_init)
+            made = None if arena is None else NodeProgram.make(self._steps, self._bufs, self._chan, arena)
+            program = self._program = made or False
+        return program.steps(self._bufs, self._tag, info, self._rec) if program else None
 
     def start(self) -> "InterpretedPersistentRequest":
         """Begin one run of the collective (never blocks). Returns the request."""
@@ -1504,7 +1525,7 @@ class InterpretedPersistentRequest(PersistentRequest):
         try:
             self._run = ScheduleRun(iter(self._steps), self._bufs, self._chan, self._tag, self._timeout, info,
                                     self._finish, comm._progress, comm._recorder, self._rec,
-                                    comm._collective_timed_out, self._result_value)
+                                    comm._collective_timed_out, self._result_value, self._program_steps(info))
         except BaseException:
             self._active = self._running = False
             raise

@@ -16,10 +16,8 @@ the communicator's ranks share one node's memory, so the node engine's
 algorithms, :mod:`commkit.algorithms.node`, can run the call) and name the
 transport it was measured on (``transport: "mpi"``; the threads world's
 messages are handed over without a copy, so what wins under MPI need not win
-there), and leave persistent requests out (``persistent: false``: a
-persistent request runs a node schedule's steps one by one through the
-interpreter at every start, where a blocking call or an i-form runs them
-compiled, so a node rule can win for the one and lose for the other); the
+there), and leave persistent requests out (``persistent: false``: where a
+persistent request measured otherwise than a blocking call or an i-form); the
 first rule whose bounds hold *and* whose algorithm
 applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
 Every rule carries a ``reason``. If no rule matches, the first applicable

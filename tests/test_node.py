@@ -703,11 +703,11 @@ def test_a_node_program_tells_a_mismatch_and_a_missing_peer_as_the_interpreter_d
 
 
 @pytest.mark.parametrize("p", [2, 3, 5])
-def test_persistent_requests_run_the_node_algorithms_through_the_interpreter(p):
+def test_persistent_requests_run_the_node_algorithms_as_requests(p):
     # Compiled plans run no one-sided step: each start runs the schedule on the request's own buffers, with a new
-    # call number, as an i-form does. Restarted with new data, in place, overlapped with two-sided calls and an
-    # i-form, with two requests in flight started in one order and waited in the other; every result against the
-    # blocking form's, and a request's misuse refused as a compiled one's is.
+    # call number, as an i-form does (its node program's generator). Restarted with new data, in place, overlapped
+    # with two-sided calls and an i-form, with two requests in flight started in one order and waited in the other;
+    # every result against the blocking form's, and a request's misuse refused as a compiled one's is.
     def body(comm):
         got = []
         x = np.zeros(70_001, np.float32)
@@ -731,6 +731,7 @@ def test_persistent_requests_run_the_node_algorithms_through_the_interpreter(p):
             mine.start()
             got.append((biggest.copy(), None if smallest is None else smallest.copy(), mine.wait().copy(),
                         side.wait().copy(), comm.allreduce(x, algorithm="ring")))
+        assert all(type(request._program) is NodeProgram for request in (big, small, mine))  # (made at its start)
         for request in (big, small, mine):
             request.free()
         with pytest.raises(InvalidArgument, match="was freed"):
@@ -1066,9 +1067,8 @@ for _ in range(3):
 assert ("(shm)" if one_node else "(ring)") in repr(req), repr(req)
 req.free()
 assert np.array_equal(comm.allreduce(x), y) and comm.last_algorithm == ("shm" if one_node else "ring")
-# At 32 KiB a blocking call and an i-form run shm's compiled program, a persistent request its steps through the
-# interpreter at every start: the table's node rule leaves persistent requests out there, and takes them from
-# 128 KiB.
+# At 32 KiB every form of the allreduce runs shm (blocking and i-form compiled, a persistent request its program's
+# generator); a persistent broadcast only from 16 KiB, where a blocking one runs shm from 8 KiB.
 small = x[: 8 << 10]
 want = np.empty_like(small)
 raw.Allreduce(small, want)
@@ -1078,12 +1078,16 @@ np.testing.assert_array_equal(comm.iallreduce(small).wait(), want)
 assert comm.last_algorithm == ("shm" if one_node else "recursive_doubling"), comm.last_choice
 req = comm.allreduce_init(small)
 np.testing.assert_array_equal(req.start().wait(), want)
-assert "(recursive_doubling)" in repr(req), repr(req)
-req.free()
-mid = x[: 32 << 10]  # 128 KiB
-req = comm.allreduce_init(mid)
-np.testing.assert_array_equal(req.start().wait(), comm.allreduce(mid))
 assert ("(shm)" if one_node else "(recursive_doubling)") in repr(req), repr(req)
+req.free()
+eight = x[: 2 << 10].copy()  # 8 KiB
+bref = eight.copy()
+raw.Bcast(bref, root=0)
+np.testing.assert_array_equal(comm.broadcast(eight, root=0), bref)
+assert comm.last_algorithm == ("shm" if one_node else "binomial"), comm.last_choice
+req = comm.broadcast_init(eight.copy(), root=0)
+np.testing.assert_array_equal(req.start().wait(), bref)
+assert "(binomial)" in repr(req), repr(req)
 req.free()
 print("ok", comm.rank, flush=True)
 """
