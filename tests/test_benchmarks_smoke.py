@@ -98,6 +98,9 @@ def test_quick_node_iforms_times_shm_against_the_two_sided_i_form(mpi):
     out = _as_main(mpi, [NODE_IFORMS, "--quick", "--sizes", "64K", "--collectives", "allreduce", "alltoall"], 300)
     assert "i-forms on new arrays" in out and "shm / two" in out, out
     assert "allreduce           64Ki" in out and "alltoall            64Ki" in out, out
+    out = _as_main(mpi, [NODE_IFORMS, "--quick", "--persistent", "--sizes", "16K", "--collectives", "broadcast",
+                         "scatter"], 300)
+    assert "persistent requests" in out and "broadcast           16Ki" in out and "scatter             16Ki" in out, out
 
 
 @pytest.mark.mpi
