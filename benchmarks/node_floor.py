@@ -186,8 +186,8 @@ def variants(comm, sc, raw, n, rng, new_arrays=False):
             return lambda: call(src.copy())
         return lambda: (np.copyto(buf, src), call(buf))
 
-    def fed_root(call, buf, src):  # only the root reads an input; the others pass their buffer as it is
-        return fed(call, buf, src) if is_root else lambda: call(buf)
+    def fed_root(call, buf, src, fixed=False):  # only the root reads an input; the others pass their buffer as it is
+        return fed(call, buf, src, fixed) if is_root else lambda: call(buf)
 
     table = {
         "allreduce": {
@@ -210,8 +210,7 @@ def variants(comm, sc, raw, n, rng, new_arrays=False):
             "commkit in place": fed_root(lambda v: comm.broadcast(v, root=0, out=v), block, x),
             "shm": fed_root(lambda v: comm.broadcast(v, root=0, out=block, algorithm="shm"), bi, x),
             "shm in place": fed_root(lambda v: comm.broadcast(v, root=0, out=v, algorithm="shm"), block, x),
-            "shm shared": fed(lambda v: sc.broadcast(v, root=0, out=v, algorithm="shm"), bsh, x, fixed=True)
-            if is_root else lambda: sc.broadcast(bsh, root=0, out=bsh, algorithm="shm"),
+            "shm shared": fed_root(lambda v: sc.broadcast(v, root=0, out=v, algorithm="shm"), bsh, x, fixed=True),
         },
         "reduce": {
             "mpi": fed(lambda v: raw.Reduce(v, out, sum_, root=0), xi, x),

@@ -104,7 +104,8 @@ def persistent_forms(comm, two, n):
     their own input buffers (the same data as :func:`forms` gives its calls).
     """
     p, r, root = comm.size, comm.rank, 0
-    inputs, _ = zip(*(forms(comm, two, n)[c] for c in COLLECTIVES))
+    made = forms(comm, two, n)
+    inputs = [made[c][0] for c in COLLECTIVES]
     table = {}
     makers = {
         "allreduce": lambda c, v, **k: c.allreduce_init(v, **k),

@@ -1479,7 +1479,8 @@ class Communicator(VectorCollectives):
         return self._finish(call) if call.has_result else None
 
     def _node_program(self, steps, bufs) -> NodeProgram | None:
-        """The :class:`~commkit.schedule.NodeProgram` of a blocking call's ``steps``; None: the interpreter's.
+        """The :class:`~commkit.schedule.NodeProgram` of a call's ``steps`` (an i-form runs its ``steps``); None: the
+        interpreter's.
 
         Made at a shape's first call once the node arena exists (a schedule
         with no node steps is remembered as None), kept by the identity of
@@ -1931,9 +1932,8 @@ class Communicator(VectorCollectives):
         src = stand_in(len(call.src), call.dtype)
         dst = src if call.aliased and inplace_safe else stand_in(len(call.dst), call.dtype)
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
-        if any(step.kind in ONE_SIDED for step in steps):
-            arena = made_arena(self._coll)
-            program = None if arena is None else NodeProgram.make(steps, bufs, self._coll, arena)
+        if any(step.kind in ONE_SIDED for step in steps):  # (the blocking calls' program of these steps)
+            program = self._node_program(steps, bufs)
             return None if program is None else _node_steps(program.steps, self.rank)
         return _then_write(nonblocking_steps(steps, bufs, self._coll, call.collective, name),
                            self._exscan_identity(call))
