@@ -1106,6 +1106,34 @@ def test_the_same_arrays_after_new_ones_still_get_their_own_plan():
     assert ck.run_local(body, 2) == [True, True]
 
 
+@pytest.mark.parametrize("form", ["no out", "out"])
+def test_the_last_calls_arrays_are_held_only_where_that_cannot_lock_or_keep_much(form):
+    # The communicator remembers the arrays of a collective's last call on new arrays (its entries on new
+    # arrays send the same arrays again to the general path). A small array that owns its memory is held
+    # itself; a view is held weakly, so the buffer under it can resize, and so is a big array, which is freed
+    # when the program drops it -- whichever of the general path, _fresh and the shape's entry took the call.
+    import weakref
+
+    def body(comm):
+        held = bytearray(32)
+        for _ in range(5):
+            view = np.frombuffer(held, np.float64, count=4)  # (its base is the bytearray)
+            out = None if form == "no out" else np.frombuffer(bytearray(32), np.float64, count=4)
+            comm.allreduce(view, out=out)
+        del view, out
+        held.extend(b"more")  # BufferError while a view of it is alive
+        gone = []
+        for _ in range(5):
+            big = np.ones((1 << 20) // 8 + 1)
+            out = None if form == "no out" else np.empty_like(big)
+            comm.allreduce(big, out=out)
+            gone.append((weakref.ref(big), None if out is None else weakref.ref(out)))
+            del big, out
+        return [ref() is None and (out is None or out() is None) for ref, out in gone]
+
+    assert ck.run_local(body, 2) == [[True] * 5] * 2
+
+
 def test_a_timed_call_on_new_arrays_still_gives_up_and_breaks_the_communicator():
     def body(comm):
         for k in range(3):

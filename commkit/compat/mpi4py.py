@@ -408,6 +408,7 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
+        self._entry_op = (_NOTHING,) * 3  # the last MPI op and dtype of an Allreduce handed to the entry: see Allreduce
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
@@ -835,11 +836,21 @@ class Comm(MPI.Intracomm):
                 # at forget_plans)
                 self._hot_allreduce = h[:5] + (self.comm.plan_of("allreduce", h[3], recvbuf, h[4]),)
             return
-        fast = _FAST_OPS.get(id(op))
-        if fast is not None and type(recvbuf) is _ndarray and recvbuf.dtype in fast[1]:
-            comm = self.comm
-            x = recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf
-            if self._by_entry(comm._new_allreduce, comm._hot_allreduce, 1, x, recvbuf, fast[0]):
+        comm = self.comm
+        entry = comm._new_allreduce  # new arrays of the communicator's last shape: _by_entry, written out
+        if entry is not None and type(recvbuf) is _ndarray:
+            known = self._entry_op  # (op, dtype, commkit op) of the last Allreduce the entry was handed
+            if known[0] is op and known[1] is recvbuf.dtype:
+                kop = known[2]
+            else:
+                fast = _FAST_OPS.get(id(op))
+                kop = fast[0] if fast is not None and recvbuf.dtype in fast[1] else None
+                if kop is not None:
+                    self._entry_op = (op, recvbuf.dtype, kop)
+            hot = comm._hot_allreduce
+            if kop is not None and (hot is None or hot.hot[1] is not recvbuf) and entry(
+                    recvbuf if sendbuf is _IN_PLACE or sendbuf is None else sendbuf, recvbuf, None, None, kop,
+                    None) is not GENERAL:
                 return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
