@@ -47,8 +47,8 @@ from .identity import TagLayout
 from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
-                   compile_ops, is_last, keep_last, native_nonblocking_entry, nonblocking_entry, nonblocking_steps,
-                   persistent_steps, stand_in, timed_native, write_out)
+                   compile_ops, native_nonblocking_entry, nonblocking_entry, nonblocking_steps, persistent_steps,
+                   stand_in, timed_native, write_out)
 from .requests import Request, wait_all, wait_any
 from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
                        check_in, check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
@@ -1824,12 +1824,12 @@ class Communicator(VectorCollectives):
             # call's out is recorded now, so that a loop giving a new out each call with the same x
             # (comm.allreduce(x, out=np.empty_like(x))) takes the shape's plan from its next call on, where it
             # took the general path at every call.
-            if is_last(last, x):
+            if last is not None and last() is x:
                 if last_out is None:
                     if form == 1:
-                        last_pair[1] = keep_last(out)
+                        last_pair[1] = _weakref(out)
                     return GENERAL
-                if is_last(last_out, out):
+                if last_out() is out:
                     return GENERAL
         given_out = out
         result = scratch = None
@@ -1889,10 +1889,10 @@ class Communicator(VectorCollectives):
                 return request
             shaped, native, made = entry
             if blocking_untimed:
-                # Each itself or weakly (plan.keep_last): an identity held is never reused, nor is a weak
-                # reference's answer.
-                self._fresh_last[collective][:] = ((keep_last(out), None) if receiving else
-                                                   (keep_last(x), None if given_out is None else keep_last(given_out)))
+                # Weakly: the communicator keeps no caller's array alive (a new one may then reuse an id,
+                # never a weak reference's answer).
+                self._fresh_last[collective][:] = ((_weakref(out), None) if receiving else
+                                                   (_weakref(x), None if given_out is None else _weakref(given_out)))
                 shaped.run(src, dst)
                 if made is None:  # the shape's entry: its next call on new arrays comes straight to it
                     made = entry[2] = shaped.entry(Entry(lead.dtype, lead.shape, op, root, algorithm, form, shape,

@@ -312,22 +312,6 @@ def fuse(ops) -> list:
 
 _INLINE_UNITS = 256  # plans with more units run a loop instead of one straight-line function
 
-# The arrays of a collective's last call on new arrays (Communicator._fresh_last, which the entries read and
-# write): one that owns its memory, up to this size, is held itself until the next such call, as a plan holds its
-# arrays (Communicator._FAST_MAX_BYTES); any other by a weak reference -- a big one is not kept alive, and a view
-# would lock whatever it views (an mmap cannot close, a bytearray cannot resize, while a view of it lives).
-KEEP_LAST_MAX_BYTES = 1 << 20
-
-
-def keep_last(a):
-    """How ``Communicator._fresh_last`` holds array ``a`` (see :data:`KEEP_LAST_MAX_BYTES`): itself, or weakly."""
-    return a if a.base is None and a.nbytes <= KEEP_LAST_MAX_BYTES else weakref.ref(a)
-
-
-def is_last(held, a) -> bool:
-    """Whether ``held`` (None, or :func:`keep_last` of an array) holds the array ``a`` itself."""
-    return held is a or held.__class__ is weakref.ref and held() is a
-
 
 def _one_line(step) -> str:
     """A step's repr fit for a comment in generated code."""
@@ -456,7 +440,7 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     debug = "_log_cache.get(10) is not False" if type(cache) is dict else "_debug(10)"  # 10: logging.DEBUG
     ns.update(_ndarray=np.ndarray, _e_dtype=entry.dtype, _e_shape=entry.shape, _e_a=entry.a, _e_b=entry.b,
               _e_alg=entry.algorithm, _e_rshape=entry.result_shape, _trace_active=_trace_active,
-              _log_cache=cache, _debug=log.isEnabledFor, _GENERAL=entry.general, _weak=entry.weak, _weakref=weakref.ref,
+              _log_cache=cache, _debug=log.isEnabledFor, _GENERAL=entry.general, _weak=entry.weak,
               _empty=np.empty, _may_share=np.may_share_memory, _e_scratch=entry.scratch, _e_last=entry.last,
               _owners_apart=owners_apart)
     form = entry.form
@@ -510,16 +494,15 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
         # With an out of its own, the last out is known only where the x before was this x too (see the
         # guard): the same x after an unknown out takes the general path, and Communicator._fresh records
         # that out, so the same x with yet another out runs here from the next call on.
-        # (each held itself or by a weak reference, see keep_last: _is_last written out)
         if form == 1:
             head += ["    _w, _wo = _e_last",
-                     "    _again = _w is _x or _w.__class__ is _weakref and _w() is _x",
-                     "    if _again and (_wo is None or _wo is _out or _wo.__class__ is _weakref and _wo() is _out):",
+                     "    _again = _w is not None and _w() is _x",
+                     "    if _again and (_wo is None or _wo() is _out):",
                      "        return _GENERAL"]
         else:
-            last_out = "_wo is None" if form == 0 else "(_wo is _out or _wo.__class__ is _weakref and _wo() is _out)"
+            last_out = "_wo is None" if form == 0 else "_wo is not None and _wo() is _out"
             head += ["    _w, _wo = _e_last",
-                     f"    if (_w is _x or _w.__class__ is _weakref and _w() is _x) and {last_out}:",
+                     f"    if _w is not None and _w() is _x and {last_out}:",
                      "        return _GENERAL"]
     head.append(f"    _b_in = {flat_in}")
     if form == 2 and entry.scratch is None:
@@ -529,16 +512,11 @@ def _entry_head(entry: Entry, ns: dict, nonblocking=False) -> tuple[list, list]:
     guard = ["    if not _acquire(False):",
              "        return _GENERAL  # (the general path raises ConcurrentCall)"]
     if not timed_blocking:
-        # keep_last written out for these arrays' sizes (a small one that owns its memory held itself: a weak
-        # reference made and dropped per call cost about 0.15 us); a new x's out is not recorded, as only the
-        # same x again asks for it
-        itemsize = np.dtype(entry.dtype).itemsize
-        x_kept, out_kept = (f"{name} if {name}.base is None else _weak({name})"
-                            if int(np.prod(shape, dtype=np.int64)) * itemsize <= KEEP_LAST_MAX_BYTES else f"_weak({name})"
-                            for name, shape in (("_x", entry.shape), ("_out", entry.result_shape)))
-        guard.append(f"    _e_last[0] = {x_kept}" if form == 0 else
-                     f"    _e_last[:] = {x_kept}, ({out_kept}) if _again else None" if form == 1 and not nonblocking
-                     else f"    _e_last[:] = {x_kept}, {out_kept}")
+        # weakly: the communicator keeps no caller's array alive; a new x's out is not recorded
+        # (a weak reference costs about 0.05x the raw call), as only the same x again asks for it
+        guard.append("    _e_last[0] = _weak(_x)" if form == 0 else
+                     "    _e_last[:] = _weak(_x), _weak(_out) if _again else None" if form == 1 and not nonblocking else
+                     "    _e_last[:] = _weak(_x), _weak(_out)")
         if form == 0:
             guard.append("    _e_last[1] = None")
     return head, guard

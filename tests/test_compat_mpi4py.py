@@ -1537,6 +1537,56 @@ def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other
         comm.Allreduce(x, np.empty(4, np.float32), MPI.SUM)
 
 
+@pytest.mark.parametrize("method", ["Bcast", "Gather", "Allgather"])
+def test_data_movement_on_new_vectors_goes_to_the_communicators_entry_and_every_other_call_stays_right(
+        face, monkeypatch, method):
+    """New NumPy vectors each call skip the face's own byte views and memo: the communicator's entry for their
+    shape takes their bytes. The same vector again gets its plan; strided, 2-D, read-only and object arrays,
+    and a root given as a bool, take the other paths, with mpi4py's results and errors."""
+    from commkit.errors import InvalidArgument, InvalidBuffer
+
+    MPI, comm = face
+    viewed = []  # calls that made the face's own byte views, and its memo of them
+    real = comm._memo
+    monkeypatch.setattr(comm, "_memo", lambda *args: viewed.append(1) or real(*args))
+
+    def call(x, root=0, out=None):
+        if method == "Bcast":
+            comm.Bcast(x, root)
+            return x
+        out = np.full(x.size, -1, x.dtype) if out is None else out
+        getattr(comm, method)(x, out, root) if method == "Gather" else comm.Allgather(x, out)
+        return out
+
+    rng = np.random.default_rng(5)
+    for k in range(8):
+        x = rng.integers(-9, 9, 6).astype(np.int32)
+        want = x.copy()
+        assert np.array_equal(call(x), want), k
+    assert len(viewed) <= 3, f"{len(viewed)} of 8 calls on new vectors viewed by the face"  # (the entry: 3rd)
+    # The same vector again: the face's memo and then the communicator's plan for it.
+    x, out = np.arange(6, dtype=np.int32), np.empty(6, np.int32)
+    for k in range(5):
+        x[:] = k
+        assert np.array_equal(call(x, 0, out), np.full(6, k)), k
+    hot = getattr(comm, "_hot_" + method.lower())
+    assert hot[0] is x and hot[4] is not None
+    # Other arrays: each right through whichever path takes it.
+    grid = np.arange(6.0).reshape(2, 3)
+    assert np.array_equal(call(grid).reshape(2, 3) if method == "Bcast" else call(grid).reshape(2, 3), grid)
+    with pytest.raises(InvalidBuffer, match="contiguous"):  # as mpi4py refuses it
+        call(np.arange(12, dtype=np.int32)[::2])
+    frozen = np.arange(6, dtype=np.int32)
+    frozen.flags.writeable = False
+    assert np.array_equal(call(frozen), np.arange(6))  # (only read: Bcast's root, the others' send buffer)
+    with pytest.raises(KeyError, match="cannot map 'O'"):  # mpi4py's own error, as the raw call raises
+        call(np.array([object()] * 6))
+    if method != "Allgather":
+        for root in (False, 0.0):  # equal to 0, the root of the entry, but not a rank
+            with pytest.raises(InvalidArgument, match="root"):
+                call(np.arange(6, dtype=np.int32), root)
+
+
 def test_reduce_scatter_block_of_vectors_goes_to_the_communicator_and_every_other_call_stays_right(face, monkeypatch):
     """One-type vectors, new each call, skip the face's own parse; overlapping, 2-D, mismatched, read-only
     or IN_PLACE buffers take it, with mpi4py's results and errors."""

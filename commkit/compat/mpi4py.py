@@ -408,6 +408,9 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
+        # The last send buffer Bcast, Gather and Allgather handed to the communicator's entry, weakly (as the
+        # communicator holds its own last call's arrays: it keeps no program's array alive).
+        self._new_bcast = self._new_gather = self._new_allgather = None
         self._entry_op = (_NOTHING,) * 3  # the last MPI op and dtype of an Allreduce handed to the entry: see Allreduce
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
@@ -677,6 +680,16 @@ class Comm(MPI.Intracomm):
         if plan is not None and h[0] is buf and h[2] is root and _still_plain(buf) and plan.ready(h[3]):
             plan.run()
             return
+        if buf.__class__ is _ndarray and buf.ndim == 1 and buf.dtype in _VIEWABLE:
+            # A new vector, of the kinds of the communicator's last new-array broadcast: straight to that entry,
+            # which checks the rest (installed only while no check mode holds, see Communicator._fresh). The
+            # same vector again takes the way below, which gives a loop on it a plan of its own.
+            entry = self.comm._new_broadcast
+            if entry is not None and buf.flags.c_contiguous and not ((last := self._new_bcast) is not None and last() is buf):
+                data = buf.view(_BYTE)
+                if entry(data, data, None, None, root, None) is not GENERAL:
+                    self._new_bcast = _weakref(buf)
+                    return
         if root.__class__ is int and 0 <= root < self._size:
             if _plain_array(buf) and not self.comm.check:  # a NumPy array, new or not
                 # Its bytes, in place, as the general path moves them (every rank's message alike, whatever
@@ -1102,6 +1115,24 @@ class Comm(MPI.Intracomm):
                 h[3][...] = h[5][1]
             plan.run()
             return
+        if (sendbuf.__class__ is _ndarray and root.__class__ is int and sendbuf.ndim == 1
+                and sendbuf.dtype in _VIEWABLE):
+            # A new vector, of the kinds of the communicator's last new-array gather: straight to that entry, as
+            # Bcast's; the root's recvbuf a vector of every rank's bytes, the others' ignored (as the general
+            # path ignores it).
+            entry = self.comm._new_gather
+            if entry is not None and sendbuf.flags.c_contiguous and not ((last := self._new_gather) is not None and last() is sendbuf):
+                if self._rank != root:
+                    done = entry(sendbuf.view(_BYTE), None, None, None, None, root) is not GENERAL
+                else:
+                    done = (recvbuf.__class__ is _ndarray and recvbuf.ndim == 1 and recvbuf.dtype in _VIEWABLE
+                            and sendbuf.size and recvbuf.nbytes == self._size * sendbuf.nbytes
+                            and recvbuf.flags.c_contiguous
+                            and entry(sendbuf.view(_BYTE), recvbuf.view(_BYTE).reshape(self._size, -1), None, None,
+                                      None, root) is not GENERAL)
+                if done:
+                    self._new_gather = _weakref(sendbuf)
+                    return
         if root.__class__ is int and 0 <= root < self._size:
             if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
                 if self._rank != root:
@@ -1288,6 +1319,18 @@ class Comm(MPI.Intracomm):
             plan.run()
             return
         p = self._size
+        if (sendbuf.__class__ is _ndarray and recvbuf.__class__ is _ndarray and sendbuf.ndim == 1 and recvbuf.ndim == 1
+                and sendbuf.dtype in _VIEWABLE and recvbuf.dtype in _VIEWABLE):
+            # New vectors, of the kinds of the communicator's last new-array allgather: straight to that entry, as
+            # Bcast's (the entry checks the views' kinds, layout and overlap as _byte_blocks would).
+            entry = self.comm._new_allgather
+            if (entry is not None and sendbuf.size and recvbuf.nbytes == p * sendbuf.nbytes
+                    and sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
+                    and not ((last := self._new_allgather) is not None and last() is sendbuf)):
+                if entry(sendbuf.view(_BYTE), recvbuf.view(_BYTE).reshape(p, -1), None, None, None,
+                         None) is not GENERAL:
+                    self._new_allgather = _weakref(sendbuf)
+                    return
         in_place = sendbuf is _IN_PLACE or sendbuf is None
         if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
             if (views := self._byte_blocks(sendbuf, recvbuf)) is not None:
@@ -2303,6 +2346,8 @@ def _decode(rec):
 
 
 _BYTE = np.dtype(np.uint8)
+# The element types whose bytes the face moves as they lie (_plain_array's: native, numeric or bool).
+_VIEWABLE = frozenset(np.dtype(code) for code in "?bBhHiIlLqQpPefdgFDG")
 
 
 def _whole(spec, blocks: int = 1):
