@@ -1537,10 +1537,10 @@ def test_allreduce_on_new_arrays_goes_to_the_communicators_entry_and_every_other
         comm.Allreduce(x, np.empty(4, np.float32), MPI.SUM)
 
 
-@pytest.mark.parametrize("method", ["Bcast", "Gather", "Allgather"])
+@pytest.mark.parametrize("method", ["Bcast", "Gather", "Scatter", "Allgather"])
 def test_data_movement_on_new_vectors_goes_to_the_communicators_entry_and_every_other_call_stays_right(
         face, monkeypatch, method):
-    """New NumPy vectors each call skip the face's own byte views and memo: the communicator's entry for their
+    """New NumPy vectors each call (Scatter's recvbuf) skip the face's own byte views and memo: the communicator's entry for their
     shape takes their bytes. The same vector again gets its plan; strided, 2-D, read-only and object arrays,
     and a root given as a bool, take the other paths, with mpi4py's results and errors."""
     from commkit.errors import InvalidArgument, InvalidBuffer
@@ -1554,15 +1554,20 @@ def test_data_movement_on_new_vectors_goes_to_the_communicators_entry_and_every_
         if method == "Bcast":
             comm.Bcast(x, root)
             return x
-        out = np.full(x.size, -1, x.dtype) if out is None else out
-        getattr(comm, method)(x, out, root) if method == "Gather" else comm.Allgather(x, out)
+        out = np.full(6, -1, x.dtype) if out is None else out
+        getattr(comm, method)(x, out, root) if method in ("Gather", "Scatter") else comm.Allgather(x, out)
         return out
 
     rng = np.random.default_rng(5)
     for k in range(8):
         x = rng.integers(-9, 9, 6).astype(np.int32)
         want = x.copy()
-        assert np.array_equal(call(x), want), k
+        if k % 2 and method == "Scatter":  # every rank's blocks as a matrix of a row per rank
+            assert np.array_equal(call(x.reshape(1, 6)), want), k
+        elif k % 2 and method != "Bcast":
+            assert np.array_equal(call(x, 0, np.full((1, 6), -1, np.int32)), want.reshape(1, 6)), k
+        else:
+            assert np.array_equal(call(x), want), k
     assert len(viewed) <= 3, f"{len(viewed)} of 8 calls on new vectors viewed by the face"  # (the entry: 3rd)
     # The same vector again: the face's memo and then the communicator's plan for it.
     x, out = np.arange(6, dtype=np.int32), np.empty(6, np.int32)

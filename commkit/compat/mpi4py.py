@@ -408,9 +408,9 @@ class Comm(MPI.Intracomm):
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
         self._hot_allreduce = (_NOTHING,) * 6
-        # The last send buffer Bcast, Gather and Allgather handed to the communicator's entry, weakly (as the
-        # communicator holds its own last call's arrays: it keeps no program's array alive).
-        self._new_bcast = self._new_gather = self._new_allgather = None
+        # The last buffer Bcast, Gather, Scatter (its recvbuf) and Allgather handed to the communicator's entry,
+        # weakly (as the communicator holds its own last call's arrays: it keeps no program's array alive).
+        self._new_bcast = self._new_gather = self._new_scatter = self._new_allgather = None
         self._entry_op = (_NOTHING,) * 3  # the last MPI op and dtype of an Allreduce handed to the entry: see Allreduce
         self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
@@ -683,9 +683,11 @@ class Comm(MPI.Intracomm):
         if buf.__class__ is _ndarray and buf.ndim == 1 and buf.dtype in _VIEWABLE:
             # A new vector, of the kinds of the communicator's last new-array broadcast: straight to that entry,
             # which checks the rest (installed only while no check mode holds, see Communicator._fresh). The
-            # same vector again takes the way below, which gives a loop on it a plan of its own.
+            # vector of the last call here or of the memo again takes the way below, which gives a loop on it a
+            # plan of its own as soon as before.
             entry = self.comm._new_broadcast
-            if entry is not None and buf.flags.c_contiguous and not ((last := self._new_bcast) is not None and last() is buf):
+            if (entry is not None and buf is not h[0] and buf.flags.c_contiguous
+                    and not ((last := self._new_bcast) is not None and last() is buf)):
                 data = buf.view(_BYTE)
                 if entry(data, data, None, None, root, None) is not GENERAL:
                     self._new_bcast = _weakref(buf)
@@ -1118,18 +1120,18 @@ class Comm(MPI.Intracomm):
         if (sendbuf.__class__ is _ndarray and root.__class__ is int and sendbuf.ndim == 1
                 and sendbuf.dtype in _VIEWABLE):
             # A new vector, of the kinds of the communicator's last new-array gather: straight to that entry, as
-            # Bcast's; the root's recvbuf a vector of every rank's bytes, the others' ignored (as the general
-            # path ignores it).
+            # Bcast's; the root's recvbuf a vector or a matrix of a row per rank, the others' ignored (as the
+            # general path ignores it).
             entry = self.comm._new_gather
-            if entry is not None and sendbuf.flags.c_contiguous and not ((last := self._new_gather) is not None and last() is sendbuf):
+            if (entry is not None and sendbuf is not h[0] and sendbuf.flags.c_contiguous
+                    and not ((last := self._new_gather) is not None and last() is sendbuf)):
                 if self._rank != root:
                     done = entry(sendbuf.view(_BYTE), None, None, None, None, root) is not GENERAL
                 else:
-                    done = (recvbuf.__class__ is _ndarray and recvbuf.ndim == 1 and recvbuf.dtype in _VIEWABLE
-                            and sendbuf.size and recvbuf.nbytes == self._size * sendbuf.nbytes
-                            and recvbuf.flags.c_contiguous
-                            and entry(sendbuf.view(_BYTE), recvbuf.view(_BYTE).reshape(self._size, -1), None, None,
-                                      None, root) is not GENERAL)
+                    done = (recvbuf.__class__ is _ndarray and recvbuf.dtype in _VIEWABLE and sendbuf.size
+                            and recvbuf.nbytes == self._size * sendbuf.nbytes and recvbuf.flags.c_contiguous
+                            and (rows := _byte_rows(recvbuf, self._size)) is not None
+                            and entry(sendbuf.view(_BYTE), rows, None, None, None, root) is not GENERAL)
                 if done:
                     self._new_gather = _weakref(sendbuf)
                     return
@@ -1224,6 +1226,24 @@ class Comm(MPI.Intracomm):
                 and _still_plain(recvbuf) and (self._rank != root or _still_plain(sendbuf)) and plan.ready(h[3]):
             plan.run()
             return
+        if (recvbuf.__class__ is _ndarray and root.__class__ is int and recvbuf.ndim == 1
+                and recvbuf.dtype in _VIEWABLE):
+            # A new vector to fill, of the kinds of the communicator's last new-array scatter: straight to that
+            # entry, as Bcast's; the root's sendbuf a vector or a matrix of a row per rank, the others' ignored.
+            entry = self.comm._new_scatter
+            if (entry is not None and recvbuf is not h[1] and recvbuf.flags.c_contiguous
+                    and not ((last := self._new_scatter) is not None and last() is recvbuf)):
+                if self._rank != root:
+                    done = entry(recvbuf.view(_BYTE), None, None, None, None, root) is not GENERAL
+                else:
+                    p = self._size
+                    done = (sendbuf.__class__ is _ndarray and sendbuf.dtype in _VIEWABLE and recvbuf.size
+                            and sendbuf.nbytes == p * recvbuf.nbytes and sendbuf.flags.c_contiguous
+                            and (rows := _byte_rows(sendbuf, p)) is not None
+                            and entry(rows, recvbuf.view(_BYTE), None, None, None, root) is not GENERAL)
+                if done:
+                    self._new_scatter = _weakref(recvbuf)
+                    return
         if root.__class__ is int and 0 <= root < self._size:
             if not self.comm.check:  # NumPy arrays, new or not: their bytes, as the general path moves them
                 if self._rank != root:
@@ -1319,16 +1339,16 @@ class Comm(MPI.Intracomm):
             plan.run()
             return
         p = self._size
-        if (sendbuf.__class__ is _ndarray and recvbuf.__class__ is _ndarray and sendbuf.ndim == 1 and recvbuf.ndim == 1
+        if (sendbuf.__class__ is _ndarray and recvbuf.__class__ is _ndarray and sendbuf.ndim == 1
                 and sendbuf.dtype in _VIEWABLE and recvbuf.dtype in _VIEWABLE):
             # New vectors, of the kinds of the communicator's last new-array allgather: straight to that entry, as
             # Bcast's (the entry checks the views' kinds, layout and overlap as _byte_blocks would).
             entry = self.comm._new_allgather
             if (entry is not None and sendbuf.size and recvbuf.nbytes == p * sendbuf.nbytes
                     and sendbuf.flags.c_contiguous and recvbuf.flags.c_contiguous
-                    and not ((last := self._new_allgather) is not None and last() is sendbuf)):
-                if entry(sendbuf.view(_BYTE), recvbuf.view(_BYTE).reshape(p, -1), None, None, None,
-                         None) is not GENERAL:
+                    and sendbuf is not h[0] and not ((last := self._new_allgather) is not None and last() is sendbuf)
+                    and (rows := _byte_rows(recvbuf, p)) is not None):
+                if entry(sendbuf.view(_BYTE), rows, None, None, None, None) is not GENERAL:
                     self._new_allgather = _weakref(sendbuf)
                     return
         in_place = sendbuf is _IN_PLACE or sendbuf is None
@@ -2348,6 +2368,15 @@ def _decode(rec):
 _BYTE = np.dtype(np.uint8)
 # The element types whose bytes the face moves as they lie (_plain_array's: native, numeric or bool).
 _VIEWABLE = frozenset(np.dtype(code) for code in "?bBhHiIlLqQpPefdgFDG")
+
+
+def _byte_rows(array, p: int):
+    """The bytes of a C-contiguous NumPy array of ``p`` equal nonempty blocks as ``p`` rows, where that is a view
+    of one step (a vector, or a matrix of ``p`` rows, as :meth:`Comm._bytes_of` views them); else None."""
+    ndim = array.ndim
+    if ndim == 2 and array.shape[0] == p:
+        return array.view(_BYTE)
+    return array.view(_BYTE).reshape(p, -1) if ndim == 1 else None
 
 
 def _whole(spec, blocks: int = 1):
