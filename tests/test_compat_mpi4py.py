@@ -2475,7 +2475,9 @@ def test_buffers_that_are_not_numpy_arrays_run_one_kept_plan(face, kind, collect
     The face copies such a buffer into a kept array (a view kept across calls
     would stop the program resizing or closing it), so the communicator sees
     the same arrays every call and compiles, then reuses, one plan; the data
-    still come from the buffer each call, and the buffer stays free.
+    still come from the buffer each call, and the buffer stays free. (A bare
+    buffer's ``Bcast`` goes to the communicator's entry on a fresh view of it
+    instead, and keeps nothing.)
     """
     MPI, comm = face
     rng = np.random.default_rng()
@@ -2501,7 +2503,12 @@ def test_buffers_that_are_not_numpy_arrays_run_one_kept_plan(face, kind, collect
             recv = send
         assert np.frombuffer(bytes(memoryview(recv).cast("B")), np.float64).tolist() == values.tolist()
         plans.append(comm.comm.last_plan(name))
-    assert plans[-1] is not None and plans[-1] is not before and plans[-1] is plans[-2], (before, plans)
+    if collective == "Bcast" and typed(send) is send:
+        # A bare buffer's broadcast goes to the communicator's entry for new arrays on a fresh byte view every
+        # call (cheaper than the kept copy): no copy is kept, and the view is gone after each call.
+        assert not [key for key in comm._stages if id(send) in key], comm._stages
+    else:
+        assert plans[-1] is not None and plans[-1] is not before and plans[-1] is plans[-2], (before, plans)
     _let_go(send)
     if recv is not send:
         _let_go(recv)

@@ -693,6 +693,17 @@ class Comm(MPI.Intracomm):
                     self._new_bcast = _weakref(buf)
                     return
         if root.__class__ is int and 0 <= root < self._size:
+            if buf.__class__ in _STAGED_TYPES and (data := _fresh_bytes(buf)) is not None:
+                # Another buffer (a bytearray, an mmap ...), new or not: a fresh byte view for this call alone
+                # (it lets go when the call returns, so the program can resize or close the buffer), to the
+                # communicator's entry for it, or its broadcast, which makes that entry by the next call or two.
+                # A kept copy (below) costs more; one NumPy cannot view, or read-only, goes below.
+                entry = self.comm._new_broadcast
+                if entry is not None and entry(data, data, None, None, root, None) is not GENERAL:
+                    return
+                if data.flags.writeable and not self.comm.check:
+                    self._blocking["broadcast"](data, root, out=data)
+                    return
             if _plain_array(buf) and not self.comm.check:  # a NumPy array, new or not
                 # Its bytes, in place, as the general path moves them (every rank's message alike, whatever
                 # form each rank gave its buffer in).
@@ -2368,6 +2379,15 @@ def _decode(rec):
 _BYTE = np.dtype(np.uint8)
 # The element types whose bytes the face moves as they lie (_plain_array's: native, numeric or bool).
 _VIEWABLE = frozenset(np.dtype(code) for code in "?bBhHiIlLqQpPefdgFDG")
+
+
+def _fresh_bytes(buf):
+    """A new uint8 view of all of a C-contiguous buffer that is not a NumPy array (:data:`_STAGED_TYPES`), or None
+    where NumPy cannot view it so (not C-contiguous, an mmap closed ...): the general path then names the problem."""
+    try:
+        return np.frombuffer(buf, _BYTE)
+    except (BufferError, TypeError, ValueError):
+        return None
 
 
 def _byte_rows(array, p: int):
