@@ -1055,21 +1055,6 @@ class Comm(MPI.Intracomm):
         self._blocking[collective](fill[0], *root, out=rows)
         return self._memo(h, collective, a, b, fill[0], rows, *root, fill=fill)
 
-    def _rooted_entry(self, entry, block, blocks, root: int, gathering: bool) -> bool:
-        """Whether the communicator's ``entry`` for new arrays ran a gather (``gathering``) or a scatter of
-        ``block``, a new C-contiguous vector of a native type: this rank's block (a gather's send buffer, a
-        scatter's receive buffer). At the root ``blocks`` holds every rank's, as a vector or a matrix of a row per
-        rank (:func:`_byte_rows`); elsewhere it is ignored, as the general path ignores it."""
-        if self._rank != root:
-            return entry(block.view(_BYTE), None, None, None, None, root) is not GENERAL
-        p = self._size
-        if not (blocks.__class__ is _ndarray and blocks.dtype in _VIEWABLE and block.size
-                and blocks.nbytes == p * block.nbytes and blocks.flags.c_contiguous
-                and (rows := _byte_rows(blocks, p)) is not None):
-            return False
-        mine = block.view(_BYTE)
-        return entry(*((mine, rows) if gathering else (rows, mine)), None, None, None, root) is not GENERAL
-
     @staticmethod
     def _by_entry(entry, hot, index: int, x, out, op, root=None) -> bool:
         """Whether ``entry`` ran this reduction: the communicator's entry for its last shape on new arrays.
@@ -1151,7 +1136,14 @@ class Comm(MPI.Intracomm):
             entry = self.comm._new_gather
             if (entry is not None and sendbuf is not h[0] and sendbuf.flags.c_contiguous
                     and not ((last := self._new_gather) is not None and last() is sendbuf)):
-                if self._rooted_entry(entry, sendbuf, recvbuf, root, True):
+                if self._rank != root:
+                    done = entry(sendbuf.view(_BYTE), None, None, None, None, root) is not GENERAL
+                else:
+                    done = (recvbuf.__class__ is _ndarray and recvbuf.dtype in _VIEWABLE and sendbuf.size
+                            and recvbuf.nbytes == self._size * sendbuf.nbytes and recvbuf.flags.c_contiguous
+                            and (rows := _byte_rows(recvbuf, self._size)) is not None
+                            and entry(sendbuf.view(_BYTE), rows, None, None, None, root) is not GENERAL)
+                if done:
                     self._new_gather = _weakref(sendbuf)
                     return
         if root.__class__ is int and 0 <= root < self._size:
@@ -1252,7 +1244,15 @@ class Comm(MPI.Intracomm):
             entry = self.comm._new_scatter
             if (entry is not None and recvbuf is not h[1] and recvbuf.flags.c_contiguous
                     and not ((last := self._new_scatter) is not None and last() is recvbuf)):
-                if self._rooted_entry(entry, recvbuf, sendbuf, root, False):
+                if self._rank != root:
+                    done = entry(recvbuf.view(_BYTE), None, None, None, None, root) is not GENERAL
+                else:
+                    p = self._size
+                    done = (sendbuf.__class__ is _ndarray and sendbuf.dtype in _VIEWABLE and recvbuf.size
+                            and sendbuf.nbytes == p * recvbuf.nbytes and sendbuf.flags.c_contiguous
+                            and (rows := _byte_rows(sendbuf, p)) is not None
+                            and entry(rows, recvbuf.view(_BYTE), None, None, None, root) is not GENERAL)
+                if done:
                     self._new_scatter = _weakref(recvbuf)
                     return
         if root.__class__ is int and 0 <= root < self._size:
