@@ -1241,6 +1241,7 @@ class Comm(MPI.Intracomm):
                 and recvbuf.dtype in _VIEWABLE):
             # A new vector to fill, of the kinds of the communicator's last new-array scatter: straight to that
             # entry, as Bcast's; the root's sendbuf a vector or a matrix of a row per rank, the others' ignored.
+            # (Gather's mirror, written out: one helper for both cost 0.1-0.2x the raw call at 8 B.)
             entry = self.comm._new_scatter
             if (entry is not None and recvbuf is not h[1] and recvbuf.flags.c_contiguous
                     and not ((last := self._new_scatter) is not None and last() is recvbuf)):
