@@ -291,8 +291,10 @@ class Arena:
 
     def set_where(self, where_in, where_out) -> None:
         """Record where this call's ``in`` and ``out`` lie (published with the identity): located, or None."""
-        values = (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0)))
-        if values != self._recorded:  # (a loop on the same arrays records them once: no rank but this one writes)
+        values = (_NOWHERE if where_in is None and where_out is None  # (most calls: their arrays are not shared)
+                  else (*(where_in or (-1, 0, 0)), *(where_out or (-1, 0, 0))))
+        # (a loop on the same arrays records them once: no rank but this one writes)
+        if values is not self._recorded and values != self._recorded:
             self._where[self.rank][:] = values
             self._recorded = values
 
@@ -347,6 +349,9 @@ class Arena:
         """This rank's node call ``seq`` is done with the arena: let its next one in."""
         self.last = seq
         self._serving += 1
+
+
+_NOWHERE = (-1, 0, 0, -1, 0, 0)  # set_where's record of a call whose arrays are not shared arrays
 
 
 # -- MPI ---------------------------------------------------------------------------------------------
