@@ -50,8 +50,8 @@ from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, Pers
                    compile_ops, native_nonblocking_entry, nonblocking_entry, nonblocking_steps, persistent_steps,
                    stand_in, timed_native, write_out)
 from .requests import Request, wait_all, wait_any
-from .schedule import (CLAIM, ONE_SIDED, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun,
-                       check_in, check_in_saying, inplace_safe, native_timeout_error, run_schedule, writes_input)
+from .schedule import (CLAIM, TRANSFER, CallInfo, NodeProgram, Progress, ScheduleRequest, ScheduleRun, check_in,
+                       check_in_saying, has_one_sided, inplace_safe, native_timeout_error, run_schedule, writes_input)
 from .transports._arena import arena_bytes, count_nodes, free_arena, lacks_room, made_arena, node_name
 from .transports.base import ANY_SOURCE, ANY_TAG, Status, allgather_objects, inline
 
@@ -1453,9 +1453,8 @@ class Communicator(VectorCollectives):
                 compiled = self._nonblocking_steps(call, plan)
                 # (rank 0's exscan result is written by the compiled forms alone, see _exscan_identity; a node
                 # schedule's program waits for the arena, which this run's Claim may be the one to make)
-                if ((compiled is not None or call.collective != "exscan" or self.rank != 0)
-                        and (compiled is not None or made_arena(self._coll) is not None
-                             or not any(step.kind in ONE_SIDED for step in plan[1]))):
+                if compiled is not None or ((call.collective != "exscan" or self.rank != 0)
+                                            and (made_arena(self._coll) is not None or not has_one_sided(plan[1]))):
                     self._by_shape_i[call.fresh] = [plan, compiled, self._pool(call, plan), None]
                     self._fresh_hot_i.pop(call.collective, None)
             return ScheduleRequest(run, self._progress)
@@ -1932,7 +1931,7 @@ class Communicator(VectorCollectives):
         src = stand_in(len(call.src), call.dtype)
         dst = src if call.aliased and inplace_safe else stand_in(len(call.dst), call.dtype)
         bufs = {"in": src, "out": dst, "tmp": stand_in(scratch_n, call.dtype)}
-        if any(step.kind in ONE_SIDED for step in steps):  # (the blocking calls' program of these steps)
+        if has_one_sided(steps):  # (the blocking calls' program of these steps)
             program = self._node_program(steps, bufs)
             return None if program is None else _node_steps(program.steps, self.rank)
         return _then_write(nonblocking_steps(steps, bufs, self._coll, call.collective, name),
@@ -2059,7 +2058,7 @@ class Communicator(VectorCollectives):
         """A persistent collective for ``call`` (MPI-4 ``*_init``); see :class:`commkit.plan.PersistentRequest`."""
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         plan = self._plans.get(_plan_key(call, algorithm, True)) or self._plan(call, algorithm, timeout, True)
-        one_sided = plan[1] is not None and any(step.kind in ONE_SIDED for step in plan[1])
+        one_sided = plan[1] is not None and has_one_sided(plan[1])
         claim = None
         if one_sided:  # (compiled plans run no one-sided step)
             plan, claim = self._persistent_arena(call, algorithm, plan, timeout)

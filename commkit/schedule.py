@@ -88,6 +88,11 @@ __all__ = [
 TRANSFER, REDUCE, COPY = 0, 1, 2
 PUT, GET, REDUCE_SLOTS, PUBLISH, WAIT, CLAIM, RELEASE = 3, 4, 5, 6, 7, 8, 9
 ONE_SIDED = frozenset((PUT, GET, REDUCE_SLOTS, PUBLISH, WAIT, CLAIM, RELEASE))
+
+
+def has_one_sided(steps) -> bool:
+    """Whether a schedule's ``steps`` use the node arena (a node algorithm's, docs/node.md)."""
+    return any(step.kind in ONE_SIDED for step in steps)
 """The kinds of the steps that work on the node arena (every kind above COPY)."""
 
 

@@ -233,6 +233,10 @@ def _numeric(dtype) -> bool:
     return dtype.kind in _NUMERIC and dtype.isnative and not dtype.hasobject and dtype.fields is None
 
 
+# The element types whose bytes the face moves as they lie: the numeric ones, found by one set lookup at a call.
+_VIEWABLE = frozenset(dtype for dtype in map(np.dtype, np.typecodes["All"]) if _numeric(dtype))
+
+
 def _predefined_dtypes() -> dict[int, np.dtype]:
     """Every predefined MPI datatype with a numeric NumPy equivalent, by handle."""
     table = {}
@@ -2055,7 +2059,7 @@ class Comm(MPI.Intracomm):
             return None
         flags, rows_flags, dtype, rows_dtype = block.flags, blocks.flags, block.dtype, blocks.dtype
         if not (flags.c_contiguous and flags.writeable and rows_flags.c_contiguous and rows_flags.writeable
-                and dtype.kind in "biufc" and rows_dtype.kind in "biufc" and dtype.isnative and rows_dtype.isnative
+                and dtype in _VIEWABLE and rows_dtype in _VIEWABLE
                 and (blocks.nbytes == block.nbytes and not block.nbytes % self._size if rows
                      else blocks.nbytes == self._size * block.nbytes)
                 # (_arrays_apart's first test, written out: 0.1 us of the call it saves, at every call)
@@ -2378,8 +2382,6 @@ def _decode(rec):
 
 
 _BYTE = np.dtype(np.uint8)
-# The element types whose bytes the face moves as they lie (_plain_array's: native, numeric or bool).
-_VIEWABLE = frozenset(np.dtype(code) for code in "?bBhHiIlLqQpPefdgFDG")
 
 
 def _fresh_bytes(buf):
@@ -2439,7 +2441,7 @@ def _plain_array(buf) -> bool:
     if buf.__class__ is not _ndarray or not buf.ndim:
         return False
     flags = buf.flags
-    return flags.c_contiguous and flags.writeable and buf.dtype.kind in "biufc" and buf.dtype.isnative
+    return flags.c_contiguous and flags.writeable and buf.dtype in _VIEWABLE
 
 
 def _mpi4py_order(objects, op):
