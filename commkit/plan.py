@@ -1104,6 +1104,11 @@ def _never(x) -> bool:
     return False
 
 
+def _never_steady() -> bool:
+    """A retired plan's ``steady``."""
+    return False
+
+
 def _readiness(plan):
     """``plan.ready(x)``: whether the plan may run for a call that passed its very arrays again.
 
@@ -1130,6 +1135,11 @@ def _readiness(plan):
     if out is not None:
         terms.append(f"{'_x' if out is x else '_o'}.flags.writeable")
     exec(f"def ready(x):\n    return {' and '.join(terms)}\n", ns)
+    # steady(): the terms that do not read the plan's arrays, for a caller that made those arrays itself and
+    # never hands them out (the mpi4py face's byte views of a program's buffers), so that their shape, element
+    # type and flags are still what they were; the face checks the program's own buffers before it asks.
+    exec(f"def steady():\n    return {' and '.join(terms[1:3])}\n", ns)
+    plan.steady = ns["steady"]
     return ns["ready"]
 
 
@@ -1146,7 +1156,7 @@ class Plan:
 
     __slots__ = ("comm", "run", "collective", "algorithm", "choice", "signature", "dtype", "keep", "result",
                  "finish", "recorder", "append", "lock", "last", "tagbase", "seq_mask", "seq_shift", "hot", "ready",
-                 "shape_x", "shape_out", "parts")
+                 "shape_x", "shape_out", "parts", "steady")
 
     def __init__(self, comm, ops, tagbase, collective, algorithm, choice, signature, dtype, keep, result,
                  finish=None, prologue=None, slots=None, fresh=None, timed=False):
@@ -1209,6 +1219,7 @@ class Plan:
         compiles anew.
         """
         self.ready = _never
+        self.steady = _never_steady
 
 
 

@@ -681,7 +681,7 @@ class Comm(MPI.Intracomm):
             buf = _whole(buf)
         h = self._hot_bcast
         plan = h[4]
-        if plan is not None and h[0] is buf and h[2] is root and _still_plain(buf) and plan.ready(h[3]):
+        if plan is not None and h[0] is buf and h[2] is root and _still_plain(buf) and plan.steady():
             plan.run()
             return
         if buf.__class__ is _ndarray and buf.ndim == 1 and buf.dtype in _VIEWABLE:
@@ -1026,9 +1026,12 @@ class Comm(MPI.Intracomm):
         the copy of its own blocks that the call reads (see :meth:`_in_place_memo`),
         taken again from ``own`` before each run. The method runs ``plan``
         while ``a`` and ``b`` are the same objects, still plain where this rank
-        reads or writes them (:func:`_still_plain`), and ``plan.ready(x)``:
-        every check the communicator's call would make (a plan it forgot is
-        never ready again).
+        reads or writes them (:func:`_still_plain`), and ``plan.steady()``: the
+        communicator's state allows it (a plan it forgot is never steady
+        again). ``x`` and ``out`` are the face's own views, handed to no one,
+        so what ``plan.ready(x)`` would check of them (shape, element type,
+        flags) cannot have changed: the program's arrays are what
+        ``_still_plain`` checks.
         """
         r = root[0] if root else None
         if h[0] is a and h[1] is b and h[2] is r and h[3] is x:
@@ -1127,7 +1130,7 @@ class Comm(MPI.Intracomm):
         h = self._hot_gather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
-                and _still_plain(sendbuf) and (self._rank != root or _still_plain(recvbuf)) and plan.ready(h[3]):
+                and _still_plain(sendbuf) and (self._rank != root or _still_plain(recvbuf)) and plan.steady():
             if h[5] is not None:  # in place: the root's own block, read from a copy
                 h[3][...] = h[5][1]
             plan.run()
@@ -1238,7 +1241,7 @@ class Comm(MPI.Intracomm):
         h = self._hot_scatter
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf and h[2] is root \
-                and _still_plain(recvbuf) and (self._rank != root or _still_plain(sendbuf)) and plan.ready(h[3]):
+                and _still_plain(recvbuf) and (self._rank != root or _still_plain(sendbuf)) and plan.steady():
             plan.run()
             return
         if (recvbuf.__class__ is _ndarray and root.__class__ is int and recvbuf.ndim == 1
@@ -1349,7 +1352,7 @@ class Comm(MPI.Intracomm):
         h = self._hot_allgather
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
-                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.steady():
             if h[5] is not None:  # in place: this rank's own block, read from a copy
                 h[3][...] = h[5][1]
             plan.run()
@@ -1444,7 +1447,7 @@ class Comm(MPI.Intracomm):
         h = self._hot_alltoall
         plan = h[4]
         if plan is not None and h[0] is sendbuf and h[1] is recvbuf \
-                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.ready(h[3]):
+                and _still_plain(sendbuf) and _still_plain(recvbuf) and plan.steady():
             if h[5] is not None:  # in place: the blocks this rank sends, read from a copy
                 h[3][...] = h[5][1]
             plan.run()
