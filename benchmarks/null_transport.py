@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """commkit's own per-call cost, with a transport that moves nothing.
 
-    python benchmarks/null_transport.py
+    python benchmarks/null_transport.py [--calls 100000] [--sweeps 7]
 
 A 2-rank communicator over a transport whose transfers return at once: what is
 left of a repeated ``allreduce(x, out=out)`` is commkit's per-call path (plan
@@ -11,6 +11,7 @@ printed next to it. No MPI needed.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -20,6 +21,22 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from commkit.communicator import Communicator  # noqa: E402
+
+
+class _Done:
+    """A posted transfer that moved nothing: complete from the start, no peer ever outstanding."""
+
+    def test(self) -> bool:
+        return True
+
+    def settles(self) -> bool:
+        return True
+
+    def wait(self, timeout):
+        return []
+
+    def abandon(self):
+        pass
 
 
 class NullTransport:
@@ -38,6 +55,9 @@ class NullTransport:
     def sendrecv(self, dest, sbuf, source, rbuf, tag):
         pass
 
+    def post(self, sends, recvs, tag):
+        return _Done()
+
     def transfer(self, sends, recvs, tag, timeout):
         return []
 
@@ -49,11 +69,17 @@ def per_call(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=100_000, help="calls per sweep (default 100000)")
+    parser.add_argument("--sweeps", type=int, default=7, help="sweeps (default 7)")
+    args = parser.parse_args(argv)
+    if args.calls < 1 or args.sweeps < 1:
+        parser.error(f"--calls and --sweeps must be at least 1; got {args.calls} and {args.sweeps}.")
     comm = Communicator(NullTransport())
     x = np.ones(2, np.float32)
     out = np.empty_like(x)
-    calls, sweeps = 100_000, 7
+    calls, sweeps = args.calls, args.sweeps
     allreduce = [per_call(lambda: comm.allreduce(x, out=out), calls) for _ in range(sweeps)]
     add = [per_call(lambda: np.add(x, out, out=out), calls) for _ in range(sweeps)]
     print(f"allreduce(x, out=out), 8 B, 2 ranks, null transport: {np.median(allreduce) * 1e6:.2f} us per call "

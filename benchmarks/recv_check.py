@@ -1,6 +1,6 @@
 """The cost of checking a collective receive's size: MPI_Sendrecv of 8 B with and without it, 2 ranks.
 
-Run: mpiexec -n 2 python recv_check.py [--calls N] [--rounds R]
+Run: mpiexec -n 2 python benchmarks/recv_check.py [--calls N] [--rounds R]
 
 Four forms, interleaved round by round on one Dup of COMM_WORLD (rank 0 prints):
   raw       comm.Sendrecv(s, peer, tag, r, peer, tag)              (no status: commkit before the check)
@@ -14,12 +14,17 @@ Timings are meaningful only on a quiet machine with ranks <= cores.
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from commkit.transports.mpi import MPITransport
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # the checkout's commkit, also when it is not installed (or another copy is)
+
+from commkit.transports.mpi import MPITransport  # noqa: E402
 
 
 def main():
