@@ -3,8 +3,8 @@
 ``null_transport.py`` (a few hundred calls over a transport that moves nothing,
 no MPI) runs in a plain process, and its transport's posted transfers are
 checked to complete at once; ``call_cost.py``, ``face_forms.py``,
-``face_overhead.py``, ``recv_check.py`` and ``first_call.py`` (2 sweeps of a few
-calls) run under 2-rank jobs, as a user runs them inside a job of their own;
+``face_overhead.py``, ``recv_check.py``, ``first_call.py`` and ``floor_parts.py``
+(2 sweeps of a few calls) run under 2-rank jobs, as a user runs them inside a job of their own;
 ``profile_steps.py``, which starts its own 2-rank job, runs two algorithms for
 2 iterations. Each must exit 0, print no traceback, and print the table or
 lines it promises. Benchmarks are never timed unit tests: nothing here asserts
@@ -32,6 +32,7 @@ FACE_OVERHEAD = os.path.join(BENCHMARKS, "face_overhead.py")
 PROFILE_STEPS = os.path.join(BENCHMARKS, "profile_steps.py")
 RECV_CHECK = os.path.join(BENCHMARKS, "recv_check.py")
 FIRST_CALL = os.path.join(BENCHMARKS, "first_call.py")
+FLOOR_PARTS = os.path.join(BENCHMARKS, "floor_parts.py")
 # Set by an outer mpiexec or commkit command; a script that starts its own job must not see them.
 OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
 
@@ -171,3 +172,30 @@ def test_first_call_prints_every_call_form_at_each_size(mpi):
     for size in (8, 1024):
         row = next(line for line in out.splitlines() if line.split()[:1] == [str(size)])
         assert len(row.split()) == 12, row  # the size and one time for each of the 11 forms
+
+
+@pytest.mark.mpi
+def test_floor_parts_prints_each_collectives_parts_beside_the_raw_call(mpi):
+    out = _as_main(mpi, [FLOOR_PARTS, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
+    assert "Command: `mpiexec -n 2 python benchmarks/floor_parts.py --sizes 8,1024 --sweeps 2 --calls 5" in out, out
+    assert "| call | bytes | raw (us) | p2p / raw | + least bookkeeping / raw | commkit / raw | face / raw |" in out
+    for collective in ("Bcast", "Reduce", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall"):
+        for size in (8, 1024):
+            row = next(line for line in out.splitlines() if line.startswith(f"| {collective} | {size} |"))
+            assert len(row.strip("|").split("|")) == 7, row
+
+
+@pytest.mark.mpi
+def test_floor_parts_says_it_needs_two_ranks_when_run_on_three(mpi):
+    code = f"""
+    import runpy
+    import sys
+
+    sys.argv = [{FLOOR_PARTS!r}, "--calls", "5", "--sweeps", "1"]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert exc.code == 2, exc.code
+    """
+    result = mpi(3, code, timeout=120)
+    assert "run it under mpiexec -n 2 (got 3)" in result.stderr, result.stderr
