@@ -551,7 +551,8 @@ def _generate(plan, units, prologue, slots=None, fresh=None, timed=False) -> Cal
     ns = {"_acquire": plan.lock.acquire, "_release": plan.lock.release, "_comm": plan.comm, "_CommTimeout": CommTimeout,
           "_append": plan.append, "_recorder": plan.recorder, "_last": plan.last, "_plan": plan,
           "_InvalidBuffer": InvalidBuffer, "transfer_error": transfer_error, "_rank": plan.comm.rank,
-          "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish, "_stale": plan.comm._stale}
+          "_finish": plan.finish, "_result": plan.result, "_end": FlightRecorder.finish, "_stale": plan.comm._stale,
+          "_attrs": plan.comm.__dict__}
     names = _Names(ns, slots)
     const, sliced, unsafe = names.const, names.sliced, names.unsafe
 
@@ -665,8 +666,10 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, entry):
     # exception anywhere there (an interrupt between two bookkeeping lines) never leaves it held.
     guarded = [
         *(line[4:] for line in guard[2:]),
-        "seq = _comm._seq",
-        "_comm._seq = seq + 1",
+        # The call number and last choice through the communicator's own attributes (its __dict__, which
+        # holds no reference back): the weak proxy's attribute access costs more, at every call.
+        "seq = _attrs['_seq']",
+        "_attrs['_seq'] = seq + 1",
         "if _stale:  # messages of a call this rank refused, to drop before they could match (Communicator._spend_number)",
         "    _comm._drop_stale(seq)",
         *([f"tag = ((seq & {plan.seq_mask}) << {plan.seq_shift}) | {plan.tagbase}"] if uses_tag else []),
@@ -675,7 +678,7 @@ def _assemble(plan, ns, body, sliced, marks, slots, fresh, timed, entry):
         f"rec = [seq, {coll}, {alg}, {signature_name}, 0.0, None, {first}, {step0}, 'running']",
         *(["_pending = None"] if waits_native else []),
         "_append(rec)",
-        "_comm._last = _last",
+        "_attrs['_last'] = _last",
         "_recorder.active = rec",
         "try:",
         *("    " + line for line in body),
@@ -896,7 +899,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
     comm = spec.comm
     choice, steps, scratch_n, inplace_safe, name, tagbase, signature = spec.plan
     layout, progress, recorder = comm._layout, comm._progress, comm._recorder
-    ns = {"_comm": comm, "_acquire": comm._entry.acquire, "_release": comm._entry.release, "_progress": progress,
+    ns = {"_comm": comm, "_attrs": comm.__dict__, "_acquire": comm._entry.acquire, "_release": comm._entry.release,
+          "_progress": progress,
           "_stale": comm._stale, "_recorder": recorder, "_append": recorder.calls.append, "_last": (name, choice), "_sig": signature,
           "_monotonic": _monotonic, "_compiled": spec.compiled, "_chan": comm._coll, "_Request": ScheduleRequest,
           "_Run": ScheduleRun, "_Completed": CompletedRequest,
@@ -928,8 +932,8 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "    if _progress.held >= _max_held or not _acquire(False):",
         "        return _GENERAL  # (the general path raises, naming the limit or the concurrent call)",
         "    try:",
-        "        seq = _comm._seq",
-        "        _comm._seq = seq + 1",
+        "        seq = _attrs['_seq']  # (as in a plan's run)",
+        "        _attrs['_seq'] = seq + 1",
         "        if _stale:  # (as in a plan's run)",
         "            _comm._drop_stale(seq)",
         "        if _progress.requests:",
@@ -938,7 +942,7 @@ def nonblocking_entry(entry: Entry, spec: IEntry):
         "        # end, step, step_obj, state",
         f"        rec = [seq, {coll}, {alg}, _sig, _monotonic(), None, -1, None, 'running']",
         "        _append(rec)",
-        "        _comm._last = _last",
+        "        _attrs['_last'] = _last",
         f"        tag = ((seq & {layout.seq_mask}) << {layout.seq_shift}) | {tagbase}",
         *("        " + line for line in start),
         "        # Driven at once, as a run is at its start: the steps that complete now.",
