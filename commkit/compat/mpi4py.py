@@ -558,13 +558,23 @@ class Comm(MPI.Intracomm):
         """mpi4py's ``bcast``: ``root``'s object on every rank (a scalar travels as its value, not pickled)."""
         if root.__class__ is not int or not 0 <= root < self._size:
             return MPI.Intracomm.bcast(self, obj, root)  # mpi4py's own error
-        rec, _, locks, _ = self._object_records()
-        with locks[0]:
+        records = self._object_records()
+        rec = records.sent
+        lock = records.bcast_lock
+        lock.acquire()
+        try:
             if self._rank == root:
                 _encode(obj, rec)
-            self._blocking["broadcast"](rec, root, out=rec)
+            plan = records.bcast_plan
+            if plan is not None and records.bcast_root == root and plan.steady():
+                plan.run()
+            else:
+                self._blocking["broadcast"](rec, root, out=rec)
+                records.bcast_plan, records.bcast_root = self.comm.plan_of("broadcast", rec, rec, root), root
             if rec[0] != _PICKLED:
                 return _decode(rec)
+        finally:
+            lock.release()
         return MPI.Intracomm.bcast(self, obj, root)
 
     def allgather(self, sendobj):
@@ -584,6 +594,8 @@ class Comm(MPI.Intracomm):
         objects = self._gathered(sendobj, None)
         if objects is None:
             return MPI.Intracomm.allreduce(self, sendobj, op)
+        if len(objects) == 2:  # (_mpi4py_order's first case, written out: the commonest call)
+            return op(objects[0], objects[1])
         return _mpi4py_order(objects, op)
 
     def reduce(self, sendobj, op=MPI.SUM, root: int = 0):
@@ -596,23 +608,10 @@ class Comm(MPI.Intracomm):
         return _mpi4py_order(objects, op) if self._rank == root else None
 
     def _object_records(self):
-        """This rank's record, every rank's, and the locks of ``bcast`` and ``allgather``.
-
-        The records are kept, so the communicator replays its plan for them, and
-        another thread's call must not write them before this one has read
-        them: the face takes the locks of the communicator that mpi4py's own
-        lowercase methods take (``MPI._comm_lock_table``), released before it
-        runs one of those.
-        """
+        """The face's records of the lowercase methods' objects (:class:`_Records`), made at the first such call."""
         records = self.__dict__.get("_records")
         if records is None:
-            table = MPI._comm_lock_table(self)
-            locks = tuple(table.setdefault(key, threading.Lock()) for key in ("bcast", "allgather"))
-            every = np.zeros((self._size, 4), np.int64)
-            # The columns _gathered reads, viewed once: every rank's kind, and its value as a float and an int.
-            mine = np.zeros(4, np.int64)
-            columns = (every[:, 0], every.view(np.float64)[:, 2], every[:, 2], mine.view(np.float64))
-            records = self._records = (mine, every, locks, columns)
+            records = self._records = _Records(self._size, MPI._comm_lock_table(self))
         return records
 
     def _gathered(self, sendobj, root):
@@ -621,15 +620,23 @@ class Comm(MPI.Intracomm):
         None, on every rank, where some rank's object is not a scalar: the
         caller then runs mpi4py's own method, which pickles.
         """
-        rec, records, locks, (kinds, floats, ints, rec_floats) = self._object_records()
-        with locks[1]:
+        records = self.__dict__.get("_records") or self._object_records()
+        lock = records.allgather_lock
+        lock.acquire()
+        try:
             if sendobj.__class__ is float:  # _encode's commonest case, written out
-                rec[0] = _FLOAT
-                rec_floats[2] = sendobj
+                records.mine_q[0] = _FLOAT
+                records.mine_d[2] = sendobj
             else:
-                _encode(sendobj, rec)
-            self._blocking["allgather"](rec, out=records)
-            kinds = set(kinds.tolist())  # (one call into NumPy: a tiny array's own ops cost more)
+                _encode(sendobj, records.mine)
+            plan = records.allgather_plan
+            if plan is not None and plan.steady():
+                plan.run()
+            else:
+                self._blocking["allgather"](records.mine, out=records.every)
+                records.allgather_plan = self.comm.plan_of("allgather", records.mine, records.every)
+            every_q = records.every_q
+            kinds = set(every_q[::4])
             if _PICKLED in kinds:
                 return None
             if root is not None and self._rank != root:
@@ -637,10 +644,12 @@ class Comm(MPI.Intracomm):
             if len(kinds) == 1:  # every rank sent the same kind: all at once
                 kind = kinds.pop()
                 if kind == _FLOAT:
-                    return floats.tolist()
+                    return records.every_d[2::4].tolist()
                 if kind == _INT:
-                    return ints.tolist()
-            return [_decode(r) for r in records]
+                    return every_q[2::4].tolist()
+            return [_decode(r) for r in records.every]
+        finally:
+            lock.release()
 
     # -- collectives ---------------------------------------------------------------------
     #
@@ -2340,6 +2349,35 @@ class Comm(MPI.Intracomm):
                     f"{name}: its blocks span bytes {lower} to {lower + span} but the buffer holds {raw.size}."
                 )
         return blocks
+
+
+class _Records:
+    """The fixed records the face's lowercase methods send, and the plans that move them.
+
+    ``mine`` (``bcast`` has its own, ``sent``) holds this rank's object as
+    ``[kind, unused, 16 bytes of value]`` (:func:`_encode`); ``every`` gets every
+    rank's, one row each. They are the face's own arrays, handed to no one, so
+    once the communicator has compiled a plan for a call on them the face runs
+    it directly while ``plan.steady()`` holds, and reads and writes them through
+    memoryviews (``*_q`` as int64s, ``*_d`` as float64s: a Python number at
+    once). Another thread's call must not write them before this one has read
+    them: each method holds the lock of the communicator that mpi4py's own
+    lowercase method takes (``MPI._comm_lock_table``), released before it runs
+    one of those.
+    """
+
+    __slots__ = ("mine", "sent", "every", "mine_q", "mine_d", "every_q", "every_d", "bcast_lock",
+                 "allgather_lock", "allgather_plan", "bcast_plan", "bcast_root")
+
+    def __init__(self, size: int, lock_table: dict):
+        self.mine, self.sent, self.every = np.zeros(4, np.int64), np.zeros(4, np.int64), np.zeros((size, 4), np.int64)
+        self.mine_q = memoryview(self.mine).cast("B").cast("q")
+        self.mine_d = memoryview(self.mine).cast("B").cast("d")
+        self.every_q = memoryview(self.every).cast("B").cast("q")
+        self.every_d = memoryview(self.every).cast("B").cast("d")
+        self.bcast_lock = lock_table.setdefault("bcast", threading.Lock())
+        self.allgather_lock = lock_table.setdefault("allgather", threading.Lock())
+        self.allgather_plan = self.bcast_plan = self.bcast_root = None
 
 
 def _encode(obj, rec) -> None:
