@@ -1472,13 +1472,18 @@ def test_example_program_runs_unchanged_but_for_one_line(mpi, example):
 # -- single-process checks (COMM_SELF, one rank, in this process) -------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def face():
+    """A face of its own for each test (over a Dup of COMM_SELF), so that what one test's calls leave behind
+    (the face's memos, kept copies and views, its communicator's plans and entries) meets no other test."""
     from mpi4py import MPI
 
     from commkit.compat.mpi4py import wrap
 
-    return MPI, wrap(MPI.COMM_SELF)
+    comm = wrap(MPI.COMM_SELF.Dup())
+    yield MPI, comm
+    if comm:  # (a test may have freed it)
+        comm.Free()
 
 
 @pytest.fixture
@@ -1912,7 +1917,8 @@ def _readonly(n):
 
 def test_unknown_attributes_fall_through_to_mpi4py(face):
     MPI, comm = face
-    assert comm.Get_name() == MPI.COMM_SELF.Get_name()
+    comm.Set_name("a face of its own")  # (the fixture's face is over a Dup, which MPI leaves unnamed)
+    assert comm.Get_name() == "a face of its own" == MPI.Intracomm.Get_name(comm)
     assert comm.allreduce(3) == 3  # mpi4py's pickle-based method
     assert re.search("rank 0 of 1", repr(comm))
     x, out = np.arange(3), np.zeros(3, np.int64)
