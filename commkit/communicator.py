@@ -1237,8 +1237,9 @@ class Communicator(VectorCollectives):
         transport = self._coll
         native_ok = self._native_ok(call)
         nodes, node_why = self._node_why(call)
+        library = getattr(transport, "library", None)
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok, nodes,
-                                  node_why, transport.name, persistent)
+                                  node_why, transport.name, persistent, library)
         if not choice.forced and algorithms.is_node_only(choice.algorithm):
             # A table chose the node engine: a call the arena cannot hold (COMMKIT_NODE_ARENA_BYTES set small,
             # or COMMKIT_SEGMENT_ELEMENTS large), or an arena that cannot be had, takes the next rule instead of
@@ -1246,7 +1247,7 @@ class Communicator(VectorCollectives):
             node_why = self._arena_why(choice, call, timeout)
             if node_why is not None:
                 choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, native_ok,
-                                          nodes, node_why, transport.name, persistent)
+                                          nodes, node_why, transport.name, persistent, library)
         alg = choice.algorithm
         root = call.root if call.collective in _ROOTED else None
         op = call.op.name if call.op is not None else None
@@ -2128,7 +2129,8 @@ class Communicator(VectorCollectives):
                 f"a persistent {call.collective} request with algorithm {plan[4]!r}, asked for by name, runs on a "
                 f"node arena of its own, which cannot be had: {why}")
         choice = selection.select(call.collective, self.size, call.nbytes, call.op, algorithm, self._native_ok(call),
-                                  self._node_why(call)[0], why, self._coll.name, True)
+                                  self._node_why(call)[0], why, self._coll.name, True,
+                                  getattr(self._coll, "library", None))
         name = choice.algorithm.name
         plan = self._plan(call, name if choice.segment is None else f"{name}:{choice.segment}", timeout, True)
         # (stacklevel: the caller of *_init, through _persistent, _run and its _announced wrapper, and the form's

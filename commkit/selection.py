@@ -16,7 +16,9 @@ the communicator's ranks share one node's memory, so the node engine's
 algorithms, :mod:`commkit.algorithms.node`, can run the call) and name the
 transport it was measured on (``transport: "mpi"``; the threads world's
 messages are handed over without a copy, so what wins under MPI need not win
-there), and leave persistent requests out (``persistent: false``: where a
+there) and the MPI library (``library: "MPICH"`` or ``"Open MPI"``, as
+``MPI.get_vendor()`` names it: where one library's runs all put an algorithm
+ahead and the other's do not), and leave persistent requests out (``persistent: false``: where a
 persistent request measured otherwise than a blocking call or an i-form); the
 first rule whose bounds hold *and* whose algorithm
 applies wins, so a rule naming ``ring`` is skipped for a non-commutative op.
@@ -91,7 +93,7 @@ FALLBACK = {
 }
 
 _RULE_KEYS = {"algorithm", "reason", "min_procs", "max_procs", "min_bytes", "max_bytes", "commutative",
-              "segment_bytes", "one_node", "transport", "persistent"}
+              "segment_bytes", "one_node", "transport", "library", "persistent"}
 
 
 class Choice:
@@ -173,6 +175,9 @@ def validate_table(table, source: str) -> dict:
             if "transport" in rule and not isinstance(rule["transport"], str):
                 raise InvalidArgument(f"{where}: transport must be a transport's name such as \"mpi\", "
                                       f"got {rule['transport']!r}.")
+            if "library" in rule and not isinstance(rule["library"], str):
+                raise InvalidArgument(f"{where}: library must be an MPI library's name as MPI.get_vendor() gives it "
+                                      f"(\"MPICH\", \"Open MPI\"), got {rule['library']!r}.")
             if "segment_bytes" in rule:
                 seg = rule["segment_bytes"]
                 if not isinstance(seg, int) or isinstance(seg, bool) or seg < 1:
@@ -208,13 +213,15 @@ def default_table() -> dict:
 
 
 def rule_matches(rule: dict, size: int, nbytes: int, op, one_node: bool, transport: str | None,
-                 persistent: bool = False) -> bool:
+                 persistent: bool = False, library: str | None = None) -> bool:
     """Whether ``rule``'s bounds hold for a call (its algorithm may still not apply: see :func:`select`)."""
     if rule.get("one_node") and not one_node:
         return False
     if persistent and rule.get("persistent", True) is False:
         return False
     if rule.get("transport", transport) != transport:
+        return False
+    if "library" in rule and rule["library"] != library:
         return False
     if size < rule.get("min_procs", 0) or size > rule.get("max_procs", size):
         return False
@@ -235,7 +242,7 @@ def _why_not(alg, size, op, native_ok, nodes, node_why) -> str | None:
 
 def select(collective: str, size: int, nbytes: int, op=None, requested: str | None = None,
            native_ok: bool = False, nodes: int | None = None, node_why: str | None = None,
-           transport: str | None = None, persistent: bool = False) -> Choice:
+           transport: str | None = None, persistent: bool = False, library: str | None = None) -> Choice:
     """Choose the algorithm for one call; see the module docstring for the precedence.
 
     ``op`` is a :class:`~commkit.ops.Op` or an op name such as ``"sum"`` (None for
@@ -245,6 +252,8 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     ``transport`` is the name of the transport the call runs on (None: not
     known; rules naming one then do not match). ``persistent``: True for a
     persistent request (``*_init``), which rules marked ``"persistent": false`` skip.
+    ``library``: the MPI library under the transport (``"MPICH"``, ``"Open MPI"``;
+    None: none, or not known), which a rule naming one must match.
     """
     one_node = nodes == 1 and node_why is None
     if isinstance(op, str):
@@ -282,7 +291,7 @@ def select(collective: str, size: int, nbytes: int, op=None, requested: str | No
     tables.append((default_table(), "default.json"))
     for table, name in tables:
         for rule in table.get(collective, ()):
-            if rule_matches(rule, size, nbytes, op, one_node, transport, persistent):
+            if rule_matches(rule, size, nbytes, op, one_node, transport, persistent, library):
                 alg = algorithms.get(collective, rule["algorithm"])
                 if algorithms.is_node_only(alg) and not one_node:
                     continue  # a table's node algorithm runs only where the caller says every rank shares one node

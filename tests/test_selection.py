@@ -135,23 +135,26 @@ rule_strategy = st.fixed_dictionaries(
     {"algorithm": st.sampled_from(ALL_NAMES)},
     optional={"min_procs": st.integers(0, 70), "max_procs": st.integers(0, 70), "min_bytes": st.integers(0, 1 << 21),
               "max_bytes": st.integers(0, 1 << 21), "commutative": st.booleans(), "one_node": st.just(True),
-              "transport": st.sampled_from(["mpi", "local"]), "persistent": st.just(False)},
+              "transport": st.sampled_from(["mpi", "local"]), "persistent": st.just(False),
+              "library": st.sampled_from(["MPICH", "Open MPI"])},
 )
 
 
 @given(collective=st.sampled_from(algorithms.COLLECTIVES), size=st.integers(1, 70), nbytes=st.integers(0, 1 << 21),
        commutative=st.booleans(), rules=st.lists(rule_strategy, max_size=6), native_ok=st.booleans(),
        nodes=st.sampled_from([None, 1, 2, 5]), node_why=st.sampled_from([None, "persistent"]),
-       transport=st.sampled_from([None, "mpi", "local"]), persistent=st.booleans())
+       transport=st.sampled_from([None, "mpi", "local"]), persistent=st.booleans(),
+       library=st.sampled_from([None, "MPICH", "Open MPI"]))
 def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, collective, size, nbytes, commutative,
-                                                           rules, native_ok, nodes, node_why, transport, persistent):
+                                                           rules, native_ok, nodes, node_why, transport, persistent,
+                                                           library):
     rules = [r for r in rules if algorithms.get(collective, r["algorithm"]) is not None]
     path = write_table(tmp_path_factory.mktemp("t"), {collective: rules})
     op = (SUM if commutative else NONCOMM) if collective in REDUCING else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("COMMKIT_TUNING", path)
         choice = selection.select(collective, size, nbytes, op, native_ok=native_ok, nodes=nodes, node_why=node_why,
-                                  transport=transport, persistent=persistent)
+                                  transport=transport, persistent=persistent, library=library)
     alg = choice.algorithm
     if alg.name == "native":
         assert native_ok
@@ -161,6 +164,7 @@ def test_selection_never_picks_an_algorithm_that_cannot_run(tmp_path_factory, co
         assert nodes == 1 and node_why is None, choice
     if choice.reason.startswith(path):
         rule = next(r for r in rules if r["algorithm"] == alg.name and r.get("transport", transport) == transport
+                    and r.get("library", library) == library
                     and (not r.get("one_node") or (nodes == 1 and node_why is None))
                     and not (persistent and r.get("persistent", True) is False))
         assert rule is not None
@@ -181,6 +185,24 @@ def test_one_node_rules_need_one_node_the_transport_and_a_call_that_can_use_the_
     assert pick(nodes=1) == "ring"  # transport not known
     assert pick(transport="mpi") == "ring"  # nodes not known
     assert pick(nodes=1, transport="mpi", node_why="a persistent request") == "ring"
+
+
+def test_a_rule_naming_an_mpi_library_matches_that_library_alone(tmp_path, monkeypatch):
+    path = write_table(tmp_path, {"allreduce": [
+        {"one_node": True, "transport": "mpi", "library": "MPICH", "max_bytes": 1000, "algorithm": "shm",
+         "reason": "MPICH's runs"},
+        {"library": "Open MPI", "algorithm": "rabenseifner", "reason": "Open MPI's runs"},
+        {"algorithm": "ring", "reason": "anywhere"}]})
+    monkeypatch.setenv("COMMKIT_TUNING", path)
+
+    def pick(nbytes=64, **where):
+        return selection.select("allreduce", 4, nbytes, SUM, nodes=1, transport="mpi", **where).algorithm.name
+
+    assert pick(library="MPICH") == "shm"
+    assert pick(library="MPICH", nbytes=2000) == "ring"  # past its bound, and the next rule names Open MPI
+    assert pick(library="Open MPI") == "rabenseifner"
+    assert pick() == "ring"  # no library known (the threads world, NCCL): neither rule
+    assert pick(library="Intel MPI") == "ring"
 
 
 def test_a_forced_node_algorithm_where_it_cannot_run_says_why_before_sending():
@@ -232,6 +254,14 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     assert pick("allreduce", 4 << 20, nodes=2, transport="mpi") == "ring"
     assert pick("allreduce", 4 << 20, node_why="persistent", **mpi_node) == "ring"
     assert selection.select("allreduce", 3, 4 << 20, SUM, **mpi_node).algorithm.name != "shm"  # measured at 2
+    # One size down, MPICH's runs all put shm ahead and Open MPI's did not: a rule for MPICH alone.
+    for collective, nbytes in (("allreduce", 8 << 10), ("reduce", 8 << 10), ("gather", 16 << 10),
+                               ("allgather", 16 << 10)):
+        for persistent in (False, True):
+            assert pick(collective, nbytes, library="MPICH", persistent=persistent, **mpi_node) == "shm", collective
+            assert pick(collective, nbytes, library="Open MPI", persistent=persistent, **mpi_node) != "shm"
+        assert pick(collective, nbytes - 8, library="MPICH", **mpi_node) != "shm", collective
+    assert pick("broadcast", 4 << 10, library="MPICH", **mpi_node) != "shm"
 
 
 # -- tuning files ----------------------------------------------------------------------------------
@@ -252,6 +282,7 @@ def test_the_default_picks_shm_only_where_it_was_measured_to_win():
     ({"allreduce": [{"algorithm": "shm", "one_node": 1}]}, "one_node must be true .* got 1"),
     ({"allreduce": [{"algorithm": "shm", "transport": 3}]}, "transport must be a transport's name .* got 3"),
     ({"allreduce": [{"algorithm": "shm", "persistent": True}]}, "persistent must be false .* got True"),
+    ({"allreduce": [{"algorithm": "shm", "library": ["MPICH"]}]}, r"library must be an MPI library's name .* got \['MPICH'\]"),
 ])
 def test_malformed_tuning_files_name_the_file_and_the_problem(tmp_path, monkeypatch, content, problem):
     path = write_table(tmp_path, content)

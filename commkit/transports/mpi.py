@@ -566,6 +566,7 @@ class MPITransport:
     """One MPI communicator, seen as a commkit transport."""
 
     name = "mpi"
+    library = MPI.get_vendor()[0]  # "MPICH", "Open MPI" ...: a tuning rule may name it (commkit.selection)
     supports_any_source = True
 
     def __init__(self, comm, owned: bool = False):
