@@ -214,6 +214,7 @@ _VIEW_BYTES = 1 << 20
 # memory, and the program could no longer resize a bytearray, close an mmap or release a
 # memoryview), which a blocking call moves through a kept copy up to this size: see _Staged.
 _STAGED_TYPES = frozenset((bytearray, bytes, array.array, mmap.mmap, memoryview))
+_TYPEDICT = MPI._typedict  # the buffer formats mpi4py maps to a datatype (a memoryview's .format)
 _STAGE_BYTES = 64 << 10
 _weakref = weakref.ref
 
@@ -706,11 +707,13 @@ class Comm(MPI.Intracomm):
                     self._new_bcast = _weakref(buf)
                     return
         if root.__class__ is int and 0 <= root < self._size:
-            if buf.__class__ in _STAGED_TYPES and (data := _fresh_bytes(buf)) is not None:
+            if buf.__class__ in _STAGED_TYPES and (buf.__class__ is not memoryview or buf.format in _TYPEDICT) \
+                    and (data := _fresh_bytes(buf)) is not None:
                 # Another buffer (a bytearray, an mmap ...), new or not: a fresh byte view for this call alone
                 # (it lets go when the call returns, so the program can resize or close the buffer), to the
                 # communicator's entry for it, or its broadcast, which makes that entry by the next call or two.
-                # A kept copy (below) costs more; one NumPy cannot view, or read-only, goes below.
+                # A kept copy (below) costs more; one NumPy cannot view, or read-only, or a memoryview whose format
+                # mpi4py maps to no datatype (a structured array's 'T{...}'), goes below, which raises as mpi4py.
                 entry = self.comm._new_broadcast
                 if entry is not None and entry(data, data, None, None, root, None) is not GENERAL:
                     return
@@ -865,19 +868,17 @@ class Comm(MPI.Intracomm):
         if recvbuf.__class__ is list:
             recvbuf = _whole(recvbuf)
         h = self._hot_allreduce
-        if h[1] is recvbuf and h[0] is sendbuf and h[2] is op:
+        again = h[1] is recvbuf and h[0] is sendbuf and h[2] is op
+        if again:
             plan = h[5]
             if plan is not None and plan.ready(h[3]):
                 plan.run()
                 return
-            self._allreduce(h[3], h[4], out=recvbuf)
-            if plan is None or not plan.ready(h[3]):  # (the communicator compiles one the second time; retires it
-                # at forget_plans)
-                self._hot_allreduce = h[:5] + (self.comm.plan_of("allreduce", h[3], recvbuf, h[4]),)
-            return
+            # Else the checks below again: the program may have reshaped or retyped the arrays in place since
+            # (the memo's x and op were made for them as they were then).
         comm = self.comm
         entry = comm._new_allreduce  # new arrays of the communicator's last shape: _by_entry, written out
-        if entry is not None and type(recvbuf) is _ndarray:
+        if entry is not None and not again and type(recvbuf) is _ndarray:
             known = self._entry_op  # (op, dtype, commkit op) of the last Allreduce the entry was handed
             if known[0] is op and known[1] is recvbuf.dtype:
                 kop = known[2]
@@ -895,6 +896,9 @@ class Comm(MPI.Intracomm):
         if short is not None:
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
+            if again:  # (the communicator compiles a plan at the second call; retires it at forget_plans)
+                self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1],
+                                       self.comm.plan_of("allreduce", short[0], recvbuf, short[1]))
             return
         if self._moved_allreduce[2] == (op, None) and self._moved("_moved_allreduce", sendbuf, recvbuf):
             return
@@ -1175,7 +1179,7 @@ class Comm(MPI.Intracomm):
                     self._hot_gather = self._memo(h, "gather", sendbuf, recvbuf, *views, root)
                     return
                 elif (sendbuf is _IN_PLACE or sendbuf is None) and _plain_array(recvbuf) \
-                        and not recvbuf.nbytes % self._size:  # the root's block already sits in recvbuf
+                        and not recvbuf.size % self._size:  # the root's block already sits in recvbuf
                     self._hot_gather = self._in_place_memo(h, "gather", sendbuf, recvbuf, root, root)
                     return
             # The short path: buffers seen before.
@@ -1285,7 +1289,7 @@ class Comm(MPI.Intracomm):
                     self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, views[1], views[0], root)
                     return
                 elif (recvbuf is _IN_PLACE or recvbuf is None) and _plain_array(sendbuf) \
-                        and not sendbuf.nbytes % self._size:  # the root's block stays where it is, in sendbuf
+                        and not sendbuf.size % self._size:  # the root's block stays where it is, in sendbuf
                     x = self._bytes_of(sendbuf, self._size)
                     self._blocking["scatter"](x, root)
                     self._hot_scatter = self._memo(h, "scatter", sendbuf, recvbuf, x, None, root)
@@ -1385,7 +1389,7 @@ class Comm(MPI.Intracomm):
                 self._blocking["allgather"](views[0], out=views[1])
                 self._hot_allgather = self._memo(h, "allgather", sendbuf, recvbuf, *views)
                 return
-            if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % p:
+            if in_place and _plain_array(recvbuf) and not recvbuf.size % p:
                 self._hot_allgather = self._in_place_memo(h, "allgather", sendbuf, recvbuf, self._rank)
                 return
         # The short path: buffers seen before. In place, this rank's block already sits in recvbuf.
@@ -1467,7 +1471,7 @@ class Comm(MPI.Intracomm):
                 self._blocking["alltoall"](views[0], out=views[1])
                 self._hot_alltoall = self._memo(h, "alltoall", sendbuf, recvbuf, *views)
                 return
-            if in_place and _plain_array(recvbuf) and not recvbuf.nbytes % self._size:
+            if in_place and _plain_array(recvbuf) and not recvbuf.size % self._size:
                 self._hot_alltoall = self._in_place_memo(h, "alltoall", sendbuf, recvbuf, None)
                 return
         # The short path: buffers seen before. In place, recvbuf holds what this rank sends.
@@ -1956,7 +1960,7 @@ class Comm(MPI.Intracomm):
         key = _cache_key(True, buf, count, displ, datatype, blocks)
         if key is not None:
             msg = self._views.get(key)
-            if msg is not None and msg.source is buf and (not writable or buf.flags.writeable):
+            if msg is not None and _still_kept(msg, buf, writable):
                 return msg
         elif blocking and type(buf) in _STAGED_TYPES:
             key = _spec_key((True, writable), buf, count, displ, datatype, blocks)
@@ -2033,7 +2037,7 @@ class Comm(MPI.Intracomm):
         if buf.__class__ is _ndarray:
             key = _spec_key(raw, buf, count, None, datatype, blocks)
             msg = self._views.get(key) if key is not None else None
-            if msg is None or msg.source is not buf or (writable and not buf.flags.writeable):
+            if msg is None or not _still_kept(msg, buf, writable):
                 return None
             return msg
         if buf.__class__ in _STAGED_TYPES:
@@ -2072,7 +2076,9 @@ class Comm(MPI.Intracomm):
         flags, rows_flags, dtype, rows_dtype = block.flags, blocks.flags, block.dtype, blocks.dtype
         if not (flags.c_contiguous and flags.writeable and rows_flags.c_contiguous and rows_flags.writeable
                 and dtype in _VIEWABLE and rows_dtype in _VIEWABLE
-                and (blocks.nbytes == block.nbytes and not block.nbytes % self._size if rows
+                # (whole elements a block, as mpi4py counts them: 3 doubles do not split over 2 ranks)
+                and not blocks.size % self._size
+                and (blocks.nbytes == block.nbytes and not block.size % self._size if rows
                      else blocks.nbytes == self._size * block.nbytes)
                 # (_arrays_apart's first test, written out: 0.1 us of the call it saves, at every call)
                 and (block.base is None and blocks.base is None and block is not blocks
@@ -2155,7 +2161,7 @@ class Comm(MPI.Intracomm):
         msg = None
         if key is not None:
             msg = self._views.get(key)
-            if msg is not None and (msg.source is not buf or (writable and not buf.flags.writeable)):
+            if msg is not None and not _still_kept(msg, buf, writable):
                 msg = None
         elif blocking and type(buf) in _STAGED_TYPES:
             key = _spec_key((False, writable), buf, count, displ, datatype, blocks)
@@ -2241,6 +2247,7 @@ class Comm(MPI.Intracomm):
             if len(self._views) >= _VIEWS:
                 self._views.clear()
             msg.source = buf
+            msg.form = (buf.dtype, buf.shape, buf.flags.writeable)
             self._views[key] = msg
         return msg
 
@@ -2436,11 +2443,15 @@ def _fresh_bytes(buf):
 
 def _byte_rows(array, p: int):
     """The bytes of a C-contiguous NumPy array of ``p`` equal nonempty blocks as ``p`` rows, where that is a view
-    of one step (a vector, or a matrix of ``p`` rows, as :meth:`Comm._bytes_of` views them); else None."""
+    of one step (a vector, or a matrix of ``p`` rows, as :meth:`Comm._bytes_of` views them); else None.
+
+    A block is whole elements, as mpi4py counts it: a vector whose elements do not split into ``p`` blocks
+    (3 doubles on 2 ranks) is None, though its bytes would, and the general path names the problem.
+    """
     ndim = array.ndim
     if ndim == 2 and array.shape[0] == p:
         return array.view(_BYTE)
-    return array.view(_BYTE).reshape(p, -1) if ndim == 1 else None
+    return array.view(_BYTE).reshape(p, -1) if ndim == 1 and not array.size % p else None
 
 
 def _whole(spec, blocks: int = 1):
@@ -2462,18 +2473,33 @@ def _whole(spec, blocks: int = 1):
     return spec
 
 
+def _still_kept(msg, buf, writable: bool) -> bool:
+    """Whether the message a face kept for the NumPy array ``buf`` (:meth:`Comm._keep`) still is its message.
+
+    The same object, of the element type and shape it had (the program may set
+    either in place: the kept views, or the array itself, would then give the
+    communicator arrays of another shape or type than mpi4py reads), and, for a
+    call that writes it, writeable now and when kept (views made of a read-only
+    array stay read-only).
+    """
+    form = msg.form
+    return (msg.source is buf and form[0] is buf.dtype and form[1] == buf.shape
+            and (not writable or form[2] and buf.flags.writeable))
+
+
 def _still_plain(array) -> bool:
     """Whether a NumPy array that was plain (:func:`_plain_array`) at an earlier call still is, as its bytes go.
 
     The same object keeps its class and its memory; a shape or element type set
-    in place since keeps its bytes, which are what the face moves; only its
-    flags can change what may be done with them. ``MPI.IN_PLACE`` and None
+    in place since keeps its bytes, which are what the face moves; its flags can
+    change what may be done with them, and so can an element type mpi4py would
+    refuse (bytes ``S8``, ``datetime64``: the general path then raises as mpi4py). ``MPI.IN_PLACE`` and None
     (an in-place call's memo holds one of them) stay what they were.
     """
     if array is _IN_PLACE or array is None:
         return True
     flags = array.flags
-    return flags.writeable and flags.c_contiguous
+    return flags.writeable and flags.c_contiguous and array.dtype in _VIEWABLE
 
 
 def _plain_array(buf) -> bool:
@@ -2742,10 +2768,12 @@ class _Message:
     the user's memory once the operation has completed; ``refresh`` is None, or
     (for a buffer MPI packed) what packs it again, for a persistent call's next
     start; ``source`` is the user's array for a message kept in a face's view
-    cache.
+    cache, and ``form`` that array's element type, shape and writeability when
+    it was kept (see :func:`_still_kept`).
     """
 
-    __slots__ = ("_head", "_row", "_scratch", "array", "count", "dtype", "finish", "refresh", "shaped", "source")
+    __slots__ = ("_head", "_row", "_scratch", "array", "count", "dtype", "finish", "refresh", "shaped", "source",
+                 "form")
 
     def __init__(self, array, count, dtype, finish=None, blocks=0):
         self.array = array
@@ -2754,7 +2782,7 @@ class _Message:
         self.finish = finish
         self.refresh = None
         self.shaped = array.reshape(blocks, count) if blocks else array
-        self.source = None
+        self.source = self.form = None
         self._scratch = self._head = self._row = None
 
     def copy_of(self, view):
@@ -2824,7 +2852,9 @@ class _Staged(_Message):
         # A memoryview kept alive would keep its object's memory exported: only a weak reference to it.
         self._owner = buf if type(buf) in (bytearray, bytes) else _weakref(buf)
         self._user = None
-        self.source = buf  # a kept message: copy_of and head keep their arrays (see _Message)
+        # A kept message (copy_of and head keep their arrays, see _Message): marked with the weak reference, not
+        # the buffer, which would keep a memoryview's object exported, and a dropped buffer alive.
+        self.source = self._owner
 
     def attach(self, buf, fill: bool = True) -> bool:
         """View ``buf`` afresh for this call; False where ``buf`` is not this message's any more.
