@@ -327,6 +327,8 @@ class _Opaque(Exception):
 
 
 _NOTHING = object()  # matches no argument: the empty state of a last-call cache
+_NO_MEMO = (_NOTHING,) * 4 + (None, None)  # the data-movement memos' (see Comm._memo)
+_NO_REDUCE_MEMO = (_NOTHING,) * 6  # Allreduce's and Reduce's (see Comm._reduce_memo)
 
 
 def _announced(what: str | None):
@@ -412,16 +414,15 @@ class Comm(MPI.Intracomm):
         # The arguments of the last Allreduce that took the short path, and what they became:
         # (sendbuf, recvbuf, op, x, commkit op, the communicator's plan for them once it has one).
         # A loop repeating one call skips _short, and runs the plan while plan.ready() holds.
-        self._hot_allreduce = (_NOTHING,) * 6
+        self._hot_allreduce = _NO_REDUCE_MEMO
         # The last buffer Bcast, Gather, Scatter (its recvbuf) and Allgather handed to the communicator's entry,
         # weakly (as the communicator holds its own last call's arrays: it keeps no program's array alive).
         self._new_bcast = self._new_gather = self._new_scatter = self._new_allgather = None
         self._entry_op = (_NOTHING,) * 3  # the last MPI op and dtype of an Allreduce handed to the entry: see Allreduce
-        self._hot_reduce = (_NOTHING,) * 6  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
+        self._hot_reduce = _NO_REDUCE_MEMO  # Reduce's: (sendbuf, recvbuf, op, root, x, plan), see _reduce_memo
         # The last Bcast, Gather, Scatter, Allgather and Alltoall of plain NumPy arrays, or of IN_PLACE and one
         # (see _memo): a loop repeating one of them on its arrays runs the communicator's plan for them, while it may.
-        self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = \
-            (_NOTHING,) * 4 + (None, None)
+        self._hot_bcast = self._hot_gather = self._hot_scatter = self._hot_allgather = self._hot_alltoall = _NO_MEMO
         # The last call of each blocking collective above on kept copies of other buffers (see _Staged, _move_memo).
         self._moved_allreduce = self._moved_reduce = self._moved_bcast = self._moved_gather = self._moved_scatter = \
             self._moved_allgather = self._moved_alltoall = _NO_MOVE
@@ -894,6 +895,10 @@ class Comm(MPI.Intracomm):
                 return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
+            if not (_small(sendbuf) and _small(recvbuf)):  # (no memo holds an array past _VIEW_BYTES)
+                self._hot_allreduce = _NO_REDUCE_MEMO
+                self._allreduce(short[0], short[1], out=recvbuf)
+                return
             self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
             if again:  # (the communicator compiles a plan at the second call; retires it at forget_plans)
@@ -974,6 +979,8 @@ class Comm(MPI.Intracomm):
         """Reduce's memo after a short-path call (``short``: what :meth:`_short` made of it, ``out`` the
         communicator's), given the memo ``h`` before it: ``(sendbuf, recvbuf, op, root, x, plan)``, as
         :meth:`_memo` keeps for the data-movement calls (the op is part of the call here)."""
+        if not (_small(sendbuf) and _small(recvbuf)):
+            return _NO_REDUCE_MEMO
         if h[0] is sendbuf and h[1] is recvbuf and h[2] is op and h[3] is root:
             plan = h[5]
             if plan is None or not plan.ready(short[0]):
@@ -1047,6 +1054,8 @@ class Comm(MPI.Intracomm):
         ``_still_plain`` checks.
         """
         r = root[0] if root else None
+        if not (_small(a) and _small(b)):  # (the face keeps no array past _VIEW_BYTES alive, as the general path)
+            return _NO_MEMO
         if h[0] is a and h[1] is b and h[2] is r and h[3] is x:
             plan = h[4]
             if plan is None or not plan.ready(x):
@@ -2001,9 +2010,10 @@ class Comm(MPI.Intracomm):
             data = array.reshape(-1).view(_BYTE)
             if blocks:
                 data = data.reshape(blocks, -1)
-        if len(cache) >= 8:
-            cache.clear()
-        cache[key] = (array, data, blocks)
+        if array.nbytes <= _VIEW_BYTES:  # (as the general path, the face keeps no larger array alive)
+            if len(cache) >= 8:
+                cache.clear()
+            cache[key] = (array, data, blocks)
         return data
 
     def _kept(self, spec, blocks: int, writable: bool, raw: bool = True, fill: bool = True):
@@ -2105,7 +2115,8 @@ class Comm(MPI.Intracomm):
             return True
         if same_memory(send, recv):
             return False
-        self._arrays_apart_pair = (send, recv)
+        if send.nbytes <= _VIEW_BYTES and recv.nbytes <= _VIEW_BYTES:  # (no larger array kept alive)
+            self._arrays_apart_pair = (send, recv)
         return True
 
     def _apart(self, send, recv) -> bool:
@@ -2471,6 +2482,13 @@ def _whole(spec, blocks: int = 1):
             and (count is None or count.__class__ is int and count * blocks == buf.size):
         return buf
     return spec
+
+
+def _small(array) -> bool:
+    """Whether a face's memo may hold a call's argument: anything but a NumPy array past ``_VIEW_BYTES``, as
+    the general path keeps no larger array alive (a dropped 4 MiB array is freed). ``MPI.IN_PLACE``, None and
+    a buffer this rank ignores (a non-root's ``recvbuf`` of a Gather) are held as they come."""
+    return array.__class__ is not _ndarray or array.nbytes <= _VIEW_BYTES
 
 
 def _still_kept(msg, buf, writable: bool) -> bool:
