@@ -2275,6 +2275,9 @@ class Comm(MPI.Intracomm):
         runs it at every start, to send what the buffer holds then.
         """
         log.debug("%s; MPI packs it for commkit's algorithm.", why)
+        if writable and buf is not None and buf is not _BOTTOM and _read_only(buf):
+            # Before any message is sent: the result could not be unpacked into it (mpi4py would refuse it too).
+            raise InvalidBuffer(f"{name} is read-only; the face must write the result into it.")
         local, n_blocks = self._local(), max(blocks, 1)
         total = None if count is None else _index(count, name, "count") * n_blocks
         spec = [buf, total, displ, datatype]  # mpi4py's own parser reads it, and raises its own errors
@@ -2296,7 +2299,15 @@ class Comm(MPI.Intracomm):
         if writable:
             def finish():
                 receiving = local.Isend([data, MPI.PACKED], 0, _PACK_TAG)
-                local.Recv(spec, 0, _PACK_TAG)
+                try:
+                    local.Recv(spec, 0, _PACK_TAG)
+                except BaseException:
+                    # Take the packed result back off the face's own queue, where the next packed call would
+                    # match it (and wait for its own for ever), then raise what mpi4py raised.
+                    if local.Iprobe(0, _PACK_TAG):
+                        local.Recv([np.empty_like(data), MPI.PACKED], 0, _PACK_TAG)
+                    receiving.Wait()
+                    raise
                 receiving.Wait()
         msg = _Message(data, data.size // n_blocks, _UINT8, finish, blocks)
         msg.refresh = refresh
@@ -2482,6 +2493,17 @@ def _whole(spec, blocks: int = 1):
             and (count is None or count.__class__ is int and count * blocks == buf.size):
         return buf
     return spec
+
+
+def _read_only(buf) -> bool:
+    """Whether ``buf`` (an object with the buffer protocol) is read-only; False where it cannot say."""
+    if buf.__class__ is _ndarray:
+        return not buf.flags.writeable
+    try:
+        with memoryview(buf) as view:
+            return view.readonly
+    except (TypeError, ValueError, BufferError):  # no buffer protocol, or released: mpi4py names it later
+        return False
 
 
 def _small(array) -> bool:
