@@ -43,7 +43,7 @@ from .algorithms.pipelined import segment_elements
 from .algorithms.recursive_halving import allreduce_recursive_doubling
 from .errors import (AlgorithmNotApplicable, CollectiveMismatch, CommBroken, CommClosed, CommError, CommTimeout,
                      ConcurrentCall, InvalidArgument, InvalidBuffer, PeerFailed, UnsupportedOp)
-from .identity import TagLayout
+from .identity import TagLayout, kind_code
 from .mesh import make_mesh
 from .ops import MAX, get_op
 from .plan import (SEEN, Entry, IEntry, InterpretedPersistentRequest, Plan, PersistentPool, PersistentRequest, Slots,
@@ -303,7 +303,8 @@ def _announced(collective: str | None):
              f"        try:\n"
              f"            return _fn({forward})\n"
              f"        except _local_errors:\n"
-             f"            {self_}._spend_number(seq, claims, _is_init(({', '.join(positional[1:])},)))\n"
+             f"            {self_}._spend_number(seq, claims, _is_init(({', '.join(positional[1:])},)), "
+             f"{collective!r} or {positional[1] if len(positional) > 1 else None})\n"
              f"            raise\n"
              f"    return _checked({forward})\n", ns)
         return functools.wraps(fn)(ns["run"])
@@ -315,13 +316,20 @@ def _is_init(args) -> bool:
     return any(type(a) is str and a == "init" for a in args)
 
 
+# The collectives whose every message carries their own kind in its tag (the vector ones may exchange their counts
+# first): a refused one's stale messages are told by kind as well as call number (see Communicator._drop_stale).
+_ONE_KIND = frozenset(("allreduce", "reduce", "broadcast", "gather", "scatter", "allgather", "alltoall",
+                       "reduce_scatter", "scan", "exscan", "barrier"))
+
+
 class _Announcing:
     """The context manager :meth:`Communicator.announce_errors` returns."""
 
-    __slots__ = ("comm", "collective", "persistent", "seq", "claims")
+    __slots__ = ("comm", "collective", "persistent", "seq", "claims", "kind")
 
-    def __init__(self, comm, collective: str, persistent: bool = False):
+    def __init__(self, comm, collective: str, persistent: bool = False, kind: str | None = None):
         self.comm, self.collective, self.persistent, self.seq, self.claims = comm, collective, persistent, None, None
+        self.kind = kind or collective  # the commkit collective it runs as, where the name is another's
 
     def __enter__(self):
         self.seq, self.claims = self.comm._seq, self.comm._persistent_channels.claims
@@ -337,7 +345,7 @@ class _Announcing:
             if comm._check:
                 comm._announce_failure(self.collective, exc)
             else:
-                comm._spend_number(self.seq, self.claims, False)
+                comm._spend_number(self.seq, self.claims, False, self.kind)
         return False
 
 
@@ -940,7 +948,7 @@ class Communicator(VectorCollectives):
             self._progress.settle(seq, self._seq_span, self.timeout)
         return seq
 
-    def _spend_number(self, seq: int, claims: int, persistent: bool) -> None:
+    def _spend_number(self, seq: int, claims: int, persistent: bool, collective: str | None = None) -> None:
         """A call that failed its local checks on this rank before taking call number ``seq``: take it now.
 
         Why. The other ranks made the call too, and where they need nothing from
@@ -973,7 +981,10 @@ class Communicator(VectorCollectives):
         self._next_seq()
         # (Alone, no rank sent it anything; NCCL's channel has no tags to tell a stale message by.)
         if self.size > 1 and getattr(self._coll, "discard", None) is not None:
-            self._stale[seq] = seq + self._seq_span  # (every path that takes a call number looks at it)
+            # (every path that takes a call number looks at it.) The collective's kind, where the tags carry one
+            # and the call is named: see _drop_stale.
+            kind = kind_code(collective) if collective in _ONE_KIND else 0
+            self._stale[seq] = (seq + self._seq_span, kind if kind and self._layout.exact else None)
 
     def _drop_stale(self, seq: int) -> None:
         """Before call ``seq`` sends anything: receive and drop what peers sent for calls this rank gave up.
@@ -983,9 +994,18 @@ class Communicator(VectorCollectives):
         each peer before anything that peer sent for a later call. So each peer's
         oldest message is looked at while it carries such a number, at every
         call until the number comes round again (see :meth:`_spend_number`).
+
+        Near the window's end a peer a call or more ahead may already have sent
+        a message of call ``n + span``, which carries ``n``'s number too (3
+        ranks, one late: it was dropped, and that call waited). Where the tags
+        carry the collective's kind (an exact layout, :class:`TagLayout`) and
+        the refused call was named, only messages of ``n``'s collective (and
+        control traffic, kind 0) are dropped, so a later call of another
+        collective keeps its messages; one of the same collective, a call
+        ahead just then, is the case left.
         """
         layout, coll, stale = self._layout, self._coll, self._stale
-        for number, until in list(stale.items()):
+        for number, (until, kind) in list(stale.items()):
             if seq >= until:
                 del stale[number]
                 continue
@@ -995,8 +1015,9 @@ class Communicator(VectorCollectives):
                     continue
                 while True:
                     status = coll.probe(source, ANY_TAG)
-                    if status is None or (status.tag >> layout.seq_shift) & layout.seq_mask != residue:
-                        break
+                    if status is None or (status.tag >> layout.seq_shift) & layout.seq_mask != residue or (
+                            kind is not None and layout.kind_of(status.tag) not in (kind, 0)):
+                        break  # (kind 0: the call's control traffic, such as the node arena's agreement)
                     coll.discard(status)
 
     def _scratch_buffer(self, xp, dtype, n, nonblocking, role="tmp"):
@@ -1034,7 +1055,7 @@ class Communicator(VectorCollectives):
             "failed": None,
         }, seq, timeout)
 
-    def announce_errors(self, collective: str, *, persistent: bool = False):
+    def announce_errors(self, collective: str, *, persistent: bool = False, kind: str | None = None):
         """A context manager: in check mode, an argument error raised in it reaches every rank.
 
         For code that checks a collective's arguments before calling it (the
@@ -1056,13 +1077,18 @@ class Communicator(VectorCollectives):
         next one pairs with the other ranks' next one, not with the one it
         failed to make.
 
+        ``kind``: the commkit collective the call runs as (``"broadcast"``),
+        where ``collective`` names it otherwise (the face's ``"Bcast"``): the
+        messages dropped for a failed call are then only those of that
+        collective (see :meth:`_drop_stale`).
+
         Example::
 
             with comm.announce_errors("allreduce"):
                 x = parse(args)            # may raise InvalidBuffer on one rank
                 comm.allreduce(x, out=x)
         """
-        return _Announcing(self, collective, persistent)
+        return _Announcing(self, collective, persistent, kind)
 
     def _announce_failure(self, collective: str, exc: BaseException) -> None:
         """Check mode: this rank's call failed its local checks; tell every rank, so none waits for it.

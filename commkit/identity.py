@@ -91,6 +91,12 @@ class TagLayout:
         self.seq_mask = (1 << self.seq_bits) - 1
         self.hash_bits = self.seq_shift - (KIND_BITS + DTYPE_BITS if self.exact else 0)
 
+    def kind_of(self, tag: int) -> int | None:
+        """The collective's kind code a tag carries (:func:`kind_code`), or None where the layout keeps none."""
+        if not self.exact:
+            return None
+        return (tag >> (DTYPE_BITS + self.hash_bits)) & ((1 << KIND_BITS) - 1)
+
     @property
     def max_in_flight(self) -> int:
         """How many calls may be outstanding at once before call numbers could repeat."""

@@ -599,3 +599,18 @@ def test_the_mpi_transport_reads_how_many_ranks_share_the_host(monkeypatch):
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         assert mpi._ranks_here() == want, env
+
+
+def test_a_tag_says_the_kind_of_collective_it_was_sent_for_where_the_layout_has_room():
+    import numpy as np
+
+    from commkit.identity import KINDS, kind_code
+
+    exact, small = TagLayout(2**31 - 1), TagLayout(2**15 - 1)
+    assert exact.exact and not small.exact
+    for collective in KINDS:
+        for seq in (0, 1, 1023, 1024, 70_000):
+            tag = exact.tag(exact.base(collective, np.dtype(np.float64), (("root", 1),)), seq)
+            assert exact.kind_of(tag) == kind_code(collective), (collective, seq)
+            assert small.kind_of(small.tag(small.base(collective), seq)) is None
+    assert exact.kind_of(exact.tag(exact.base("arena"), 5)) == 0  # control traffic: no collective's kind

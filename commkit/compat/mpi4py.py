@@ -331,6 +331,13 @@ _NO_MEMO = (_NOTHING,) * 4 + (None, None)  # the data-movement memos' (see Comm.
 _NO_REDUCE_MEMO = (_NOTHING,) * 6  # Allreduce's and Reduce's (see Comm._reduce_memo)
 
 
+# The one commkit collective each face method runs (a method that may run more, such as Reduce_scatter with its
+# counts' allgather, is not here): a call refused on one rank drops only that collective's messages (see
+# Communicator._drop_stale).
+_RUNS_AS = {"Bcast": "broadcast", "Reduce": "reduce", "Gather": "gather", "Scatter": "scatter",
+            "Allgather": "allgather", "Alltoall": "alltoall", "Reduce_scatter_block": "reduce_scatter"}
+
+
 def _announced(what: str | None):
     """A face call whose arguments fail on one rank still counts as made there; in check mode it fails everywhere.
 
@@ -353,7 +360,8 @@ def _announced(what: str | None):
         def run(self, *args):
             comm = self.comm
             try:
-                with comm.announce_errors(what or args[1], persistent=isinstance(args[-1], _Init)):
+                with comm.announce_errors(what or args[1], persistent=isinstance(args[-1], _Init),
+                                          kind=_RUNS_AS.get(what) if what else args[0]):
                     return fn(self, *args)
             finally:
                 if self._attached:
