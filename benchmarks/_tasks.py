@@ -726,6 +726,32 @@ def copy_bandwidth(raw, nbytes=32 << 20, repeats=5) -> float:
     return float(np.median(rates))
 
 
+def rotated_sweeps(raw, variants: dict, sweeps: int, calls: int) -> list[dict]:
+    """Time ``variants`` (name -> fn()) interleaved: per sweep, name -> the slowest rank's us per call.
+
+    Each sweep runs ``calls`` back-to-back calls of every variant after a
+    barrier on ``raw``, in an order that rotates from sweep to sweep (so no
+    variant always runs first or after the same one); every rank of ``raw``
+    calls it with the same variants. Warm them up first.
+    """
+    from mpi4py import MPI
+
+    names = list(variants)
+    every = []
+    for sweep in range(sweeps):
+        k = sweep % len(names)
+        got = {}
+        for name in names[k:] + names[:k]:
+            fn = variants[name]
+            raw.Barrier()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            got[name] = raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX) * 1e6
+        every.append(got)
+    return every
+
+
 def calibration(raw, calls=2000, repeats=5) -> dict:
     """The machine's state in three numbers, so that a reader can tell a ratio the machine moved from one the code did.
 

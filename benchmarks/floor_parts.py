@@ -38,7 +38,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -47,7 +46,7 @@ for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
         sys.path.insert(0, path)
 
 import numpy as np  # noqa: E402
-from _tasks import calibration, calibration_line, machine_line  # noqa: E402
+from _tasks import calibration, calibration_line, machine_line, rotated_sweeps  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from commkit.compat.mpi4py import wrap  # noqa: E402
@@ -141,24 +140,9 @@ def _time(raw, variants, sweeps, calls):
     for fn in variants.values():  # warm: the communicator compiles its plan at the second call
         for _ in range(20):
             fn()
-    names = list(variants)
-    times = {name: [] for name in names}
-    ratios = {name: [] for name in names}
-    for sweep in range(sweeps):
-        k = sweep % len(names)
-        got = {}
-        for name in names[k:] + names[:k]:
-            fn = variants[name]
-            raw.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            got[name] = raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX) * 1e6
-            times[name].append(got[name])
-        for name in names:
-            ratios[name].append(got[name] / got["raw"])
-    return ({name: statistics.median(v) for name, v in times.items()},
-            {name: statistics.median(v) for name, v in ratios.items()})
+    every = rotated_sweeps(raw, variants, sweeps, calls)
+    return ({name: statistics.median(got[name] for got in every) for name in variants},
+            {name: statistics.median(got[name] / got["raw"] for got in every) for name in variants})
 
 
 def main(argv=None) -> int:

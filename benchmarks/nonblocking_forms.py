@@ -30,7 +30,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -39,7 +38,7 @@ for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
         sys.path.insert(0, path)
 
 import numpy as np  # noqa: E402
-from _tasks import RunState, timing_job  # noqa: E402
+from _tasks import RunState, rotated_sweeps, timing_job  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 from commkit.bench import format_size, parse_sizes  # noqa: E402
@@ -79,23 +78,9 @@ def _time(raw, columns, sweeps, calls):
         if want is not None and not np.array_equal(got, want):
             raise AssertionError(f"{name} gave {got[:4]} where raw i gave {want[:4]}")
         want = got if want is None else want
-    names = list(columns)
-    times = {name: [] for name in names}
-    ratios = {name: [] for name in names}
-    for sweep in range(sweeps):
-        order = names[sweep % len(names):] + names[:sweep % len(names)]
-        got = {}
-        for name in order:
-            call = columns[name]
-            raw.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                call()
-            got[name] = raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX) * 1e6
-            times[name].append(got[name])
-        for name in names:
-            ratios[name].append(got[name] / got["raw i"])
-    return {name: (statistics.median(times[name]), statistics.median(ratios[name])) for name in names}
+    every = rotated_sweeps(raw, columns, sweeps, calls)
+    return {name: (statistics.median(got[name] for got in every),
+                   statistics.median(got[name] / got["raw i"] for got in every)) for name in columns}
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,7 +37,7 @@ for path in (HERE, ROOT):  # the checkout's commkit and the benchmark helpers
         sys.path.insert(0, path)
 
 import numpy as np  # noqa: E402
-from _tasks import calibration, calibration_line, machine_line  # noqa: E402
+from _tasks import calibration, calibration_line, machine_line, rotated_sweeps  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import commkit as ck  # noqa: E402
@@ -96,23 +95,10 @@ def _time(raw, variants, sweeps, calls):
     for fn in variants.values():  # warm: each communicator compiles its plan at the second call
         for _ in range(20):
             fn()
-    names = list(variants)
-    times = {name: [] for name in names}
-    ratios = []
-    for sweep in range(sweeps):
-        k = sweep % len(names)
-        got = {}
-        for name in names[k:] + names[:k]:
-            fn = variants[name]
-            raw.Barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            got[name] = raw.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX) * 1e6
-            times[name].append(got[name])
-        ratios.append(got["polled"] / got["blocking"])
-    return {name: statistics.median(v) for name, v in times.items()}, statistics.median(ratios), min(ratios), \
-        max(ratios)
+    every = rotated_sweeps(raw, variants, sweeps, calls)
+    ratios = [got["polled"] / got["blocking"] for got in every]
+    return {name: statistics.median(got[name] for got in every) for name in variants}, statistics.median(ratios), \
+        min(ratios), max(ratios)
 
 
 def main(argv=None) -> int:
