@@ -580,6 +580,40 @@ def let_go(kind, buf):
         buf.close()
 
 
+def call(coll, send, recv, root, step, n, bare):
+    """Run ``coll`` on buffers of ``n`` doubles a block (Bcast's given bare, or as ``[buf, MPI.DOUBLE]``, as every
+    other call's are); whether its result is the right one."""
+    if coll == "Bcast":
+        fill(send, step + (r if r == root else 50))
+        face.Bcast(send if bare else [send, MPI.DOUBLE], root=root)
+        return np.all(read(send) == step + root)
+    spec, out = [send, MPI.DOUBLE], [recv, MPI.DOUBLE]
+    fill(recv, -1)
+    if coll == "Gather":
+        fill(send, step + r)
+        face.Gather(spec, out, root=root)
+        return r != root or np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
+    if coll == "Scatter":
+        fill(send, step + np.repeat(np.arange(p), n) + 10 * r)
+        face.Scatter(spec, out, root=root)
+        return np.all(read(recv) == step + r + 10 * root)
+    if coll == "Allgather":
+        fill(send, step + r)
+        face.Allgather(spec, out)
+        return np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
+    if coll == "Alltoall":
+        fill(send, step + 10 * r + np.repeat(np.arange(p), n))
+        face.Alltoall(spec, out)
+        return np.array_equal(read(recv), np.repeat(step + 10 * np.arange(p) + r, n))
+    if coll == "Allreduce":
+        fill(send, step + r)
+        face.Allreduce(spec, out, op=MPI.SUM)
+        return np.all(read(recv) == p * step + p * (p - 1) // 2) and read(recv).size == n
+    fill(send, step + r)
+    face.Reduce(spec, out, op=MPI.MAX, root=root)
+    return r != root or np.all(read(recv) == step + p - 1)
+
+
 for kind in ("bytearray", "array", "mmap"):
     for n in (4, 1 << 14):  # (the second past the kept copies' size: a fresh view every call)
         for coll in ("Bcast", "Gather", "Scatter", "Allgather", "Alltoall", "Allreduce", "Reduce"):
@@ -590,36 +624,7 @@ for kind in ("bytearray", "array", "mmap"):
                     send, recv = make(kind, n * sizes[0]), make(kind, n * sizes[1])
                 step = 100 * k + len(coll)
                 try:
-                    if coll == "Bcast":
-                        fill(send, step + (r if r == k % p else 50))
-                        face.Bcast(send, root=k % p)
-                        good = np.all(read(send) == step + k % p)
-                    elif coll == "Gather":
-                        fill(send, step + r)
-                        fill(recv, -1)
-                        face.Gather([send, MPI.DOUBLE], [recv, MPI.DOUBLE], root=k % p)
-                        good = r != k % p or np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
-                    elif coll == "Scatter":
-                        fill(send, step + np.repeat(np.arange(p), n) + 10 * r)
-                        fill(recv, -1)
-                        face.Scatter([send, MPI.DOUBLE], [recv, MPI.DOUBLE], root=k % p)
-                        good = np.all(read(recv) == step + r + 10 * (k % p))
-                    elif coll == "Allgather":
-                        fill(send, step + r)
-                        face.Allgather([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
-                        good = np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
-                    elif coll == "Alltoall":
-                        fill(send, step + 10 * r + np.repeat(np.arange(p), n))
-                        face.Alltoall([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
-                        good = np.array_equal(read(recv), np.repeat(step + 10 * np.arange(p) + r, n))
-                    elif coll == "Allreduce":
-                        fill(send, step + r)
-                        face.Allreduce([send, MPI.DOUBLE], [recv, MPI.DOUBLE], op=MPI.SUM)
-                        good = np.all(read(recv) == p * step + p * (p - 1) // 2)
-                    else:
-                        fill(send, step + r)
-                        face.Reduce([send, MPI.DOUBLE], [recv, MPI.DOUBLE], op=MPI.MAX, root=k % p)
-                        good = r != k % p or np.all(read(recv) == step + p - 1)
+                    good = call(coll, send, recv, k % p, step, n, bare=True)
                     if not good:
                         FAILS.append(f"{kind} {n} {coll} #{k}: wrong result")
                 except Exception as exc:  # noqa: BLE001
@@ -648,34 +653,7 @@ for kind in ("bytearray", "array"):
                     del buf[:]
                     buf.extend([0.0] * n * m)
             step, root = 100 * k + len(coll), k % p
-            if coll == "Bcast":
-                fill(send, step + (r if r == root else 50))
-                face.Bcast([send, MPI.DOUBLE], root=root)
-                good = np.all(read(send) == step + root)
-            elif coll == "Gather":
-                fill(send, step + r)
-                face.Gather([send, MPI.DOUBLE], [recv, MPI.DOUBLE], root=root)
-                good = r != root or np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
-            elif coll == "Scatter":
-                fill(send, step + np.repeat(np.arange(p), n) + 10 * r)
-                face.Scatter([send, MPI.DOUBLE], [recv, MPI.DOUBLE], root=root)
-                good = np.all(read(recv) == step + r + 10 * root)
-            elif coll == "Allgather":
-                fill(send, step + r)
-                face.Allgather([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
-                good = np.array_equal(read(recv), np.repeat(step + np.arange(p), n))
-            elif coll == "Alltoall":
-                fill(send, step + 10 * r + np.repeat(np.arange(p), n))
-                face.Alltoall([send, MPI.DOUBLE], [recv, MPI.DOUBLE])
-                good = np.array_equal(read(recv), np.repeat(step + 10 * np.arange(p) + r, n))
-            elif coll == "Allreduce":
-                fill(send, step + r)
-                face.Allreduce([send, MPI.DOUBLE], [recv, MPI.DOUBLE], op=MPI.SUM)
-                good = np.all(read(recv) == p * step + p * (p - 1) // 2) and read(recv).size == n
-            else:
-                fill(send, step + r)
-                face.Reduce([send, MPI.DOUBLE], [recv, MPI.DOUBLE], op=MPI.MAX, root=root)
-                good = r != root or np.all(read(recv) == step + p - 1)
+            good = call(coll, send, recv, root, step, n, bare=False)
             if not good:
                 FAILS.append(f"resized {kind} {coll} #{k} ({n} a block): wrong result")
         world.Barrier()
