@@ -137,6 +137,43 @@ def benchmark_module(name: str):
         sys.path.pop(0)
 
 
+# Set by an outer mpiexec or commkit command; a benchmark script that starts its own job must not see them.
+OUTER_JOB_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
+
+
+def run_benchmark(argv, timeout=120, env=None) -> str:
+    """Run a benchmark script that starts its own mpiexec job, in a process group of its own: the group is ended
+    on a timeout, and whatever the job left in /dev/shm is removed (``run_group``). Its stdout, once it has
+    exited 0 with no traceback."""
+    from commkit._mpiexec import run_group
+
+    full = {k: v for k, v in os.environ.items() if k not in OUTER_JOB_VARIABLES}
+    full.update(env or {})
+    result = run_group([sys.executable, *argv], timeout=timeout, env=full, cwd=os.path.dirname(HERE))
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+def run_benchmark_as_main(mpi, argv, timeout=120) -> str:
+    """Run a benchmark script that runs under mpiexec (it starts no job of its own) as each of 2 ranks' main
+    program, with arguments ``argv[1:]`` (``mpi``: the fixture); its stdout, once it has exited 0 with no
+    traceback."""
+    code = f"""
+    import runpy
+    import sys
+
+    sys.argv = {list(argv)!r}
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as exc:
+        assert not exc.code, exc.code
+    """
+    result = mpi(2, code, timeout=timeout)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
 def run_mpi(nprocs: int, code: str, *, timeout: float = 120, env: dict | None = None, args=(), check=True):
     """Run Python ``code`` on ``nprocs`` MPI ranks (``python -m mpi4py``, so an uncaught
     exception aborts the whole job). Returns the CompletedProcess; with ``check`` a

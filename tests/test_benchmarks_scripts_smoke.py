@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import benchmark_module
+from conftest import benchmark_module, run_benchmark, run_benchmark_as_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -33,38 +33,6 @@ PROFILE_STEPS = os.path.join(BENCHMARKS, "profile_steps.py")
 RECV_CHECK = os.path.join(BENCHMARKS, "recv_check.py")
 FIRST_CALL = os.path.join(BENCHMARKS, "first_call.py")
 FLOOR_PARTS = os.path.join(BENCHMARKS, "floor_parts.py")
-# Set by an outer mpiexec or commkit command; a script that starts its own job must not see them.
-OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
-
-
-def _run(argv, timeout=120):
-    """Run a script that starts its own mpiexec job in a process group of its own: the group is ended on a
-    timeout, and whatever the job left in /dev/shm is removed (``run_group``). Returns its stdout."""
-    from commkit._mpiexec import run_group
-
-    env = {k: v for k, v in os.environ.items() if k not in OUTER}
-    result = run_group([sys.executable, *argv], timeout=timeout, env=env, cwd=ROOT)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.stdout
-
-
-def _as_main(mpi, argv, timeout=120):
-    """Run a script that runs under mpiexec (it starts no job of its own) as each of 2 ranks' main program,
-    with arguments ``argv[1:]``; its stdout, once it has exited 0 with no traceback."""
-    code = f"""
-    import runpy
-    import sys
-
-    sys.argv = {list(argv)!r}
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as exc:
-        assert not exc.code, exc.code
-    """
-    result = mpi(2, code, timeout=timeout)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result.stdout
 
 
 def test_null_transport_prints_commkits_per_call_cost_beside_the_bare_reduction():
@@ -102,7 +70,7 @@ def test_null_transport_completes_posted_and_nonblocking_transfers_at_once(monke
 @pytest.mark.mpi
 def test_call_cost_prints_every_variant_of_every_collective_and_writes_the_same_markdown(mpi, tmp_path):
     md = tmp_path / "call_cost.md"
-    out = _as_main(mpi, [CALL_COST, "--sweeps", "2", "--calls", "20", "--markdown", str(md)])
+    out = run_benchmark_as_main(mpi, [CALL_COST, "--sweeps", "2", "--calls", "20", "--markdown", str(md)])
     assert "Command: `mpiexec -n 2 python benchmarks/call_cost.py --sweeps 2 --calls 20" in out, out
     assert "Machine state before the run: raw 8 B Allreduce " in out and "; after it: " in out, out
     assert "| collective | bytes | variant | time (us) | vs raw mpi4py | spread of auto |" in out, out
@@ -117,7 +85,7 @@ def test_call_cost_prints_every_variant_of_every_collective_and_writes_the_same_
 
 @pytest.mark.mpi
 def test_face_forms_prints_a_row_for_every_buffer_form_of_every_collective(mpi):
-    out = _as_main(mpi, [FACE_FORMS, "--sizes", "8", "--sweeps", "2", "--calls", "5"])
+    out = run_benchmark_as_main(mpi, [FACE_FORMS, "--sizes", "8", "--sweeps", "2", "--calls", "5"])
     assert "# command: mpiexec -n 2 python benchmarks/face_forms.py --sizes 8 --sweeps 2 --calls 5" in out, out
     assert "# machine state before the run: " in out, out
     assert "| call | bytes | raw (us) | face (us) | commkit (us) | face / raw | commkit / raw |" in out, out
@@ -132,7 +100,7 @@ def test_face_forms_prints_a_row_for_every_buffer_form_of_every_collective(mpi):
 
 @pytest.mark.mpi
 def test_face_overhead_prints_every_variant_and_the_faces_own_cost_at_each_size(mpi):
-    out = _as_main(mpi, [FACE_OVERHEAD, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
+    out = run_benchmark_as_main(mpi, [FACE_OVERHEAD, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
     assert "# float32 sum allreduce, 2 ranks, " in out and "2 sweeps x 5 calls" in out, out
     lines = out.splitlines()
     for size in (8, 1024):
@@ -143,7 +111,7 @@ def test_face_overhead_prints_every_variant_and_the_faces_own_cost_at_each_size(
 
 @pytest.mark.mpi
 def test_profile_steps_prints_each_algorithms_steps_on_every_rank_beside_native(mpi):
-    out = _run([PROFILE_STEPS, "allreduce", "4K", "-a", "recursive_doubling,ring", "-i", "2"])
+    out = run_benchmark([PROFILE_STEPS, "allreduce", "4K", "-a", "recursive_doubling,ring", "-i", "2"])
     assert out.startswith("allreduce, 4K B, 2 ranks, median of 2 runs (ms)"), out
     assert "  native: " in out, out
     for name in ("recursive_doubling", "ring"):
@@ -153,7 +121,7 @@ def test_profile_steps_prints_each_algorithms_steps_on_every_rank_beside_native(
 
 @pytest.mark.mpi
 def test_recv_check_prints_all_four_sendrecv_forms_and_the_checks_cost(mpi):
-    out = _as_main(mpi, [RECV_CHECK, "--calls", "20", "--rounds", "2"])
+    out = run_benchmark_as_main(mpi, [RECV_CHECK, "--calls", "20", "--rounds", "2"])
     assert "MPI_Sendrecv of 8 B, 2 ranks, 20 calls x 2 rounds" in out, out
     for form in ("raw", "status", "bound", "sendrecv"):
         assert f"  {form:9s} median " in out, (form, out)
@@ -162,7 +130,7 @@ def test_recv_check_prints_all_four_sendrecv_forms_and_the_checks_cost(mpi):
 
 @pytest.mark.mpi
 def test_first_call_prints_every_call_form_at_each_size(mpi):
-    out = _as_main(mpi, [FIRST_CALL, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
+    out = run_benchmark_as_main(mpi, [FIRST_CALL, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
     assert "# machine state raw 8 B Allreduce " in out, out
     assert "# float32 sum allreduce (recursive_doubling), 2 ranks, 2 sweeps x 5 calls" in out, out
     header = next(line for line in out.splitlines() if line.split()[:1] == ["bytes"])
@@ -176,7 +144,7 @@ def test_first_call_prints_every_call_form_at_each_size(mpi):
 
 @pytest.mark.mpi
 def test_floor_parts_prints_each_collectives_parts_beside_the_raw_call(mpi):
-    out = _as_main(mpi, [FLOOR_PARTS, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
+    out = run_benchmark_as_main(mpi, [FLOOR_PARTS, "--sizes", "8,1024", "--sweeps", "2", "--calls", "5"])
     assert "Command: `mpiexec -n 2 python benchmarks/floor_parts.py --sizes 8,1024 --sweeps 2 --calls 5" in out, out
     assert "| call | bytes | raw (us) | p2p / raw | + least bookkeeping / raw | commkit / raw | face / raw |" in out
     for collective in ("Bcast", "Reduce", "Allreduce", "Gather", "Scatter", "Allgather", "Alltoall"):

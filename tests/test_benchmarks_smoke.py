@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
-from conftest import benchmark_module
+from conftest import benchmark_module, run_benchmark, run_benchmark_as_main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -32,41 +31,10 @@ POLL_FIRST = os.path.join(ROOT, "benchmarks", "poll_first.py")
 OVERLAP_LOOP = os.path.join(ROOT, "benchmarks", "overlap_loop.py")
 NONBLOCKING_FORMS = os.path.join(ROOT, "benchmarks", "nonblocking_forms.py")
 COLLECTIVES = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
-# Set by an outer mpiexec or commkit command; the script must start its own jobs.
-OUTER = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "HYDRA_CONTROL_FD", "COMMKIT_CLI_CHILD")
 
 
 def _report():
     return benchmark_module("_report")
-
-
-def _run(argv, timeout=120, env=None):
-    """Run a script that starts its own mpiexec job in a process group of its own: the group is ended on a
-    timeout, and whatever the job left in /dev/shm is removed (``run_group``). Returns its stdout."""
-    from commkit._mpiexec import run_group
-
-    full = {k: v for k, v in os.environ.items() if k not in OUTER}
-    full.update(env or {})
-    result = run_group([sys.executable, *argv], timeout=timeout, env=full, cwd=ROOT)
-    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert "Traceback" not in result.stderr
-    return result.stdout
-
-
-def _as_main(mpi, argv, timeout):
-    """Run a script that runs under mpiexec (it starts no job of its own) as each of 2 ranks' main program,
-    with arguments ``argv[1:]``; its stdout."""
-    code = f"""
-    import runpy
-    import sys
-
-    sys.argv = {list(argv)!r}
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as exc:
-        assert not exc.code, exc.code
-    """
-    return mpi(2, code, timeout=timeout).stdout
 
 
 def _floor_segments():
@@ -78,7 +46,7 @@ def _floor_segments():
 def test_quick_memory_floor_prints_its_table_and_leaves_no_segment(mpi, tmp_path):
     before = _floor_segments()
     md = tmp_path / "floor.md"
-    out = _run([FLOOR, "--quick", "--markdown", str(md)])
+    out = run_benchmark([FLOOR, "--quick", "--markdown", str(md)])
     assert "Command: `mpiexec -n 2 python benchmarks/memory_floor.py --quick" in out
     row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
     assert row.count("|") == 13 and "Wrong results: 0." in out
@@ -88,24 +56,24 @@ def test_quick_memory_floor_prints_its_table_and_leaves_no_segment(mpi, tmp_path
 
 @pytest.mark.mpi
 def test_quick_node_floor_prints_its_table_beside_the_memory_bandwidth(mpi):
-    out = _as_main(mpi, [NODE_FLOOR, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"], 300)
+    out = run_benchmark_as_main(mpi, [NODE_FLOOR, "--quick", "--sizes", "64K", "--collectives", "allreduce", "barrier"], 300)
     assert "memory: a 32 MiB np.copyto on every rank at once ran at" in out, out
     assert "allreduce 64Ki: shm / floor = " in out and "barrier" in out, out
 
 
 @pytest.mark.mpi
 def test_quick_node_iforms_times_shm_against_the_two_sided_i_form(mpi):
-    out = _as_main(mpi, [NODE_IFORMS, "--quick", "--sizes", "64K", "--collectives", "allreduce", "alltoall"], 300)
+    out = run_benchmark_as_main(mpi, [NODE_IFORMS, "--quick", "--sizes", "64K", "--collectives", "allreduce", "alltoall"], 300)
     assert "i-forms on new arrays" in out and "shm / two" in out, out
     assert "allreduce           64Ki" in out and "alltoall            64Ki" in out, out
-    out = _as_main(mpi, [NODE_IFORMS, "--quick", "--persistent", "--sizes", "16K", "--collectives", "broadcast",
+    out = run_benchmark_as_main(mpi, [NODE_IFORMS, "--quick", "--persistent", "--sizes", "16K", "--collectives", "broadcast",
                          "scatter"], 300)
     assert "persistent requests" in out and "broadcast           16Ki" in out and "scatter             16Ki" in out, out
 
 
 @pytest.mark.mpi
 def test_poll_first_times_both_transfer_forms_beside_the_raw_call(mpi):
-    out = _as_main(mpi, [POLL_FIRST, "--sweeps", "2", "--calls", "20", "--collectives", "allreduce,broadcast"], 120)
+    out = run_benchmark_as_main(mpi, [POLL_FIRST, "--sweeps", "2", "--calls", "20", "--collectives", "allreduce,broadcast"], 120)
     assert "| collective | bytes | raw (us) | polled (us) | blocking (us) | polled / blocking" in out, out
     for row in ("| allreduce | 8 |", "| allreduce | 1024 |", "| broadcast | 8 |", "| broadcast | 1024 |"):
         assert row in out, out
@@ -115,21 +83,21 @@ def test_poll_first_times_both_transfer_forms_beside_the_raw_call(mpi):
 
 @pytest.mark.mpi
 def test_overlap_loop_times_a_training_steps_loop_beside_mpi4pys(mpi):
-    out = _as_main(mpi, [OVERLAP_LOOP, "--sweeps", "2", "--steps", "20", "--sizes", "8,64K"], 120)
+    out = run_benchmark_as_main(mpi, [OVERLAP_LOOP, "--sweeps", "2", "--steps", "20", "--sizes", "8,64K"], 120)
     assert "| gradient bytes | raw step (us) | commkit step (us) | commkit / raw" in out, out
     assert "| 8 |" in out and "| 64K |" in out and "machine state before the run" in out, out
 
 
 @pytest.mark.mpi
 def test_nonblocking_forms_times_commkits_i_forms_beside_mpi4pys(mpi):
-    out = _as_main(mpi, [NONBLOCKING_FORMS, "--sweeps", "2", "--calls", "20", "--sizes", "8,1K"], 120)
+    out = run_benchmark_as_main(mpi, [NONBLOCKING_FORMS, "--sweeps", "2", "--calls", "20", "--sizes", "8,1K"], 120)
     assert "| bytes | raw i (us) | commkit i (us) | commkit i native (us) |" in out, out
     assert "| 8 |" in out and "| 1K |" in out and "machine state before the run" in out, out
 
 
 @pytest.mark.mpi
 def test_quick_inplace_table_covers_every_in_place_collective(mpi):
-    out = _run([INPLACE, "--quick"])
+    out = run_benchmark([INPLACE, "--quick"])
     assert "Wrong results: 0." in out
     for collective in ("allreduce", "broadcast", "reduce", "scan", "exscan"):
         for name in ("raw mpi4py", "`native`"):
@@ -140,14 +108,14 @@ def test_quick_inplace_table_covers_every_in_place_collective(mpi):
 @pytest.mark.mpi
 def test_quick_new_arrays_table_says_which_allocator_settings_it_ran_with(mpi, tmp_path):
     md = tmp_path / "new.md"
-    out = _run([NEW_ARRAYS, "--quick", "--markdown", str(md)])
+    out = run_benchmark([NEW_ARRAYS, "--quick", "--markdown", str(md)])
     assert "Wrong results: 0." in out and "Allocator: glibc's defaults." in out
     assert "machine state before the run: raw 8 B Allreduce " in out and "; after it: " in out
     assert "| bytes | raw new | commkit new | commkit same | new / same |" in out
     assert "| 64 KiB |" in out and "| 256 KiB |" in out
     assert md.read_text() in out + "\n"
     kept = {"MALLOC_MMAP_THRESHOLD_": "268435456", "MALLOC_TRIM_THRESHOLD_": "536870912"}
-    out = _run([NEW_ARRAYS, "--quick"], env=kept)
+    out = run_benchmark([NEW_ARRAYS, "--quick"], env=kept)
     assert "Allocator: MALLOC_MMAP_THRESHOLD_=268435456, MALLOC_TRIM_THRESHOLD_=536870912." in out
     assert "| 64 KiB |" in out and "Wrong results: 0." in out
 
@@ -155,7 +123,7 @@ def test_quick_new_arrays_table_says_which_allocator_settings_it_ran_with(mpi, t
 @pytest.mark.mpi
 def test_quick_comparison_writes_page_figures_and_right_results(mpi, tmp_path):
     # The script must clear overrides like this one.
-    out = _run([SCRIPT, "--quick", "--out", str(tmp_path)], timeout=150, env={"COMMKIT_ALLREDUCE_ALGORITHM": "naive"})
+    out = run_benchmark([SCRIPT, "--quick", "--out", str(tmp_path)], timeout=150, env={"COMMKIT_ALLREDUCE_ALGORITHM": "naive"})
 
     results = json.loads((tmp_path / "benchmarks.json").read_text())
     rows = results["bench"]["2"]["rows"]
