@@ -903,15 +903,12 @@ class Comm(MPI.Intracomm):
                 return
         short = self._short(sendbuf, recvbuf, op)
         if short is not None:
-            if not (_small(sendbuf) and _small(recvbuf)):  # (no memo holds an array past _VIEW_BYTES)
-                self._hot_allreduce = _NO_REDUCE_MEMO
-                self._allreduce(short[0], short[1], out=recvbuf)
-                return
-            self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1], None)
             self._allreduce(short[0], short[1], out=recvbuf)
-            if again:  # (the communicator compiles a plan at the second call; retires it at forget_plans)
-                self._hot_allreduce = (sendbuf, recvbuf, op, short[0], short[1],
-                                       self.comm.plan_of("allreduce", short[0], recvbuf, short[1]))
+            # The memo (none that would hold an array past _VIEW_BYTES); its plan from the second call, when the
+            # communicator compiles one (it retires it at forget_plans).
+            self._hot_allreduce = _NO_REDUCE_MEMO if not (_small(sendbuf) and _small(recvbuf)) else (
+                sendbuf, recvbuf, op, short[0], short[1],
+                self.comm.plan_of("allreduce", short[0], recvbuf, short[1]) if again else None)
             return
         if self._moved_allreduce[2] == (op, None) and self._moved("_moved_allreduce", sendbuf, recvbuf):
             return
