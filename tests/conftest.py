@@ -289,6 +289,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("mpiexec"))
 
 
+class _GroupInTheNodeId:
+    """Put the ``xdist_group`` name into each grouped test's node id, where pytest-xdist's own hook no longer can.
+
+    ``--dist loadgroup`` tells groups apart by a suffix of the node id
+    (``...::test[2]@mpiexec``) that the worker's hook writes into ``item._nodeid``;
+    since pytest 9.2 a node id is read from ``item._id`` instead, the suffix is
+    lost, and the ``mpi`` tests ran two at a time on the two workers, twice the
+    ranks on the cores (pytest-dev/pytest-xdist#1386). Runs after that hook and
+    adds the suffix only where it is missing, so it does nothing on the versions
+    where pytest-xdist's own works.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        for item in items:
+            names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                            for mark in item.iter_markers("xdist_group")})
+            nodeid = item.nodeid
+            if not names or nodeid.rfind("@") > nodeid.rfind("]"):
+                continue
+            grouped = f"{nodeid}@{'_'.join(names)}"
+            if hasattr(item, "_id"):
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(grouped)
+            else:
+                item._nodeid = grouped
+
+
+def pytest_configure(config):
+    """On a pytest-xdist worker that distributes by group, make sure the groups reach the scheduler."""
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):
+        config.pluginmanager.register(_GroupInTheNodeId(), "commkit-xdist-group")
+
+
 def _controller(config) -> bool:
     """Whether this process runs the session as a whole (not a pytest-xdist worker, which runs a share of it)."""
     return not hasattr(config, "workerinput")

@@ -131,18 +131,24 @@ def test_a_session_whose_jobs_left_nothing_says_nothing(tmp_path):
     assert os.listdir(fake_shm) == ["mpich_shm_before_0"]
 
 
-# A job's lines that print the MPI segments this rank maps ("mapped: name ..."), once its MPI has made them.
-PRINTS_MAPPED = """
+# A job's lines that write down the MPI segments this rank maps, once its MPI has made them: one file per rank
+# ("mapped.<pid>") beside the job's script, written and closed before the job goes on. (Not printed: an abort ends
+# the launcher's forwarding of the ranks' output, and once kept only "mapped:" of a line.)
+WRITES_MAPPED = """
+import os
 with open("/proc/self/maps") as f:
     mapped = {line.split("/dev/shm/")[1].split()[0] for line in f if "/dev/shm/" in line}
-print("mapped:", *sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment."))), flush=True)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"mapped.{os.getpid()}"), "w") as f:
+    f.write(" ".join(sorted(name for name in mapped if name.startswith(("mpich_shm_", "sm_segment.")))))
 """
 
 
-def _still_there(out: str) -> list:
-    """The segments a job printed as mapped (:data:`PRINTS_MAPPED`) that are still in /dev/shm."""
-    mapped = {name for line in out.splitlines() if line.startswith("mapped:") for name in line.split()[1:]}
-    assert mapped, out  # else the job made no segment and the test proves nothing
+def _still_there(job_dir, nprocs: int = 2) -> list:
+    """The segments the job's ranks wrote down as mapped (:data:`WRITES_MAPPED`) that are still in /dev/shm."""
+    files = sorted(job_dir.glob("mapped.*"))
+    assert len(files) == nprocs, files  # else a rank never got there
+    mapped = {name for path in files for name in path.read_text().split()}
+    assert mapped, files  # else the job made no segment and the test proves nothing
     return sorted(name for name in mapped if os.path.exists(os.path.join("/dev/shm", name)))
 
 
@@ -158,7 +164,7 @@ from mpi4py import MPI
 
 comm = MPI.COMM_WORLD
 comm.Barrier()  # every rank has made or attached the library's segments
-""" + PRINTS_MAPPED + """
+""" + WRITES_MAPPED + """
 comm.Barrier()
 if comm.Get_rank() == 1:
     comm.Abort(3)
@@ -184,7 +190,7 @@ def test_a_program_run_in_a_group_that_starts_an_aborting_job_leaves_no_segment(
     job, env = _job(tmp_path, ABORTS)
     result = run_group([sys.executable, "-c", STARTS_ITS_OWN_JOB, str(job)], timeout=120, env=env)
     assert result.returncode == 3, result.stdout + result.stderr
-    assert not _still_there(result.stdout)
+    assert not _still_there(tmp_path)
 
 
 # A pytest process that starts MPI itself (a test module importing mpi4py.MPI), as the test session's conftest
@@ -266,7 +272,7 @@ import commkit
 
 comm = commkit.init()
 comm.allreduce(np.ones(4))  # every rank has made or attached the library's segments
-""" + PRINTS_MAPPED + """
+""" + WRITES_MAPPED + """
 comm.barrier()
 if comm.rank == 1:
     raise ValueError("a rank's own error")
@@ -291,4 +297,4 @@ def test_a_rank_that_raises_under_a_plain_mpiexec_leaves_no_segment(tmp_path):
     finally:
         terminate_group(proc)
     assert proc.returncode != 0 and "rank 1 raised ValueError" in err, out + err
-    assert not _still_there(out)
+    assert not _still_there(tmp_path)
