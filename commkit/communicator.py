@@ -63,6 +63,9 @@ _EMPTY = np.empty(0, np.uint8)  # the "tmp" of algorithms that need no scratch (
 # Messages that may still arrive for calls that timed out: kept alive (never freed under the
 # transport's feet) for as long as this process runs. Only timeouts add to it.
 _ABANDONED: list = []
+# The longest free() waits to hear from every rank where the library needs that (Communicator._check_in_before_free)
+# and the communicator has no timeout of its own.
+FREE_CHECK_IN_S = 10.0
 _SEEN_ONCE = object()  # a shape seen once: its shape plan is compiled the next time
 # What Communicator._fresh and an entry (plan.Plan.entry) answer when the call must take the general path;
 # the mpi4py face, which calls an entry itself, reads it too.
@@ -618,7 +621,11 @@ class Communicator(VectorCollectives):
         whose calls used the node engine (docs/node.md) it also gives the node arena
         back, which waits until every rank has called ``free()`` (for the timeout,
         when one is set; a rank that does not come then leaves the arena to the end
-        of the job, with a warning).
+        of the job, with a warning). Under Open MPI every rank hears from every other
+        before the contexts go (for the timeout, or 10 s without one; then a warning,
+        and freed all the same): there a message still in flight to a freed
+        communicator is taken for the next one's, whose first message is then lost
+        (docs/troubleshooting.md).
         """
         if self._closed is _FREED:
             return
@@ -628,14 +635,18 @@ class Communicator(VectorCollectives):
         self._forget_shapes()
         self._forget_hot()
         self._node_programs.clear()  # (they view the arena, which goes next)
-        self._free_arena()
+        if self._free_arena() is None:  # (freeing an arena checks in already, or warned that a rank did not come)
+            self._check_in_before_free()
         self._finalizer()
         if self._progress.requests:
             _ABANDONED.extend(self._progress.requests)
         self._sends.clear()
 
-    def _free_arena(self) -> None:
+    def _free_arena(self) -> bool | None:
         """Give the node arena back, once every rank is known to be freeing it too (see :meth:`free`).
+
+        Returns None where there is no arena, True once freed, False where a rank did
+        not come (and the arena stays, with a warning).
 
         ``MPI_Win_free`` returns only when every rank of the node has called it, and
         no timeout can end it, so every rank first checks in with every other, twice
@@ -648,7 +659,7 @@ class Communicator(VectorCollectives):
         NumPy memory, which the collector gives back.
         """
         if self._coll.name != "mpi" or made_arena(self._coll) is None:
-            return
+            return None
         for _ in range(2):
             try:
                 stuck = check_in(self._coll, self._ctl_tag("free", self._next_seq()), self.timeout)
@@ -659,8 +670,39 @@ class Communicator(VectorCollectives):
             if stuck:
                 warnings.warn(f"communicator {self._label} on rank {self.rank}: its node arena stays until the job "
                               f"ends, since {reason}; free() is collective.", RuntimeWarning, stacklevel=3)
-                return
+                return False
         free_arena(self._coll)
+        return True
+
+    def _check_in_before_free(self) -> None:
+        """Where the library needs it (Open MPI), every rank hears from every other before the contexts are freed.
+
+        Open MPI takes a message that arrives after its communicator was freed for
+        the next communicator made with the same context id, whose first message
+        from that rank is then lost (see ``MPITransport.checks_in_before_free``); a
+        refused or timed-out call leaves such messages. A rank's messages arrive
+        before its check-in, so after it nothing is in flight. Waits at most the
+        communicator's timeout, or :data:`FREE_CHECK_IN_S` without one (a rank
+        still computing must not make free() hang for ever where the library's
+        own returns at once); a rank not heard from by then is warned about, and
+        the communicator freed all the same. (Freeing the node arena checks in
+        already: :meth:`_free_arena`.)
+        """
+        if not getattr(self._coll, "checks_in_before_free", False):
+            return
+        timeout = self.timeout if self.timeout is not None else FREE_CHECK_IN_S
+        try:
+            # (a tag of its own: never one of an arena's rounds, should a peer free one)
+            stuck = check_in(self._coll, self._ctl_tag("free contexts", self._next_seq()), timeout)
+        except CommError as exc:
+            stuck, reason = [q for q in range(self.size) if q != self.rank], str(exc)
+        else:
+            reason = f"rank(s) {stuck} did not call free() within {timeout} s"
+        if stuck:
+            warnings.warn(f"communicator {self._label} on rank {self.rank}: freed without hearing from every rank, "
+                          f"since {reason}; free() is collective. Under Open MPI a message still in flight to it "
+                          "may be taken for the next communicator's (see docs/troubleshooting.md).",
+                          RuntimeWarning, stacklevel=3)
 
     @property
     def flight_recorder(self) -> _watchdog.FlightRecorder:

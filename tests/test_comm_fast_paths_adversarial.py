@@ -642,22 +642,7 @@ if r == 0:
 '''
 
 
-def _under_open_mpi() -> bool:
-    """Whether the mpiexec commkit launches is Open MPI's (asked of the launcher: MPI is not started here)."""
-    from commkit._mpiexec import _is_open_mpi, find_mpiexec
-
-    try:
-        return _is_open_mpi(find_mpiexec())
-    except Exception:  # noqa: BLE001 (no mpiexec: requires_mpi skips the test anyway)
-        return False
-
-
 @requires_mpi
-@pytest.mark.skipif(_under_open_mpi(), reason=(
-    "Open MPI 5.0.11: after a case where both ranks broadcast as root (each leaves the other an unreceived message "
-    "on a communicator then freed), the next case's first gather on a new dup never gets its peer's message and "
-    "times out; raw mpi4py does the same there (a freed Dup's unreceived message, then a new Dup: its first "
-    "message from that peer is lost), MPICH runs every case: its own issue"))
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_ranks_that_disagree_raise_or_time_out_naming_the_call_never_return_wrong_data(nprocs):
     result = run_mpi(nprocs, DISAGREE, args=(0.3,), timeout=90, env={"COMMKIT_TIMEOUT": "5"})

@@ -821,6 +821,21 @@ class MPITransport:
             return None
         return MPITransport(comm, owned=True)
 
+    @property
+    def checks_in_before_free(self) -> bool:
+        """Whether every rank should hear from every other before this communicator is freed (see ``free``).
+
+        Open MPI 5.0 (5.0.11 here) takes a message that arrives after its
+        communicator was freed for one of the next communicator made with the same
+        context id: that communicator's first message from the sender is then never
+        received, with raw mpi4py as with commkit (a call refused or timed out on one
+        rank leaves such messages behind). A message a rank sent before it checked in
+        arrives before its check-in does, so once every rank has heard from every
+        other, nothing is left in flight and MPI frees what came with the
+        communicator. MPICH drops a late message: nothing to do there.
+        """
+        return self.library == "Open MPI" and self.owned and self.size > 1 and not MPI.Is_finalized()
+
     def free(self) -> None:
         if self.owned and self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()
