@@ -621,11 +621,11 @@ class Communicator(VectorCollectives):
         whose calls used the node engine (docs/node.md) it also gives the node arena
         back, which waits until every rank has called ``free()`` (for the timeout,
         when one is set; a rank that does not come then leaves the arena to the end
-        of the job, with a warning). Under Open MPI every rank hears from every other
-        before the contexts go (for the timeout, or 10 s without one; then a warning,
-        and freed all the same): there a message still in flight to a freed
-        communicator is taken for the next one's, whose first message is then lost
-        (docs/troubleshooting.md).
+        of the job, with a warning). Under MPI every rank first hears from every
+        other (for the timeout, or 10 s without one; then a warning, and freed all
+        the same), and the messages that came for calls no rank will finish are
+        dropped: MPI would hand them to the next communicator made with the freed
+        one's context id (docs/troubleshooting.md).
         """
         if self._closed is _FREED:
             return
@@ -675,18 +675,19 @@ class Communicator(VectorCollectives):
         return True
 
     def _check_in_before_free(self) -> None:
-        """Where the library needs it (Open MPI), every rank hears from every other before the contexts are freed.
+        """Every rank hears from every other before the contexts are freed, and they drop what came unreceived.
 
-        Open MPI takes a message that arrives after its communicator was freed for
-        the next communicator made with the same context id, whose first message
-        from that rank is then lost (see ``MPITransport.checks_in_before_free``); a
-        refused or timed-out call leaves such messages. A rank's messages arrive
-        before its check-in, so after it nothing is in flight. Waits at most the
-        communicator's timeout, or :data:`FREE_CHECK_IN_S` without one (a rank
-        still computing must not make free() hang for ever where the library's
-        own returns at once); a rank not heard from by then is warned about, and
-        the communicator freed all the same. (Freeing the node arena checks in
-        already: :meth:`_free_arena`.)
+        MPI gives a freed communicator's context id to a later one, which then takes
+        a message left for the freed one: MPICH hands it to a receive as its own
+        data, Open MPI loses the later one's first message from that rank instead
+        (``MPITransport.checks_in_before_free``). A refused or timed-out call
+        leaves such messages. A rank's messages arrive before its check-in, so
+        after it nothing is on its way, and each channel's ``free`` drops what
+        came. Waits at most the communicator's timeout, or :data:`FREE_CHECK_IN_S`
+        without one (a rank still computing must not make free() hang for ever
+        where the library's own returns at once); a rank not heard from by then is
+        warned about, and the communicator freed all the same. (Freeing the node
+        arena checks in already: :meth:`_free_arena`.)
         """
         if not getattr(self._coll, "checks_in_before_free", False):
             return
@@ -700,9 +701,8 @@ class Communicator(VectorCollectives):
             reason = f"rank(s) {stuck} did not call free() within {timeout} s"
         if stuck:
             warnings.warn(f"communicator {self._label} on rank {self.rank}: freed without hearing from every rank, "
-                          f"since {reason}; free() is collective. Under Open MPI a message still in flight to it "
-                          "may be taken for the next communicator's (see docs/troubleshooting.md).",
-                          RuntimeWarning, stacklevel=3)
+                          f"since {reason}; free() is collective. A message still on its way to it may be taken "
+                          "by the next communicator made (see docs/troubleshooting.md).", RuntimeWarning, stacklevel=3)
 
     @property
     def flight_recorder(self) -> _watchdog.FlightRecorder:

@@ -825,20 +825,25 @@ class MPITransport:
     def checks_in_before_free(self) -> bool:
         """Whether every rank should hear from every other before this communicator is freed (see ``free``).
 
-        Open MPI 5.0 (5.0.11 here) takes a message that arrives after its
-        communicator was freed for one of the next communicator made with the same
-        context id: that communicator's first message from the sender is then never
-        received, with raw mpi4py as with commkit (a call refused or timed out on one
-        rank leaves such messages behind). A message a rank sent before it checked in
-        arrives before its check-in does, so once every rank has heard from every
-        other, nothing is left in flight and MPI frees what came with the
-        communicator. MPICH drops a late message: nothing to do there.
+        A message that reaches a communicator after its last receive was made,
+        and is still there (or still on its way) when the communicator is freed,
+        is taken by the next communicator made with the same context id: MPICH
+        5.0.2 hands it to that one's receive as its own data, Open MPI 5.0.11
+        loses that one's first message from the sender instead (raw mpi4py alike).
+        A call refused or timed out on one rank leaves such messages. A message a
+        rank sent before it checked in arrives before its check-in, so once every
+        rank has heard from every other, nothing is on its way, and ``free``
+        drops what came.
         """
-        return self.library == "Open MPI" and self.owned and self.size > 1 and not MPI.Is_finalized()
+        return self.owned and self.size > 1 and not MPI.Is_finalized()
 
     def free(self) -> None:
+        """Drop the messages that came and no receive took (see ``checks_in_before_free``), then free it."""
         if self.owned and self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+            comm, status = self.comm, MPI.Status()
+            while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+                comm.Recv([bytearray(status.Get_count(BYTE)), BYTE], status.Get_source(), status.Get_tag())
+            comm.Free()
 
     def abort(self, exc: BaseException) -> None:  # pragma: no cover - ends the process
         MPI.COMM_WORLD.Abort(1)
