@@ -605,7 +605,8 @@ class Communicator(VectorCollectives):
         if not self._closed:
             self._closed = (
                 f"this communicator is broken: {reason} Messages of that call may still arrive, so every later "
-                "call on it raises. dup() it (collective: every rank) or use a fresh communicator; "
+                "call on it raises. dup() it (collective: every rank) or use a fresh communicator, then free() "
+                "this one (collective too: it drops what that call left, which a later communicator would get); "
                 "see docs/troubleshooting.md."
             )
 
@@ -693,8 +694,9 @@ class Communicator(VectorCollectives):
             return
         timeout = self.timeout if self.timeout is not None else FREE_CHECK_IN_S
         try:
-            # (a tag of its own: never one of an arena's rounds, should a peer free one)
-            stuck = check_in(self._coll, self._ctl_tag("free contexts", self._next_seq()), timeout)
+            # A tag of its own, and no call number: never one of an arena's rounds, and ranks whose calls
+            # disagreed (one timed out in a call another never made) still meet. It is freed once.
+            stuck = check_in(self._coll, self._ctl_tag("free contexts", 0), timeout)
         except CommError as exc:
             stuck, reason = [q for q in range(self.size) if q != self.rank], str(exc)
         else:

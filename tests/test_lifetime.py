@@ -310,6 +310,47 @@ def test_a_message_left_on_a_freed_communicator_never_takes_the_next_ones(who):
                                                          for case in range(cases)]), result.stdout
 
 
+BROKEN_THEN_FREED = """
+import warnings
+
+import numpy as np
+
+import commkit as ck
+
+c = ck.init()
+for k in range(4):
+    d = c.dup()
+    if c.rank == 0:  # a call rank 1 never makes: rank 0 times out, its message to rank 1 stays unreceived
+        try:
+            d.allreduce(np.full(2, 99.0), algorithm="recursive_doubling", timeout=0.3)
+        except ck.CommTimeout:
+            pass
+    e = d.dup()  # as the broken communicator's message says: a new one, then free() the broken one
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        d.free()  # (the ranks' call numbers differ here: the check-in does not depend on them)
+    total = e.allreduce(np.full(2, c.rank + 1.0), algorithm="recursive_doubling")
+    f = c.dup()
+    got = f.send(np.full(2, 5.0), 1) if c.rank == 0 else f.recv(0, shape=2, dtype=np.float64)
+    print(f"<{k} {c.rank} {total.tolist()} {None if got is None else got.tolist()} {len(seen)}>", flush=True)
+    e.free()
+    f.free()
+"""
+
+
+@requires_mpi
+def test_a_timed_out_communicator_freed_after_its_dup_leaves_nothing_to_later_ones():
+    """The flow the broken communicator's message asks for. free()'s check-in first took a call number, which the
+    ranks did not share here (rank 0's timed-out call took one): both waited 10 s and warned, the message of the
+    call still unreceived; its tag now carries none."""
+    import re
+
+    result = run_mpi(2, BROKEN_THEN_FREED, env={"COMMKIT_TIMEOUT": "10"}, timeout=120)
+    lines = sorted(re.findall(r"<(.*?)>", result.stdout))
+    assert lines == sorted([f"{k} 0 [3.0, 3.0] None 0" for k in range(4)]
+                           + [f"{k} 1 [3.0, 3.0] [5.0, 5.0] 0" for k in range(4)]), result.stdout + result.stderr
+
+
 # -- the plans keep every check the first call makes ----------------------------------------------------
 
 
