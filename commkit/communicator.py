@@ -661,19 +661,27 @@ class Communicator(VectorCollectives):
         """
         if self._coll.name != "mpi" or made_arena(self._coll) is None:
             return None
-        for _ in range(2):
-            try:
-                stuck = check_in(self._coll, self._ctl_tag("free", self._next_seq()), self.timeout)
-            except CommError as exc:
-                stuck, reason = [q for q in range(self.size) if q != self.rank], str(exc)
-            else:
-                reason = f"rank(s) {stuck} did not call free() within {self.timeout} s"
+        for round_ in range(2):
+            stuck, reason = self._hear_from_every_rank("free", round_, self.timeout)
             if stuck:
                 warnings.warn(f"communicator {self._label} on rank {self.rank}: its node arena stays until the job "
                               f"ends, since {reason}; free() is collective.", RuntimeWarning, stacklevel=3)
                 return False
         free_arena(self._coll)
         return True
+
+    def _hear_from_every_rank(self, kind: str, round_: int, timeout) -> tuple[list, str]:
+        """One of free()'s check-ins (:func:`~commkit.schedule.check_in`): the ranks not heard from, and why.
+
+        Its tag is ``kind``'s with ``round_`` where a call's number goes: a
+        communicator is freed once, and ranks whose calls disagreed (one timed out
+        in a call another never made, so their call numbers differ) still meet.
+        """
+        try:
+            stuck = check_in(self._coll, self._ctl_tag(kind, round_), timeout)
+        except CommError as exc:
+            return [q for q in range(self.size) if q != self.rank], str(exc)
+        return stuck, f"rank(s) {stuck} did not call free() within {timeout} s"
 
     def _check_in_before_free(self) -> None:
         """Every rank hears from every other before the contexts are freed, and they drop what came unreceived.
@@ -692,15 +700,8 @@ class Communicator(VectorCollectives):
         """
         if not getattr(self._coll, "checks_in_before_free", False):
             return
-        timeout = self.timeout if self.timeout is not None else FREE_CHECK_IN_S
-        try:
-            # A tag of its own, and no call number: never one of an arena's rounds, and ranks whose calls
-            # disagreed (one timed out in a call another never made) still meet. It is freed once.
-            stuck = check_in(self._coll, self._ctl_tag("free contexts", 0), timeout)
-        except CommError as exc:
-            stuck, reason = [q for q in range(self.size) if q != self.rank], str(exc)
-        else:
-            reason = f"rank(s) {stuck} did not call free() within {timeout} s"
+        stuck, reason = self._hear_from_every_rank(
+            "free contexts", 0, self.timeout if self.timeout is not None else FREE_CHECK_IN_S)
         if stuck:
             warnings.warn(f"communicator {self._label} on rank {self.rank}: freed without hearing from every rank, "
                           f"since {reason}; free() is collective. A message still on its way to it may be taken "
