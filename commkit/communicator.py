@@ -627,7 +627,16 @@ class Communicator(VectorCollectives):
         the same), and the messages that came for calls no rank will finish are
         dropped: MPI would hand them to the next communicator made with the freed
         one's context id (docs/troubleshooting.md).
+
+        A ``with`` block left by an exception frees without waiting for anyone
+        (the other ranks may never come: the error must reach the program, or
+        commkit's hook that ends the job, now); its node arena then stays to the
+        end of the job.
         """
+        self._free(wait=True)
+
+    def _free(self, wait: bool) -> None:
+        """:meth:`free`; ``wait=False`` leaves out the check-ins (and so the node arena's release)."""
         if self._closed is _FREED:
             return
         self._closed = _FREED
@@ -636,7 +645,7 @@ class Communicator(VectorCollectives):
         self._forget_shapes()
         self._forget_hot()
         self._node_programs.clear()  # (they view the arena, which goes next)
-        if self._free_arena() is None:  # (freeing an arena checks in already, or warned that a rank did not come)
+        if wait and self._free_arena() is None:  # (an arena's release checks in, or warned that a rank did not)
             self._check_in_before_free()
         self._finalizer()
         if self._progress.requests:
@@ -719,8 +728,8 @@ class Communicator(VectorCollectives):
     def __enter__(self) -> "Communicator":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.free()
+    def __exit__(self, kind, exc, tb) -> None:
+        self._free(wait=kind is None)  # (see free: an exception leaves at once)
 
     def dup(self) -> "Communicator":
         """A new communicator over the same ranks (collective: every rank must call it).

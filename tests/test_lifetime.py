@@ -351,6 +351,37 @@ def test_a_timed_out_communicator_freed_after_its_dup_leaves_nothing_to_later_on
                            + [f"{k} 1 [3.0, 3.0] [5.0, 5.0] 0" for k in range(4)]), result.stdout + result.stderr
 
 
+LEFT_BY_AN_EXCEPTION = """
+import time
+import warnings
+
+import commkit as ck
+
+c = ck.init()
+if c.rank == 0:
+    t = time.monotonic()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        try:
+            with c.dup() as d:
+                raise ValueError("this rank's own error")
+        except ValueError:
+            pass
+    print(f"<left {[str(w.message)[:80] for w in seen]} {time.monotonic() - t < 5}>", flush=True)
+else:
+    d = c.dup()  # this rank never frees it: had rank 0 waited for it, it would have warned after 10 s
+c.barrier()
+"""
+
+
+@requires_mpi
+def test_a_with_block_left_by_an_exception_frees_without_waiting_for_the_other_ranks():
+    import re
+
+    result = run_mpi(2, LEFT_BY_AN_EXCEPTION, env={"COMMKIT_TIMEOUT": ""}, timeout=120)
+    assert re.findall(r"<(left .*?)>", result.stdout) == ["left [] True"], result.stdout + result.stderr
+
+
 # -- the plans keep every check the first call makes ----------------------------------------------------
 
 
