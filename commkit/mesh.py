@@ -389,7 +389,7 @@ class Mesh:
                         "to compare the descriptions."
                     )
         except BaseException:
-            self.free()
+            self._free(wait=False)  # (the other ranks may never come to free theirs: see Communicator.free)
             raise
 
     @property
@@ -458,15 +458,18 @@ class Mesh:
 
     def free(self) -> None:
         """Free every group of the mesh (not ``comm``); call it on every rank, like any ``free``. Safe twice."""
+        self._free(wait=True)
+
+    def _free(self, wait: bool) -> None:
         self._closed = True
         for sub in self.comms.values():
-            sub.free()
+            sub._free(wait)
 
     def __enter__(self) -> "Mesh":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.free()
+    def __exit__(self, kind, exc, tb) -> None:
+        self._free(wait=kind is None)  # (as a communicator's: an exception leaves at once)
 
 
 # Names a mesh axis cannot take, because ``mesh.<axis>`` must reach the axis, not a Mesh attribute.
