@@ -279,10 +279,8 @@ def pytest_collection_modifyitems(config, items):
     default: see pytest.ini) the ``mpi`` tests form one group, run one after
     another on one worker while the other workers run the threads-world tests:
     two MPI jobs at once would put twice the ranks on the machine's cores, and the
-    jobs' timeouts were chosen for one job at a time. (``.ci/run``'s Open MPI half,
-    which runs nothing but ``mpi`` tests, gives them both workers with
-    ``--dist load``: two jobs at a time, and no threads-world test to slow.)
-    Runs first, so that ``-m`` sees the marks added here.
+    jobs' timeouts were chosen for one job at a time. Runs first, so that ``-m``
+    sees the marks added here.
     """
     for item in items:
         if "mpi" in getattr(item, "fixturenames", ()) and item.get_closest_marker("mpi") is None:
