@@ -693,19 +693,14 @@ class Communicator(VectorCollectives):
         return stuck, f"rank(s) {stuck} did not call free() within {timeout} s"
 
     def _check_in_before_free(self) -> None:
-        """Every rank hears from every other before the contexts are freed, and they drop what came unreceived.
+        """Every rank hears from every other before the contexts are freed, so nothing left for them is on its way.
 
-        MPI gives a freed communicator's context id to a later one, which then takes
-        a message left for the freed one: MPICH hands it to a receive as its own
-        data, Open MPI loses the later one's first message from that rank instead
-        (``MPITransport.checks_in_before_free``). A refused or timed-out call
-        leaves such messages. A rank's messages arrive before its check-in, so
-        after it nothing is on its way, and each channel's ``free`` drops what
-        came. Waits at most the communicator's timeout, or :data:`FREE_CHECK_IN_S`
-        without one (a rank still computing must not make free() hang for ever
-        where the library's own returns at once); a rank not heard from by then is
-        warned about, and the communicator freed all the same. (Freeing the node
-        arena checks in already: :meth:`_free_arena`.)
+        Why, and how each channel's ``free`` then drops what came: see
+        ``MPITransport.checks_in_before_free``. Waits at most the communicator's
+        timeout, or :data:`FREE_CHECK_IN_S` without one (a rank still computing must
+        not make free() hang for ever where the library's own returns at once); a
+        rank not heard from by then is warned about, and the communicator freed all
+        the same. (Freeing the node arena checks in already: :meth:`_free_arena`.)
         """
         if not getattr(self._coll, "checks_in_before_free", False):
             return

@@ -110,8 +110,7 @@ def measure_alpha_beta(comm, sizes, reps: int = 5) -> list[tuple[int, float]]:
 
     Cost: about ``reps * rounds`` steps per size, rounds chosen to take ~10 ms.
     """
-    dup = comm.dup()
-    try:  # (freed below; an error frees it without waiting for the other ranks: see Communicator.free)
+    with comm.dup() as dup:  # (a with block left by an error frees it without waiting for the other ranks)
         chan = dup.collective_transport  # where collective schedules run: the cost the model charges
         points = []
         for nbytes in sizes:
@@ -128,10 +127,6 @@ def measure_alpha_beta(comm, sizes, reps: int = 5) -> list[tuple[int, float]]:
                 samples[i] = (time.perf_counter() - t0) / rounds
             samples = dup.allreduce(samples, op="max")
             points.append((nbytes, float(np.min(samples))))
-    except BaseException:
-        dup._free(wait=False)
-        raise
-    dup.free()
     return points
 
 

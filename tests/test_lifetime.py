@@ -274,7 +274,7 @@ for case in range(int(sys.argv[2])):
     a.broadcast(np.full(3, comm.rank, np.float64), root=comm.rank)
     if comm.rank == 0:
         a.send(np.full(2, 99.0), 1)
-    checks = getattr(a.collective_transport, "checks_in_before_free", False)  # (Open MPI's)
+    checks = getattr(a.collective_transport, "checks_in_before_free", False)  # (MPI's channels)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         a.free()
